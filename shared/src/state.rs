@@ -1,0 +1,251 @@
+//! The state machines of task instances and of their steps.
+//!
+//! This module is the only place that decides whether a transition is legal.
+//! The store calls [`check_task`] / [`check_step`] before every state write;
+//! nothing else in the code base compares states to allow or refuse a move.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// The state of a task instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum TaskState {
+    /// Created by a trigger and waiting for a free slot. The scheduler's claim
+    /// moves it to RUNNING; a cancel moves it through RUNNING to FAILED.
+    Pending,
+    /// Held by an agent under a lease while its steps run. The executor moves
+    /// it to SUCCESS when the last step succeeds, or to FAILED when a step
+    /// fails, times out, is cancelled, or the reaper finds it stuck.
+    Running,
+    /// Every step succeeded. Terminal.
+    Success,
+    /// A step failed. The executor moves it to RETRYING when the failed step
+    /// has retries left, or to ROLLED_BACK once the rollback has run; an
+    /// operator may retry or roll back. It stays FAILED when `on_failure:
+    /// stop` or a rollback failed.
+    Failed,
+    /// Waiting for its backoff to pass; the scheduler's claim moves it to
+    /// RUNNING, resuming at the failed step.
+    Retrying,
+    /// The failed step and every succeeded step were rolled back in reverse
+    /// order. Terminal.
+    RolledBack,
+}
+
+/// The state of one step of one instance (a row of the step ledger).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum StepState {
+    /// Not started yet. Moves to RUNNING when the executor reaches it, or to
+    /// SKIPPED when the instance ends before reaching it.
+    Pending,
+    /// Executing. Moves to SUCCESS or FAILED when the plugin returns, times
+    /// out, is cancelled, or the agent restarts under it.
+    Running,
+    /// Its output is committed with the context; it never runs again for this
+    /// instance. Moves to ROLLED_BACK only through a rollback.
+    Success,
+    /// The last attempt failed. Moves to RUNNING on a retry or to ROLLED_BACK
+    /// through a rollback.
+    Failed,
+    /// Never ran because the instance ended first. Terminal.
+    Skipped,
+    /// Its side effects were undone. Terminal.
+    RolledBack,
+}
+
+/// A refused transition: the caller asked for something the table forbids.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("illegal transition {from} -> {to} for {what} (allowed from {from}: {allowed})")]
+pub struct IllegalTransition {
+    pub what: &'static str,
+    pub from: String,
+    pub to: String,
+    pub allowed: String,
+}
+
+impl TaskState {
+    pub const ALL: [TaskState; 6] = [
+        TaskState::Pending,
+        TaskState::Running,
+        TaskState::Success,
+        TaskState::Failed,
+        TaskState::Retrying,
+        TaskState::RolledBack,
+    ];
+
+    /// The states this one may move to: the transition table of the design.
+    pub fn next(self) -> &'static [TaskState] {
+        use TaskState::*;
+        match self {
+            Pending => &[Running],
+            Running => &[Success, Failed],
+            Failed => &[Retrying, RolledBack],
+            Retrying => &[Running],
+            Success | RolledBack => &[],
+        }
+    }
+
+    pub fn is_terminal(self) -> bool {
+        self.next().is_empty()
+    }
+
+    pub fn as_str(self) -> &'static str {
+        use TaskState::*;
+        match self {
+            Pending => "PENDING",
+            Running => "RUNNING",
+            Success => "SUCCESS",
+            Failed => "FAILED",
+            Retrying => "RETRYING",
+            RolledBack => "ROLLED_BACK",
+        }
+    }
+}
+
+impl StepState {
+    pub const ALL: [StepState; 6] = [
+        StepState::Pending,
+        StepState::Running,
+        StepState::Success,
+        StepState::Failed,
+        StepState::Skipped,
+        StepState::RolledBack,
+    ];
+
+    pub fn next(self) -> &'static [StepState] {
+        use StepState::*;
+        match self {
+            Pending => &[Running, Skipped],
+            Running => &[Success, Failed],
+            Success => &[RolledBack],
+            Failed => &[Running, RolledBack],
+            Skipped | RolledBack => &[],
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        use StepState::*;
+        match self {
+            Pending => "PENDING",
+            Running => "RUNNING",
+            Success => "SUCCESS",
+            Failed => "FAILED",
+            Skipped => "SKIPPED",
+            RolledBack => "ROLLED_BACK",
+        }
+    }
+}
+
+fn check<S: Copy + PartialEq + fmt::Display>(
+    what: &'static str,
+    from: S,
+    to: S,
+    next: &[S],
+) -> Result<(), IllegalTransition> {
+    if next.contains(&to) {
+        return Ok(());
+    }
+    let allowed = if next.is_empty() {
+        "nothing, it is terminal".to_string()
+    } else {
+        next.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", ")
+    };
+    Err(IllegalTransition { what, from: from.to_string(), to: to.to_string(), allowed })
+}
+
+/// Refuses any task transition that is not in the table.
+pub fn check_task(from: TaskState, to: TaskState) -> Result<(), IllegalTransition> {
+    check("task instance", from, to, from.next())
+}
+
+/// Refuses any step transition that is not in the table.
+pub fn check_step(from: StepState, to: StepState) -> Result<(), IllegalTransition> {
+    check("step", from, to, from.next())
+}
+
+macro_rules! text_form {
+    ($t:ty, $kind:literal) => {
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+        impl FromStr for $t {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                let up = s.trim().to_ascii_uppercase().replace('-', "_");
+                Self::ALL.iter().copied().find(|st| st.as_str() == up).ok_or_else(|| {
+                    let names: Vec<_> = Self::ALL.iter().map(|st| st.as_str()).collect();
+                    format!("unknown {} state {:?} (expected one of: {})", $kind, s, names.join(", "))
+                })
+            }
+        }
+    };
+}
+text_form!(TaskState, "task");
+text_form!(StepState, "step");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_task_pair_follows_the_table() {
+        use TaskState::*;
+        let legal = [
+            (Pending, Running),
+            (Running, Success),
+            (Running, Failed),
+            (Failed, Retrying),
+            (Failed, RolledBack),
+            (Retrying, Running),
+        ];
+        for from in TaskState::ALL {
+            for to in TaskState::ALL {
+                let ok = check_task(from, to).is_ok();
+                assert_eq!(ok, legal.contains(&(from, to)), "{from} -> {to}");
+            }
+        }
+        assert!(Success.is_terminal() && RolledBack.is_terminal());
+    }
+
+    #[test]
+    fn every_step_pair_follows_the_table() {
+        use StepState::*;
+        let legal = [
+            (Pending, Running),
+            (Pending, Skipped),
+            (Running, Success),
+            (Running, Failed),
+            (Success, RolledBack),
+            (Failed, Running),
+            (Failed, RolledBack),
+        ];
+        for from in StepState::ALL {
+            for to in StepState::ALL {
+                assert_eq!(check_step(from, to).is_ok(), legal.contains(&(from, to)), "{from} -> {to}");
+            }
+        }
+    }
+
+    #[test]
+    fn refusal_names_the_allowed_moves() {
+        let e = check_task(TaskState::Success, TaskState::Retrying).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "illegal transition SUCCESS -> RETRYING for task instance (allowed from SUCCESS: nothing, it is terminal)"
+        );
+        let e = check_task(TaskState::Pending, TaskState::Success).unwrap_err();
+        assert!(e.to_string().contains("allowed from PENDING: RUNNING"));
+    }
+
+    #[test]
+    fn states_parse_case_insensitively() {
+        assert_eq!("rolled_back".parse::<TaskState>().unwrap(), TaskState::RolledBack);
+        assert_eq!("failed".parse::<TaskState>().unwrap(), TaskState::Failed);
+        assert!("DONE".parse::<TaskState>().unwrap_err().contains("expected one of"));
+    }
+}

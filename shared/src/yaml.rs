@@ -1,0 +1,91 @@
+//! The one place YAML is parsed.
+//!
+//! serde_yaml is deprecated upstream but still refuses alias bombs (its
+//! repetition limit) and deep nesting (its recursion limit). Every YAML
+//! document in the project goes through [`from_str`], so swapping it for a
+//! maintained fork is a change to this file only.
+
+use serde::de::DeserializeOwned;
+
+/// The largest YAML document accepted (definitions and configs alike).
+pub const MAX_YAML_BYTES: usize = 1024 * 1024;
+
+/// A YAML error with the 1-based line it was found on, when known.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct YamlError {
+    pub line: Option<usize>,
+    pub message: String,
+}
+
+/// Parses one YAML document into `T`, refusing documents over
+/// [`MAX_YAML_BYTES`], alias bombs and excessive nesting.
+pub fn from_str<T: DeserializeOwned>(src: &str) -> Result<T, YamlError> {
+    if src.len() > MAX_YAML_BYTES {
+        return Err(YamlError {
+            line: None,
+            message: format!(
+                "document is {} bytes, larger than the {} byte limit (split it or move data to a file)",
+                src.len(),
+                MAX_YAML_BYTES
+            ),
+        });
+    }
+    if src.trim().is_empty() {
+        return Err(YamlError { line: None, message: "document is empty".into() });
+    }
+    serde_yaml::from_str(src).map_err(|e| {
+        let line = e.location().map(|l| l.line());
+        // serde_yaml appends " at line N column M"; the caller prints the line itself.
+        let mut message = e.to_string();
+        if let Some(i) = message.find(" at line ") {
+            message.truncate(i);
+        }
+        if message.contains("repetition limit") {
+            message.push_str(" (YAML aliases expand too far; write the values out)");
+        }
+        if message.contains("recursion limit") {
+            message.push_str(" (nesting is too deep)");
+        }
+        YamlError { line, message }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    #[test]
+    fn alias_bomb_is_refused() {
+        let mut src = String::from("a: &a [x, x, x, x, x, x, x, x, x]\n");
+        let mut prev = 'a';
+        for name in "bcdefghij".chars() {
+            src.push_str(&format!(
+                "{name}: &{name} [*{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}]\n"
+            ));
+            prev = name;
+        }
+        let e = from_str::<Value>(&src).unwrap_err();
+        assert!(e.message.contains("repetition limit"), "{e}");
+    }
+
+    #[test]
+    fn deep_nesting_is_refused() {
+        let src = format!("{}1{}", "[".repeat(5000), "]".repeat(5000));
+        let e = from_str::<Value>(&src).unwrap_err();
+        assert!(e.message.contains("nesting"), "{e}");
+    }
+
+    #[test]
+    fn huge_document_is_refused() {
+        let src = format!("a: \"{}\"", "x".repeat(MAX_YAML_BYTES));
+        assert!(from_str::<Value>(&src).unwrap_err().message.contains("byte limit"));
+    }
+
+    #[test]
+    fn errors_carry_the_line() {
+        let e = from_str::<Value>("a: 1\nb: [1, 2\nc: 3\n").unwrap_err();
+        assert!(e.line.is_some(), "{e:?}");
+    }
+}
