@@ -1,0 +1,344 @@
+//! The agent's configuration (`apollo.yaml`).
+//!
+//! Every section is optional; an agent with no config file runs the bundled
+//! tasks from `./tasks` with its data in `./.apollo`. Paths in the file are
+//! relative to the file's directory; paths given on the command line are
+//! relative to the working directory.
+
+use anyhow::{bail, Context as _};
+use apollo_shared::def::parse_duration;
+use serde::{Deserialize, Deserializer};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub database: Database,
+    #[serde(default)]
+    pub scheduler: Scheduler,
+    /// Registrations added to (or replacing, by name) the built-in ones.
+    #[serde(default)]
+    pub plugins: Vec<PluginReg>,
+    /// The definitions directory.
+    #[serde(default)]
+    pub tasks: Option<PathBuf>,
+    /// Database, logs and work dirs live here.
+    #[serde(default)]
+    pub data_dir: Option<PathBuf>,
+    #[serde(default)]
+    pub socket: Socket,
+    #[serde(default)]
+    pub logging: Logging,
+    /// The file this was read from, for messages and relative paths.
+    #[serde(skip)]
+    pub source: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Database {
+    /// `sqlite:PATH` or a plain path; default `<data_dir>/apollo.db`.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// `full` (default: an acknowledged write survives power loss) or `normal`
+    /// (survives an agent crash, may lose the last commits on power loss).
+    #[serde(default = "default_sync")]
+    pub synchronous: String,
+    /// The environment variable that holds the database password, when the
+    /// database needs one. The password itself is never read from the file.
+    #[serde(default)]
+    pub password_env: Option<String>,
+}
+
+fn default_sync() -> String {
+    "full".into()
+}
+
+impl Default for Database {
+    fn default() -> Self {
+        Database { url: None, synchronous: default_sync(), password_env: None }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scheduler {
+    /// Instances running at once, across all queues.
+    #[serde(default = "default_concurrency")]
+    pub concurrency: u32,
+    /// Step timeout when neither the step nor its plugin registration sets one.
+    #[serde(default = "secs::<300>", deserialize_with = "duration")]
+    pub default_timeout: Duration,
+    /// How long a claim holds an instance without renewal.
+    #[serde(default = "secs::<30>", deserialize_with = "duration")]
+    pub lease: Duration,
+    /// An instance RUNNING longer than this factor times its expected time
+    /// (the sum of its steps' timeouts) is reaped as a zombie.
+    #[serde(default = "default_zombie")]
+    pub zombie_factor: f64,
+    /// Finished instances older than this move to the archive.
+    #[serde(default = "secs::<2592000>", deserialize_with = "duration")]
+    pub retention: Duration,
+    /// First retry delay; doubles each retry, with jitter.
+    #[serde(default = "secs::<1>", deserialize_with = "duration")]
+    pub backoff_base: Duration,
+    #[serde(default = "secs::<300>", deserialize_with = "duration")]
+    pub backoff_max: Duration,
+    /// On SIGTERM, how long running steps may take to finish.
+    #[serde(default = "secs::<30>", deserialize_with = "duration")]
+    pub shutdown_grace: Duration,
+    /// Between SIGTERM and SIGKILL for a timed-out subprocess.
+    #[serde(default = "secs::<5>", deserialize_with = "duration")]
+    pub kill_grace: Duration,
+    #[serde(default = "default_output_bytes")]
+    pub step_output_bytes: usize,
+    #[serde(default = "default_context_bytes")]
+    pub context_bytes: usize,
+    /// Per-queue limits on running instances.
+    #[serde(default)]
+    pub queues: BTreeMap<String, QueueConf>,
+}
+
+fn default_concurrency() -> u32 {
+    8
+}
+fn default_zombie() -> f64 {
+    3.0
+}
+fn default_output_bytes() -> usize {
+    apollo_shared::context::MAX_STEP_OUTPUT_BYTES
+}
+fn default_context_bytes() -> usize {
+    apollo_shared::context::MAX_CONTEXT_BYTES
+}
+fn secs<const N: u64>() -> Duration {
+    Duration::from_secs(N)
+}
+
+impl Default for Scheduler {
+    fn default() -> Self {
+        // Deserializing an empty mapping applies every field default once.
+        serde_json::from_value(serde_json::json!({})).expect("scheduler defaults")
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueueConf {
+    pub limit: u32,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PluginReg {
+    pub name: String,
+    /// A built-in class such as `apollo.plugins.shell.Shell`.
+    #[serde(default)]
+    pub class: Option<String>,
+    /// An external executable (see PLUGINS.md).
+    #[serde(default)]
+    pub command: Option<String>,
+    #[serde(default, deserialize_with = "opt_duration")]
+    pub timeout: Option<Duration>,
+    #[serde(default)]
+    pub retry: Option<u32>,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct Socket {
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+    /// Users (names or uids) with the operator role besides the agent's own
+    /// user and root.
+    #[serde(default)]
+    pub operators: Vec<String>,
+    /// Users (names or uids) allowed to read.
+    #[serde(default)]
+    pub observers: Vec<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Logging {
+    #[serde(default = "default_level")]
+    pub level: String,
+    /// `pretty` or `json`.
+    #[serde(default = "default_format")]
+    pub format: String,
+    /// When set, logs also go to a daily rolling file in this directory.
+    #[serde(default)]
+    pub dir: Option<PathBuf>,
+    /// Cap on one step's log file; what comes after is dropped with a note.
+    #[serde(default = "default_step_log")]
+    pub step_log_bytes: u64,
+}
+
+fn default_level() -> String {
+    "info".into()
+}
+fn default_format() -> String {
+    "pretty".into()
+}
+fn default_step_log() -> u64 {
+    10 * 1024 * 1024
+}
+
+impl Default for Logging {
+    fn default() -> Self {
+        Logging { level: default_level(), format: default_format(), dir: None, step_log_bytes: default_step_log() }
+    }
+}
+
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let v = serde_json::Value::deserialize(d)?;
+    parse_duration(&v).map(Duration::from_secs_f64).map_err(serde::de::Error::custom)
+}
+
+fn opt_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    duration(d).map(Some)
+}
+
+/// Where the config came from: an explicit file, `APOLLO_CONFIG`, or
+/// `./apollo.yaml` when present.
+pub fn resolve_path(flag: Option<&Path>) -> Option<PathBuf> {
+    if let Some(p) = flag {
+        return Some(p.to_path_buf());
+    }
+    if let Some(p) = std::env::var_os("APOLLO_CONFIG").filter(|p| !p.is_empty()) {
+        return Some(PathBuf::from(p));
+    }
+    let local = PathBuf::from("apollo.yaml");
+    local.exists().then_some(local)
+}
+
+impl Config {
+    /// Parses a config document; `file` is used in messages.
+    pub fn parse(src: &str, file: &str) -> anyhow::Result<Config> {
+        let cfg: Config = apollo_shared::yaml::from_str(src).map_err(|e| match e.line {
+            Some(line) => anyhow::anyhow!("{file}: line {line}: {}", e.message),
+            None => anyhow::anyhow!("{file}: {}", e.message),
+        })?;
+        cfg.validate(file)?;
+        Ok(cfg)
+    }
+
+    pub fn load(path: &Path) -> anyhow::Result<Config> {
+        let src = std::fs::read_to_string(path).with_context(|| format!("{}: cannot read config", path.display()))?;
+        let mut cfg = Config::parse(&src, &path.display().to_string())?;
+        cfg.source = Some(path.to_path_buf());
+        Ok(cfg)
+    }
+
+    fn validate(&self, file: &str) -> anyhow::Result<()> {
+        let s = &self.scheduler;
+        if s.concurrency == 0 || s.concurrency > 10_000 {
+            bail!("{file}: scheduler.concurrency: {} is out of range (expected 1 to 10000)", s.concurrency);
+        }
+        if !(s.zombie_factor >= 1.0) {
+            bail!("{file}: scheduler.zombie_factor: {} is out of range (expected 1 or more)", s.zombie_factor);
+        }
+        if !["full", "normal"].contains(&self.database.synchronous.as_str()) {
+            bail!("{file}: database.synchronous: {:?} is not valid (expected full or normal)", self.database.synchronous);
+        }
+        if let Some(url) = &self.database.url {
+            if url.starts_with("postgres") {
+                bail!("{file}: database.url: the PostgreSQL store is not available in this version (expected sqlite:PATH or a file path)");
+            }
+        }
+        if !["pretty", "json"].contains(&self.logging.format.as_str()) {
+            bail!("{file}: logging.format: {:?} is not valid (expected pretty or json)", self.logging.format);
+        }
+        if tracing_subscriber::EnvFilter::try_new(&self.logging.level).is_err() {
+            bail!("{file}: logging.level: {:?} is not valid (expected error, warn, info, debug or trace)", self.logging.level);
+        }
+        for (i, p) in self.plugins.iter().enumerate() {
+            match (&p.class, &p.command) {
+                (Some(_), Some(_)) | (None, None) => {
+                    bail!("{file}: plugins[{i}] ({}): give exactly one of class or command", p.name)
+                }
+                (None, Some(_)) => bail!(
+                    "{file}: plugins[{i}] ({}): external `command:` plugins are not supported by this agent version (expected class: one of {})",
+                    p.name,
+                    crate::plugins::CLASSES.join(", ")
+                ),
+                (Some(c), None) if !crate::plugins::CLASSES.contains(&c.as_str()) => bail!(
+                    "{file}: plugins[{i}] ({}): unknown class {c:?} (expected one of: {})",
+                    p.name,
+                    crate::plugins::CLASSES.join(", ")
+                ),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn base_dir(&self) -> PathBuf {
+        self.source.as_ref().and_then(|p| p.parent()).map(Path::to_path_buf).unwrap_or_default()
+    }
+
+    fn rel(&self, p: &Path) -> PathBuf {
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.base_dir().join(p)
+        }
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.data_dir.as_deref().map(|p| self.rel(p)).unwrap_or_else(|| self.rel(Path::new(".apollo")))
+    }
+
+    pub fn tasks_dir(&self) -> PathBuf {
+        self.tasks.as_deref().map(|p| self.rel(p)).unwrap_or_else(|| self.rel(Path::new("tasks")))
+    }
+
+    pub fn socket_path(&self) -> PathBuf {
+        self.socket.path.as_deref().map(|p| self.rel(p)).unwrap_or_else(|| self.data_dir().join("agent.sock"))
+    }
+
+    pub fn db_path(&self) -> PathBuf {
+        match &self.database.url {
+            Some(u) => {
+                let p = u.strip_prefix("sqlite://").or_else(|| u.strip_prefix("sqlite:")).unwrap_or(u);
+                self.rel(Path::new(p))
+            }
+            None => self.data_dir().join("apollo.db"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_config_has_the_documented_defaults() {
+        let c = Config::parse("{}", "apollo.yaml").unwrap();
+        assert_eq!(c.scheduler.concurrency, 8);
+        assert_eq!(c.scheduler.default_timeout, Duration::from_secs(300));
+        assert_eq!(c.database.synchronous, "full");
+        assert_eq!(c.socket_path(), PathBuf::from(".apollo/agent.sock"));
+    }
+
+    #[test]
+    fn errors_name_the_file_line_and_field() {
+        let e = Config::parse("scheduler:\n  concurency: 4\n", "apollo.yaml").unwrap_err().to_string();
+        assert!(e.starts_with("apollo.yaml: line 2: scheduler: unknown field `concurency`"), "{e}");
+        let e = Config::parse("scheduler:\n  lease: forever\n", "apollo.yaml").unwrap_err().to_string();
+        assert!(e.contains("scheduler.lease") && e.contains("duration like"), "{e}");
+        let e = Config::parse("plugins:\n  - name: x\n    class: nope\n", "a.yaml").unwrap_err().to_string();
+        assert!(e.contains("unknown class \"nope\""), "{e}");
+    }
+
+    #[test]
+    fn paths_are_relative_to_the_config_file() {
+        let mut c = Config::parse("tasks: defs\ndata_dir: /var/lib/apollo\n", "x").unwrap();
+        c.source = Some(PathBuf::from("/etc/apollo/apollo.yaml"));
+        assert_eq!(c.tasks_dir(), PathBuf::from("/etc/apollo/defs"));
+        assert_eq!(c.db_path(), PathBuf::from("/var/lib/apollo/apollo.db"));
+    }
+}

@@ -1,0 +1,217 @@
+//! `file_downloader`: fetches a file:// or http(s):// source to a target,
+//! verifies its checksum, and writes through a temp file and a rename so a
+//! target is either whole or absent. A target that already has the expected
+//! checksum is not downloaded again.
+
+use super::{check_known, io_err, required_str, str_param, Call, ParamDoc, Plugin, PluginError};
+use futures::future::BoxFuture;
+use md5::Md5;
+use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+pub struct FileDownloader;
+
+const PARAMS: &[&str] = &["source", "target", "md5", "sha256"];
+
+enum Source {
+    File(PathBuf),
+    Http(String),
+}
+
+fn source(s: &str) -> Result<Source, String> {
+    match s.split_once("://") {
+        Some(("file", rest)) if !rest.is_empty() => Ok(Source::File(PathBuf::from(rest))),
+        Some(("http" | "https", _)) => Ok(Source::Http(s.to_string())),
+        Some((scheme, _)) => Err(format!(
+            "source: unsupported scheme {scheme:?} in {s:?} (expected file://, http:// or https://; copy the object to one of those first)"
+        )),
+        None => Err(format!("source: {s:?} has no scheme (expected file://PATH, http://… or https://…)")),
+    }
+}
+
+fn checksum(p: &Map<String, Value>, key: &str, len: usize) -> Result<Option<String>, String> {
+    match str_param(p, key)? {
+        Some(h) if h.len() == len && h.chars().all(|c| c.is_ascii_hexdigit()) => Ok(Some(h.to_ascii_lowercase())),
+        Some(h) => Err(format!("{key}: {h:?} is not a {len}-character hex digest")),
+        None => Ok(None),
+    }
+}
+
+fn target(call: &Call<'_>, src: &str) -> PathBuf {
+    match call.params.get("target").and_then(Value::as_str) {
+        Some(t) => super::resolve_path(call.work_dir, t),
+        None => call.work_dir.join(src.rsplit('/').next().filter(|n| !n.is_empty()).unwrap_or("download")),
+    }
+}
+
+struct Digests {
+    md5: Md5,
+    sha256: Sha256,
+    bytes: u64,
+}
+
+impl Digests {
+    fn new() -> Self {
+        Digests { md5: Md5::new(), sha256: Sha256::new(), bytes: 0 }
+    }
+    fn update(&mut self, chunk: &[u8]) {
+        self.md5.update(chunk);
+        self.sha256.update(chunk);
+        self.bytes += chunk.len() as u64;
+    }
+}
+
+fn file_digests(path: &Path) -> std::io::Result<(String, String, u64)> {
+    let mut f = std::fs::File::open(path)?;
+    let mut d = Digests::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = std::io::Read::read(&mut f, &mut buf)?;
+        if n == 0 {
+            break;
+        }
+        d.update(&buf[..n]);
+    }
+    Ok((hex::encode(d.md5.finalize()), hex::encode(d.sha256.finalize()), d.bytes))
+}
+
+impl FileDownloader {
+    async fn fetch(&self, src: &Source, tmp: &Path) -> Result<(), PluginError> {
+        match src {
+            Source::File(p) => {
+                tokio::fs::copy(p, tmp).await.map_err(|e| {
+                    let msg = format!("cannot read source {}: {e}", p.display());
+                    if e.kind() == std::io::ErrorKind::NotFound {
+                        PluginError::permanent(msg)
+                    } else {
+                        PluginError::retryable(msg)
+                    }
+                })?;
+            }
+            Source::Http(url) => {
+                let mut resp = reqwest::get(url).await.map_err(|e| PluginError::retryable(format!("GET {url}: {e}")))?;
+                let status = resp.status();
+                if !status.is_success() {
+                    let msg = format!("GET {url}: HTTP {status}");
+                    let retry = status.is_server_error() || status.as_u16() == 429;
+                    return Err(if retry { PluginError::retryable(msg) } else { PluginError::permanent(msg) });
+                }
+                let mut f = std::fs::File::create(tmp).map_err(|e| io_err("cannot create", tmp, e))?;
+                while let Some(chunk) =
+                    resp.chunk().await.map_err(|e| PluginError::retryable(format!("GET {url}: {e}")))?
+                {
+                    f.write_all(&chunk).map_err(|e| io_err("cannot write", tmp, e))?;
+                }
+                f.sync_all().map_err(|e| io_err("cannot sync", tmp, e))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Plugin for FileDownloader {
+    fn name(&self) -> &'static str {
+        "file_downloader"
+    }
+    fn version(&self) -> semver::Version {
+        semver::Version::new(1, 0, 0)
+    }
+    fn description(&self) -> &'static str {
+        "Downloads a file:// or http(s):// source to a target, verifying md5/sha256, atomically"
+    }
+    fn params(&self) -> Vec<ParamDoc> {
+        vec![
+            ParamDoc { name: "source", kind: "url", required: true, description: "file://PATH, http://… or https://…" },
+            ParamDoc { name: "target", kind: "path", required: false, description: "where to write (default: work dir/<file name>)" },
+            ParamDoc { name: "md5", kind: "hex", required: false, description: "expected md5" },
+            ParamDoc { name: "sha256", kind: "hex", required: false, description: "expected sha256" },
+        ]
+    }
+    fn validate(&self, p: &Map<String, Value>) -> Result<(), String> {
+        check_known(p, PARAMS)?;
+        source(required_str(p, "source", "file://tasks/data/report.csv")?)?;
+        str_param(p, "target")?;
+        checksum(p, "md5", 32)?;
+        checksum(p, "sha256", 64)?;
+        Ok(())
+    }
+    fn execute<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Value, PluginError>> {
+        Box::pin(async move {
+            let p = call.params;
+            let raw = required_str(p, "source", "").map_err(PluginError::permanent)?;
+            let src = match source(raw).map_err(PluginError::permanent)? {
+                // A relative file:// path is taken from the directory that holds the tasks directory.
+                Source::File(p) if p.is_relative() => {
+                    Source::File(call.tasks_dir.parent().unwrap_or(Path::new(".")).join(p))
+                }
+                other => other,
+            };
+            let want_md5 = checksum(p, "md5", 32).map_err(PluginError::permanent)?;
+            let want_sha = checksum(p, "sha256", 64).map_err(PluginError::permanent)?;
+            let target = target(&call, raw);
+            let matches = |md5: &str, sha: &str| {
+                want_md5.as_deref().is_none_or(|w| w == md5) && want_sha.as_deref().is_none_or(|w| w == sha)
+            };
+            let existed = target.exists();
+            if existed && (want_md5.is_some() || want_sha.is_some()) {
+                if let Ok((md5, sha, bytes)) = file_digests(&target) {
+                    if matches(&md5, &sha) {
+                        call.log.line(&format!("{} already has the expected checksum; not downloading", target.display()));
+                        return Ok(json!({"path": target, "bytes": bytes, "md5": md5, "sha256": sha, "skipped": true, "created": false}));
+                    }
+                }
+            }
+            if let Some(dir) = target.parent() {
+                std::fs::create_dir_all(dir).map_err(|e| io_err("cannot create directory", dir, e))?;
+            }
+            let tmp = target.with_extension(format!("part-{}", ulid::Ulid::new()));
+            let result = async {
+                self.fetch(&src, &tmp).await?;
+                let (md5, sha, bytes) = file_digests(&tmp).map_err(|e| io_err("cannot read", &tmp, e))?;
+                if !matches(&md5, &sha) {
+                    return Err(PluginError::retryable(format!(
+                        "checksum mismatch for {raw}: got md5 {md5} sha256 {sha}, expected {}",
+                        want_md5.clone().or(want_sha.clone()).unwrap_or_default()
+                    )));
+                }
+                std::fs::rename(&tmp, &target).map_err(|e| io_err("cannot rename into", &target, e))?;
+                Ok((md5, sha, bytes))
+            }
+            .await;
+            let (md5, sha, bytes) = result.inspect_err(|_| {
+                let _ = std::fs::remove_file(&tmp);
+            })?;
+            call.log.line(&format!("downloaded {raw} to {} ({bytes} bytes, sha256 {sha})", target.display()));
+            Ok(json!({"path": target, "bytes": bytes, "md5": md5, "sha256": sha, "skipped": false, "created": !existed}))
+        })
+    }
+    fn rollback<'a>(&'a self, call: Call<'a>, output: Option<&'a Value>) -> BoxFuture<'a, Result<(), PluginError>> {
+        Box::pin(async move {
+            // Only what this step created is removed.
+            let Some(out) = output.filter(|o| o["created"] == Value::Bool(true)) else { return Ok(()) };
+            if let Some(path) = out["path"].as_str() {
+                match std::fs::remove_file(path) {
+                    Ok(()) => call.log.line(&format!("rollback: removed {path}")),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(io_err("cannot remove", Path::new(path), e)),
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unsupported_schemes_are_named() {
+        let e = source("s3://bucket/report.csv").err().unwrap();
+        assert!(e.contains("unsupported scheme \"s3\""), "{e}");
+        assert!(source("report.csv").is_err());
+        assert!(matches!(source("file://tasks/data/report.csv"), Ok(Source::File(_))));
+    }
+}

@@ -1,0 +1,145 @@
+//! Subprocesses run in their own process group, so a timeout or a cancel
+//! stops the command and everything it started: SIGTERM to the group, then
+//! SIGKILL after a grace period. Output is read as it comes, into the step's
+//! log and a bounded tail; memory does not grow with what a command prints.
+
+use crate::logs::StepLog;
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio_util::sync::CancellationToken;
+
+/// Bytes of stdout kept for the step's output.
+const TAIL_BYTES: usize = 4096;
+/// Longest log line; longer ones are split.
+const MAX_LINE: usize = 8192;
+
+pub struct Spec {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: PathBuf,
+}
+
+pub struct Outcome {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+    pub stdout_tail: String,
+    /// The run was stopped by the cancel token (timeout or cancel).
+    pub stopped: bool,
+}
+
+/// Kills the whole group if the run is dropped before it finished.
+struct GroupGuard(Option<Pid>);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if let Some(pgid) = self.0 {
+            let _ = killpg(pgid, Signal::SIGKILL);
+        }
+    }
+}
+
+pub async fn run(spec: Spec, log: &StepLog, cancel: CancellationToken, grace: Duration) -> Result<Outcome, String> {
+    let (program, args) = spec.argv.split_first().ok_or("empty command")?;
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(args)
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .current_dir(&spec.cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let mut child = cmd.spawn().map_err(|e| format!("cannot start {program:?}: {e}"))?;
+    let pgid = child.id().map(|id| Pid::from_raw(id as i32));
+    let mut guard = GroupGuard(pgid);
+    let tail = Arc::new(Mutex::new(Vec::<u8>::new()));
+    let out = child.stdout.take().expect("piped stdout");
+    let err = child.stderr.take().expect("piped stderr");
+    let readers = async {
+        tokio::join!(pump(out, log, Some(tail.clone())), pump(err, log, None));
+    };
+    tokio::pin!(readers);
+
+    let mut stopped = false;
+    let status = tokio::select! {
+        s = child.wait() => s,
+        _ = cancel.cancelled() => {
+            stopped = true;
+            if let Some(g) = pgid { let _ = killpg(g, Signal::SIGTERM); }
+            match tokio::time::timeout(grace, child.wait()).await {
+                Ok(s) => s,
+                Err(_) => {
+                    log.line(&format!("[apollo: still running {}s after SIGTERM; sending SIGKILL]", grace.as_secs_f64()));
+                    if let Some(g) = pgid { let _ = killpg(g, Signal::SIGKILL); }
+                    child.wait().await
+                }
+            }
+        }
+    }
+    .map_err(|e| format!("waiting for {program:?}: {e}"))?;
+    if stopped {
+        // Whatever the command started dies with it.
+        if let Some(g) = pgid {
+            let _ = killpg(g, Signal::SIGKILL);
+        }
+    }
+    guard.0 = None;
+    // A background grandchild may hold the pipes open; don't wait for it long.
+    let _ = tokio::time::timeout(Duration::from_millis(500), &mut readers).await;
+    use std::os::unix::process::ExitStatusExt;
+    let tail = tail.lock().expect("tail");
+    Ok(Outcome {
+        code: status.code(),
+        signal: status.signal(),
+        stdout_tail: String::from_utf8_lossy(&tail).into_owned(),
+        stopped,
+    })
+}
+
+async fn pump(mut r: impl AsyncRead + Unpin, log: &StepLog, tail: Option<Arc<Mutex<Vec<u8>>>>) {
+    let mut buf = vec![0u8; 8192];
+    let mut line: Vec<u8> = Vec::new();
+    loop {
+        let n = match r.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if let Some(t) = &tail {
+            let mut t = t.lock().expect("tail");
+            t.extend_from_slice(&buf[..n]);
+            if t.len() > TAIL_BYTES {
+                let cut = t.len() - TAIL_BYTES;
+                t.drain(..cut);
+            }
+        }
+        for &b in &buf[..n] {
+            if b == b'\n' || line.len() >= MAX_LINE {
+                log.line(&String::from_utf8_lossy(&line));
+                line.clear();
+                if b == b'\n' {
+                    continue;
+                }
+            }
+            line.push(b);
+        }
+    }
+    if !line.is_empty() {
+        log.line(&String::from_utf8_lossy(&line));
+    }
+}
+
+/// Describes how a process ended, for error messages.
+pub fn describe_exit(o: &Outcome) -> String {
+    match (o.code, o.signal) {
+        (Some(c), _) => format!("exit code {c}"),
+        (None, Some(s)) => {
+            let name = Signal::try_from(s).map(|s| s.as_str().to_string()).unwrap_or_else(|_| s.to_string());
+            format!("killed by signal {name}")
+        }
+        _ => "ended without a status".into(),
+    }
+}

@@ -1,0 +1,275 @@
+//! The store: the only module that writes SQL.
+//!
+//! SQLite has one owner. All writes go to one writer thread that owns the
+//! write connection; it takes every write waiting in its queue, runs them in
+//! one `BEGIN IMMEDIATE` transaction — each in its own savepoint, so one
+//! failing write does not fail its batch-mates — commits, and only then
+//! acknowledges each caller (group commit). Reads use a small pool of
+//! read-only connections on blocking threads and never wait for the writer.
+//!
+//! Every state write calls the transition table in `apollo_shared::state`
+//! first; a refused transition leaves the row as it was, is logged as a
+//! warning and raised as an alert.
+
+mod ops;
+mod read;
+mod rows;
+mod schema;
+mod write;
+
+pub use read::ListFilter;
+pub use write::{Claimed, FailurePlan, NewInstance};
+
+use crate::bus::Bus;
+use apollo_shared::state::IllegalTransition;
+use rusqlite::{Connection, OpenFlags};
+use std::path::{Path, PathBuf};
+use std::sync::{mpsc, Arc, Mutex};
+use tokio::sync::oneshot;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database error: {0}")]
+    Sql(#[from] rusqlite::Error),
+    #[error("{0}")]
+    Illegal(#[from] IllegalTransition),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("commit failed: {0}")]
+    Commit(String),
+    #[error("the store is closed")]
+    Closed,
+}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// A write queued for the writer thread.
+trait Job: Send {
+    /// Runs inside the batch transaction; returns whether it succeeded and
+    /// what to tell the caller once the batch has committed (or failed to).
+    fn run(self: Box<Self>, conn: &Connection) -> (bool, Ack);
+    /// Tells the caller the write never ran.
+    fn abort(self: Box<Self>, why: &str);
+}
+type Ack = Box<dyn FnOnce(Option<&str>) + Send>;
+
+struct FnJob<F, D> {
+    f: F,
+    deliver: D,
+}
+
+impl<R, F, D> Job for FnJob<F, D>
+where
+    R: Send + 'static,
+    F: FnOnce(&Connection) -> Result<R> + Send,
+    D: FnOnce(Result<R>) + Send + 'static,
+{
+    fn run(self: Box<Self>, conn: &Connection) -> (bool, Ack) {
+        let FnJob { f, deliver } = *self;
+        let result = f(conn);
+        let ok = result.is_ok();
+        let ack: Ack = Box::new(move |commit_error| match (commit_error, result) {
+            (Some(e), Ok(_)) => deliver(Err(StoreError::Commit(e.to_string()))),
+            (_, r) => deliver(r),
+        });
+        (ok, ack)
+    }
+
+    fn abort(self: Box<Self>, why: &str) {
+        (self.deliver)(Err(StoreError::Commit(why.to_string())))
+    }
+}
+
+/// Largest number of writes grouped into one transaction.
+const MAX_BATCH: usize = 1024;
+const READERS: usize = 4;
+
+/// A cheap handle; clones share the writer and the read pool.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    path: PathBuf,
+    writer: Mutex<Option<mpsc::Sender<Box<dyn Job>>>>,
+    writer_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    readers: Mutex<Vec<Connection>>,
+    bus: Bus,
+    /// Who writes, for the history (`agent:<host>:<pid>`).
+    agent: String,
+}
+
+impl Store {
+    /// Opens (creating and migrating if needed) the database at `path`.
+    /// `synchronous_full` chooses power-loss durability over speed.
+    pub fn open(path: &Path, synchronous_full: bool, bus: Bus, agent: String) -> anyhow::Result<Store> {
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        let mut conn = Connection::open(path)?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", if synchronous_full { "FULL" } else { "NORMAL" })?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        schema::migrate(&mut conn)?;
+        let (tx, rx) = mpsc::channel::<Box<dyn Job>>();
+        let thread = std::thread::Builder::new().name("apollo-store-writer".into()).spawn(move || writer_loop(conn, rx))?;
+        Ok(Store {
+            inner: Arc::new(Inner {
+                path: path.to_path_buf(),
+                writer: Mutex::new(Some(tx)),
+                writer_thread: Mutex::new(Some(thread)),
+                readers: Mutex::new(Vec::new()),
+                bus,
+                agent,
+            }),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    pub fn agent(&self) -> &str {
+        &self.inner.agent
+    }
+
+    pub fn bus(&self) -> &Bus {
+        &self.inner.bus
+    }
+
+    /// Runs `f` in the next group-commit batch and returns its result once
+    /// the batch is durable. A refused transition is also raised as an alert.
+    pub async fn write<R, F>(&self, f: F) -> Result<R>
+    where
+        R: Send + 'static,
+        F: FnOnce(&Connection) -> Result<R> + Send + 'static,
+    {
+        let (tx, rx) = oneshot::channel();
+        self.submit(f, move |r| {
+            let _ = tx.send(r);
+        })?;
+        let result = rx.await.map_err(|_| StoreError::Closed)?;
+        if let Err(StoreError::Illegal(e)) = &result {
+            tracing::warn!(error = %e, "refused an illegal transition");
+            let message = e.to_string();
+            // The refused write's savepoint was rolled back; the alert is a write of its own.
+            let _ = self.submit(move |c| write::insert_alert(c, "illegal_transition", &message, None), |_| {});
+        }
+        result
+    }
+
+    /// Blocking form of [`Store::write`], for start-up code outside the runtime.
+    pub fn write_blocking<R, F>(&self, f: F) -> Result<R>
+    where
+        R: Send + 'static,
+        F: FnOnce(&Connection) -> Result<R> + Send + 'static,
+    {
+        let (tx, rx) = mpsc::channel();
+        self.submit(f, move |r| {
+            let _ = tx.send(r);
+        })?;
+        rx.recv().map_err(|_| StoreError::Closed)?
+    }
+
+    fn submit<R, F, D>(&self, f: F, deliver: D) -> Result<()>
+    where
+        R: Send + 'static,
+        F: FnOnce(&Connection) -> Result<R> + Send + 'static,
+        D: FnOnce(Result<R>) + Send + 'static,
+    {
+        let job: Box<dyn Job> = Box::new(FnJob { f, deliver });
+        let guard = self.inner.writer.lock().expect("writer lock");
+        let sender = guard.as_ref().ok_or(StoreError::Closed)?;
+        sender.send(job).map_err(|_| StoreError::Closed)
+    }
+
+    /// Runs a query on a read-only connection on a blocking thread.
+    pub async fn read<R, F>(&self, f: F) -> Result<R>
+    where
+        R: Send + 'static,
+        F: FnOnce(&Connection) -> Result<R> + Send + 'static,
+    {
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || store.read_blocking(f)).await.map_err(|_| StoreError::Closed)?
+    }
+
+    pub fn read_blocking<R, F>(&self, f: F) -> Result<R>
+    where
+        F: FnOnce(&Connection) -> Result<R>,
+    {
+        let conn = self.inner.readers.lock().expect("reader pool").pop();
+        let conn = match conn {
+            Some(c) => c,
+            None => {
+                let c = Connection::open_with_flags(
+                    &self.inner.path,
+                    OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI,
+                )?;
+                c.busy_timeout(std::time::Duration::from_secs(5))?;
+                c
+            }
+        };
+        let result = f(&conn);
+        let mut pool = self.inner.readers.lock().expect("reader pool");
+        if pool.len() < READERS {
+            pool.push(conn);
+        }
+        result
+    }
+
+    /// Stops the writer after it has committed everything queued so far.
+    pub fn close(&self) {
+        self.inner.writer.lock().expect("writer lock").take();
+        if let Some(t) = self.inner.writer_thread.lock().expect("writer thread").take() {
+            let _ = t.join();
+        }
+        self.inner.readers.lock().expect("reader pool").clear();
+    }
+}
+
+fn writer_loop(conn: Connection, rx: mpsc::Receiver<Box<dyn Job>>) {
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        run_batch(&conn, batch);
+    }
+}
+
+fn run_batch(conn: &Connection, batch: Vec<Box<dyn Job>>) {
+    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+        let msg = e.to_string();
+        // Nothing ran; each caller learns why.
+        batch.into_iter().for_each(|job| job.abort(&msg));
+        return;
+    }
+    let mut acks = Vec::with_capacity(batch.len());
+    for job in batch {
+        if let Err(e) = conn.execute_batch("SAVEPOINT w") {
+            tracing::error!(error = %e, "savepoint failed");
+        }
+        let (ok, ack) = job.run(conn);
+        let end = if ok { "RELEASE w" } else { "ROLLBACK TO w; RELEASE w" };
+        if let Err(e) = conn.execute_batch(end) {
+            tracing::error!(error = %e, "savepoint release failed");
+        }
+        acks.push(ack);
+    }
+    match conn.execute_batch("COMMIT") {
+        Ok(()) => acks.into_iter().for_each(|ack| ack(None)),
+        Err(e) => {
+            tracing::error!(error = %e, "group commit failed");
+            let _ = conn.execute_batch("ROLLBACK");
+            let msg = e.to_string();
+            acks.into_iter().for_each(|ack| ack(Some(&msg)));
+        }
+    }
+}

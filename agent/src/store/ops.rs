@@ -1,0 +1,167 @@
+//! The store's operations as the scheduler and the server call them: each
+//! one write (group-committed), followed by a notice on the bus.
+
+use super::write::{self, Claimed, FailurePlan, NewInstance};
+use super::{Result, Store};
+use chrono::{DateTime, Utc};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+
+impl Store {
+    fn changed(&self, id: &str, state: &str, step: Option<(u32, &str)>) {
+        let mut data = json!({ "id": id, "state": state });
+        if let Some((seq, s)) = step {
+            data["step"] = json!({ "seq": seq, "state": s });
+        }
+        self.bus().publish("tasks", "instance.updated", data);
+    }
+
+    pub async fn put_def(&self, hash: &str, task: &str, file: &str, source: &str) -> Result<()> {
+        let (h, t, f, s) = (hash.to_string(), task.to_string(), file.to_string(), source.to_string());
+        self.write(move |c| write::put_def(c, &h, &t, &f, &s)).await
+    }
+
+    pub async fn create(&self, n: NewInstance, actor: &str) -> Result<(String, bool)> {
+        let actor = actor.to_string();
+        let task = n.task.clone();
+        let (id, created) = self.write(move |c| write::create(c, &n, &actor)).await?;
+        if created {
+            self.bus().publish("tasks", "instance.created", json!({ "id": id, "task": task, "state": "PENDING" }));
+        }
+        Ok((id, created))
+    }
+
+    pub async fn claim(
+        &self,
+        n: usize,
+        lease_until: DateTime<Utc>,
+        queue_limits: HashMap<String, u32>,
+    ) -> Result<Vec<Claimed>> {
+        let agent = self.agent().to_string();
+        let claimed = self.write(move |c| write::claim(c, &agent, n, lease_until, &queue_limits)).await?;
+        for i in &claimed {
+            self.changed(&i.id, "RUNNING", None);
+        }
+        Ok(claimed)
+    }
+
+    pub async fn step_start(&self, id: &str, seq: u32, version: &str, params: &Value) -> Result<u32> {
+        let (i, v, p, a) = (id.to_string(), version.to_string(), params.to_string(), self.agent().to_string());
+        let attempt = self.write(move |c| write::step_start(c, &i, seq, &v, &p, &a)).await?;
+        self.changed(id, "RUNNING", Some((seq, "RUNNING")));
+        Ok(attempt)
+    }
+
+    pub async fn step_success(&self, id: &str, seq: u32, output: &Value, context: &Value) -> Result<()> {
+        let (i, o, x, a) = (id.to_string(), output.to_string(), context.to_string(), self.agent().to_string());
+        self.write(move |c| write::step_success(c, &i, seq, &o, &x, &a)).await?;
+        self.changed(id, "RUNNING", Some((seq, "SUCCESS")));
+        Ok(())
+    }
+
+    /// Returns the step's failure count after this one.
+    pub async fn step_fail(&self, id: &str, seq: u32, error: &str, counts: bool) -> Result<u32> {
+        let (i, e, a) = (id.to_string(), error.to_string(), self.agent().to_string());
+        let failures = self.write(move |c| write::step_fail(c, &i, seq, &e, counts, &a)).await?;
+        self.changed(id, "RUNNING", Some((seq, "FAILED")));
+        Ok(failures)
+    }
+
+    pub async fn finish_success(&self, id: &str) -> Result<()> {
+        let (i, a) = (id.to_string(), self.agent().to_string());
+        self.write(move |c| write::finish_success(c, &i, &a)).await?;
+        self.changed(id, "SUCCESS", None);
+        Ok(())
+    }
+
+    pub async fn fail(&self, id: &str, error: &str, plan: FailurePlan, actor: &str) -> Result<()> {
+        let (i, e, a) = (id.to_string(), error.to_string(), actor.to_string());
+        self.write(move |c| write::fail(c, &i, &e, plan, &a)).await?;
+        let state = if matches!(plan, FailurePlan::Retry(_)) { "RETRYING" } else { "FAILED" };
+        self.changed(id, state, None);
+        Ok(())
+    }
+
+    pub async fn step_rolled_back(&self, id: &str, seq: u32) -> Result<()> {
+        let (i, a) = (id.to_string(), self.agent().to_string());
+        self.write(move |c| write::step_rolled_back(c, &i, seq, &a)).await?;
+        self.changed(id, "FAILED", Some((seq, "ROLLED_BACK")));
+        Ok(())
+    }
+
+    pub async fn step_note_error(&self, id: &str, seq: u32, error: &str) -> Result<()> {
+        let (i, e) = (id.to_string(), error.to_string());
+        self.write(move |c| write::step_note_error(c, &i, seq, &e)).await
+    }
+
+    pub async fn finish_rolled_back(&self, id: &str) -> Result<()> {
+        let (i, a) = (id.to_string(), self.agent().to_string());
+        self.write(move |c| write::finish_rolled_back(c, &i, &a)).await?;
+        self.changed(id, "ROLLED_BACK", None);
+        Ok(())
+    }
+
+    pub async fn rollback_failed(&self, id: &str, error: &str) -> Result<()> {
+        let (i, e, a) = (id.to_string(), error.to_string(), self.agent().to_string());
+        self.write(move |c| write::rollback_failed(c, &i, &e, &a)).await?;
+        self.changed(id, "FAILED", None);
+        self.bus().publish("alerts", "alert.raised", json!({ "kind": "rollback_failed", "instance": id, "message": error }));
+        Ok(())
+    }
+
+    pub async fn manual_retry(&self, id: &str, reason: &str, actor: &str) -> Result<()> {
+        let (i, r, a) = (id.to_string(), reason.to_string(), actor.to_string());
+        self.write(move |c| write::manual_retry(c, &i, &r, &a)).await?;
+        self.changed(id, "RETRYING", None);
+        Ok(())
+    }
+
+    pub async fn manual_rollback(&self, id: &str, lease_until: DateTime<Utc>, reason: &str, actor: &str) -> Result<()> {
+        let (i, r, a) = (id.to_string(), reason.to_string(), actor.to_string());
+        self.write(move |c| write::manual_rollback(c, &i, lease_until, &r, &a)).await?;
+        self.changed(id, "FAILED", None);
+        Ok(())
+    }
+
+    pub async fn cancel_waiting(&self, id: &str, reason: &str, actor: &str) -> Result<()> {
+        let (i, r, a) = (id.to_string(), reason.to_string(), actor.to_string());
+        self.write(move |c| write::cancel_waiting(c, &i, &r, &a)).await?;
+        self.changed(id, "FAILED", None);
+        Ok(())
+    }
+
+    pub async fn renew_leases(&self, ids: Vec<String>, until: DateTime<Utc>) -> Result<()> {
+        self.write(move |c| write::renew_leases(c, &ids, until)).await
+    }
+
+    pub async fn recover(&self, lease_until: DateTime<Utc>, only_expired: bool, held: Vec<String>) -> Result<Vec<Claimed>> {
+        let agent = self.agent().to_string();
+        self.write(move |c| write::recover(c, &agent, lease_until, only_expired, &held)).await
+    }
+
+    pub async fn alert(&self, kind: &str, message: &str, instance: Option<&str>) -> Result<()> {
+        let (k, m, i) = (kind.to_string(), message.to_string(), instance.map(str::to_string));
+        self.write(move |c| write::insert_alert(c, &k, &m, i.as_deref())).await?;
+        self.bus().publish("alerts", "alert.raised", json!({ "kind": kind, "instance": instance, "message": message }));
+        Ok(())
+    }
+
+    /// Stores a received event; `false` when its dedup key was seen before.
+    pub async fn record_event(
+        &self,
+        id: &str,
+        name: &str,
+        data: Option<Value>,
+        dedup_key: Option<String>,
+        instances: Vec<String>,
+    ) -> Result<bool> {
+        let (i, n) = (id.to_string(), name.to_string());
+        let stored =
+            self.write(move |c| write::insert_event(c, &i, &n, data.as_ref(), dedup_key.as_deref(), &instances)).await?;
+        Ok(stored.is_some())
+    }
+
+    pub async fn archive(&self, cutoff: DateTime<Utc>, max: usize) -> Result<usize> {
+        self.write(move |c| write::archive(c, cutoff, max)).await
+    }
+}

@@ -1,0 +1,161 @@
+//! Queries. They run on read-only connections (and, inside a write, on the
+//! writer's connection) and change nothing.
+
+use super::rows::{self, parse_ts, ts, INSTANCE_COLS, STEP_COLS};
+use super::{Result, Store, StoreError};
+use apollo_shared::protocol::{Alert, Instance, QueueStats, Transition};
+use apollo_shared::state::TaskState;
+use chrono::{DateTime, Utc};
+use rusqlite::{params, Connection, OptionalExtension};
+use std::collections::BTreeMap;
+
+/// Filters of `tasks.list`.
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    pub state: Option<TaskState>,
+    pub task: Option<String>,
+    pub queue: Option<String>,
+    pub limit: u32,
+    /// Only instances with an id lower than this (newest first paging).
+    pub before: Option<String>,
+}
+
+pub(super) fn instance_with_steps(c: &Connection, id: &str) -> Result<Instance> {
+    let mut inst = c
+        .prepare_cached(&format!("SELECT {INSTANCE_COLS} FROM task_instances WHERE id = ?1"))?
+        .query_row([id], rows::instance)
+        .optional()?
+        .ok_or_else(|| StoreError::NotFound(format!("no instance {id}")))?;
+    let steps = c
+        .prepare_cached(&format!("SELECT {STEP_COLS} FROM step_runs WHERE instance_id = ?1 ORDER BY seq"))?
+        .query_map([id], rows::step)?
+        .collect::<rusqlite::Result<_>>()?;
+    inst.steps = Some(steps);
+    Ok(inst)
+}
+
+pub(super) fn transitions(c: &Connection, id: &str) -> Result<Vec<Transition>> {
+    Ok(c.prepare_cached(
+        "SELECT at, step_seq, from_state, to_state, reason, actor FROM transitions WHERE instance_id = ?1 ORDER BY id",
+    )?
+    .query_map([id], rows::transition)?
+    .collect::<rusqlite::Result<_>>()?)
+}
+
+impl Store {
+    /// One instance with its steps and history; archived instances too.
+    pub async fn get(&self, id: &str) -> Result<Instance> {
+        let id = id.to_string();
+        self.read(move |c| match instance_with_steps(c, &id) {
+            Ok(mut inst) => {
+                inst.transitions = Some(transitions(c, &id)?);
+                Ok(inst)
+            }
+            Err(StoreError::NotFound(m)) => {
+                let doc: Option<String> =
+                    c.query_row("SELECT doc FROM archive WHERE id = ?1", [&id], |r| r.get(0)).optional()?;
+                doc.and_then(|d| serde_json::from_str(&d).ok()).ok_or(StoreError::NotFound(m))
+            }
+            Err(e) => Err(e),
+        })
+        .await
+    }
+
+    /// Instances newest first, without steps.
+    pub async fn list(&self, f: ListFilter) -> Result<Vec<Instance>> {
+        self.read(move |c| {
+            let sql = format!(
+                "SELECT {INSTANCE_COLS} FROM task_instances WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR task = ?2) \
+                 AND (?3 IS NULL OR queue = ?3) AND (?4 IS NULL OR id < ?4) ORDER BY id DESC LIMIT ?5"
+            );
+            Ok(c.prepare_cached(&sql)?
+                .query_map(
+                    params![f.state.map(|s| s.as_str()), f.task, f.queue, f.before, f.limit as i64],
+                    rows::instance,
+                )?
+                .collect::<rusqlite::Result<_>>()?)
+        })
+        .await
+    }
+
+    pub async fn counts(&self) -> Result<BTreeMap<String, u64>> {
+        self.read(|c| {
+            let mut out: BTreeMap<String, u64> = TaskState::ALL.iter().map(|s| (s.to_string(), 0)).collect();
+            let mut q = c.prepare_cached("SELECT state, COUNT(*) FROM task_instances GROUP BY state")?;
+            let mut rows = q.query([])?;
+            while let Some(r) = rows.next()? {
+                out.insert(r.get(0)?, r.get(1)?);
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// Per queue: running, pending, retrying and the oldest pending age.
+    pub async fn queue_stats(&self) -> Result<Vec<QueueStats>> {
+        self.read(|c| {
+            let mut q = c.prepare_cached(
+                "SELECT queue, SUM(state = 'RUNNING'), SUM(state = 'PENDING'), SUM(state = 'RETRYING'), \
+                 MIN(CASE WHEN state = 'PENDING' THEN created_at END) FROM task_instances \
+                 WHERE state IN ('RUNNING', 'PENDING', 'RETRYING') GROUP BY queue ORDER BY queue",
+            )?;
+            let now = Utc::now();
+            let stats = q
+                .query_map([], |r| {
+                    let oldest = parse_ts(r.get(4)?);
+                    Ok(QueueStats {
+                        queue: r.get(0)?,
+                        running: r.get(1)?,
+                        limit: None,
+                        pending: r.get(2)?,
+                        retrying: r.get(3)?,
+                        oldest_pending_secs: oldest.map(|t| (now - t).num_milliseconds() as f64 / 1000.0),
+                    })
+                })?
+                .collect::<rusqlite::Result<_>>()?;
+            Ok(stats)
+        })
+        .await
+    }
+
+    pub async fn alerts(&self, limit: u32) -> Result<Vec<Alert>> {
+        self.read(move |c| {
+            Ok(c.prepare_cached("SELECT id, at, kind, message, instance_id FROM alerts ORDER BY id DESC LIMIT ?1")?
+                .query_map([limit as i64], rows::alert)?
+                .collect::<rusqlite::Result<_>>()?)
+        })
+        .await
+    }
+
+    /// When the earliest RETRYING instance becomes runnable.
+    pub async fn next_retry_due(&self) -> Result<Option<DateTime<Utc>>> {
+        self.read(|c| {
+            let t: Option<String> = c.query_row(
+                "SELECT MIN(next_run_at) FROM task_instances WHERE state = 'RETRYING'",
+                [],
+                |r| r.get(0),
+            )?;
+            Ok(parse_ts(t))
+        })
+        .await
+    }
+
+    /// The definition text an instance was created with.
+    pub async fn def_source(&self, hash: &str) -> Result<(String, String)> {
+        let hash = hash.to_string();
+        self.read(move |c| {
+            c.query_row("SELECT file, source FROM task_defs WHERE hash = ?1", [&hash], |r| Ok((r.get(0)?, r.get(1)?)))
+                .optional()?
+                .ok_or_else(|| StoreError::NotFound(format!("no definition version {hash}")))
+        })
+        .await
+    }
+
+    /// Instances created since `since`, for throughput figures.
+    pub async fn created_since(&self, since: DateTime<Utc>) -> Result<u64> {
+        self.read(move |c| {
+            Ok(c.query_row("SELECT COUNT(*) FROM task_instances WHERE created_at >= ?1", [ts(since)], |r| r.get(0))?)
+        })
+        .await
+    }
+}

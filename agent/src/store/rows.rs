@@ -1,0 +1,93 @@
+//! Mapping between rows and the protocol's types, and the text form of times.
+
+use apollo_shared::protocol::{Alert, Instance, StepRun, Transition};
+use chrono::{DateTime, SecondsFormat, Utc};
+use rusqlite::Row;
+use serde_json::Value;
+
+/// Times are stored as fixed-width RFC 3339 UTC text, so they sort as text.
+pub fn ts(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Micros, true)
+}
+
+pub fn parse_ts(s: Option<String>) -> Option<DateTime<Utc>> {
+    s.and_then(|s| DateTime::parse_from_rfc3339(&s).ok()).map(|t| t.with_timezone(&Utc))
+}
+
+fn json(s: Option<String>) -> Option<Value> {
+    s.and_then(|s| serde_json::from_str(&s).ok())
+}
+
+pub const INSTANCE_COLS: &str = "id, task, def_hash, state, attempt, trace_id, priority, queue, trigger, dedup_key, \
+     params, created_at, started_at, finished_at, next_run_at, error, context";
+
+pub fn instance(r: &Row) -> rusqlite::Result<Instance> {
+    let state: String = r.get(3)?;
+    Ok(Instance {
+        id: r.get(0)?,
+        task: r.get(1)?,
+        def_hash: r.get(2)?,
+        state: state.parse().map_err(|e: String| bad_column(3, e))?,
+        attempt: r.get(4)?,
+        trace_id: r.get(5)?,
+        priority: r.get(6)?,
+        queue: r.get(7)?,
+        trigger: r.get(8)?,
+        dedup_key: r.get(9)?,
+        params: json(r.get(10)?).unwrap_or(Value::Null),
+        created_at: parse_ts(r.get(11)?).unwrap_or_default(),
+        started_at: parse_ts(r.get(12)?),
+        finished_at: parse_ts(r.get(13)?),
+        next_run_at: parse_ts(r.get(14)?),
+        error: r.get(15)?,
+        context: json(r.get(16)?).unwrap_or(Value::Null),
+        steps: None,
+        transitions: None,
+    })
+}
+
+pub const STEP_COLS: &str =
+    "seq, name, plugin, plugin_version, state, attempts, failures, params, output, error, started_at, finished_at";
+
+pub fn step(r: &Row) -> rusqlite::Result<StepRun> {
+    let state: String = r.get(4)?;
+    Ok(StepRun {
+        seq: r.get(0)?,
+        name: r.get(1)?,
+        plugin: r.get(2)?,
+        plugin_version: r.get(3)?,
+        state: state.parse().map_err(|e: String| bad_column(4, e))?,
+        attempts: r.get(5)?,
+        failures: r.get(6)?,
+        params: json(r.get(7)?),
+        output: json(r.get(8)?),
+        error: r.get(9)?,
+        started_at: parse_ts(r.get(10)?),
+        finished_at: parse_ts(r.get(11)?),
+    })
+}
+
+pub fn transition(r: &Row) -> rusqlite::Result<Transition> {
+    Ok(Transition {
+        at: parse_ts(r.get(0)?).unwrap_or_default(),
+        step: r.get(1)?,
+        from: r.get(2)?,
+        to: r.get(3)?,
+        reason: r.get(4)?,
+        actor: r.get(5)?,
+    })
+}
+
+pub fn alert(r: &Row) -> rusqlite::Result<Alert> {
+    Ok(Alert {
+        id: r.get(0)?,
+        at: parse_ts(r.get(1)?).unwrap_or_default(),
+        kind: r.get(2)?,
+        message: r.get(3)?,
+        instance: r.get(4)?,
+    })
+}
+
+fn bad_column(i: usize, e: String) -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, e.into())
+}
