@@ -242,7 +242,10 @@ impl Config {
             bail!("{file}: scheduler.zombie_factor: {} is out of range (expected 1 or more)", s.zombie_factor);
         }
         if !["full", "normal"].contains(&self.database.synchronous.as_str()) {
-            bail!("{file}: database.synchronous: {:?} is not valid (expected full or normal)", self.database.synchronous);
+            bail!(
+                "{file}: database.synchronous: {:?} is not valid (expected full or normal)",
+                self.database.synchronous
+            );
         }
         if let Some(url) = &self.database.url {
             if url.starts_with("postgres") {
@@ -253,7 +256,10 @@ impl Config {
             bail!("{file}: logging.format: {:?} is not valid (expected pretty or json)", self.logging.format);
         }
         if tracing_subscriber::EnvFilter::try_new(&self.logging.level).is_err() {
-            bail!("{file}: logging.level: {:?} is not valid (expected error, warn, info, debug or trace)", self.logging.level);
+            bail!(
+                "{file}: logging.level: {:?} is not valid (expected error, warn, info, debug or trace)",
+                self.logging.level
+            );
         }
         for (i, p) in self.plugins.iter().enumerate() {
             match (&p.class, &p.command) {

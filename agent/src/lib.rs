@@ -1,1 +1,125 @@
+//! apollo-agent: runs task definitions as ordered steps through plugins,
+//! persisting every step's state and context so work survives crashes, and
+//! serves the JSON-RPC protocol on a Unix socket.
+//!
+//! Layout:
+//! - [`config`]: `apollo.yaml`, defaults and path resolution.
+//! - [`store`]: SQLite — the only module that writes SQL; group commit.
+//! - [`scheduler`]: claims, executes, retries, rolls back, reaps, recovers.
+//! - [`plugins`]: the plugin contract, the built-ins and their registry.
+//! - [`catalog`]: definitions loaded from the tasks directory.
+//! - [`server`]: the socket server, the protocol methods, dial-stdio.
+//! - [`bus`]: change notifications for subscribers.
+//! - [`logs`]: per-step log files.
+//! - [`check`]: `apollo-agent check`.
+//! - [`telemetry`]: tracing set-up.
+//!
+//! [`run`] is the whole agent; `main.rs` only parses arguments and calls it,
+//! so tests and benchmarks can run the agent in-process.
 
+pub mod bus;
+pub mod catalog;
+pub mod check;
+pub mod config;
+pub mod logs;
+pub mod plugins;
+pub mod scheduler;
+pub mod server;
+pub mod store;
+pub mod telemetry;
+
+use anyhow::Context as _;
+use config::Config;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use tokio_util::sync::CancellationToken;
+
+/// The agent's name in history rows and `hello`: `<host>:<pid>`.
+pub fn agent_name() -> String {
+    let host = nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "localhost".into());
+    format!("{host}:{}", std::process::id())
+}
+
+/// Holds the data dir's lock: one agent per SQLite database.
+pub struct DataDirLock {
+    _file: nix::fcntl::Flock<std::fs::File>,
+}
+
+pub fn lock_data_dir(dir: &std::path::Path) -> anyhow::Result<DataDirLock> {
+    std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create the data dir", dir.display()))?;
+    let path = dir.join("agent.lock");
+    let file = std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).open(&path)?;
+    let mut file = match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        Ok(f) => f,
+        Err((_, _)) => {
+            let holder = std::fs::read_to_string(&path).unwrap_or_default();
+            anyhow::bail!(
+                "{}: another agent (pid {}) already uses this data dir; SQLite allows one agent per database — \
+                 stop it, give this one another --data-dir, or use PostgreSQL (database.url) for several agents",
+                dir.display(),
+                holder.trim()
+            );
+        }
+    };
+    use std::io::{Seek, Write};
+    file.set_len(0)?;
+    file.rewind()?;
+    write!(file, "{}", std::process::id())?;
+    Ok(DataDirLock { _file: file })
+}
+
+/// Everything `run` needs besides the config.
+pub struct Options {
+    pub socket: PathBuf,
+}
+
+/// Runs the agent until `shutdown` is cancelled, then stops claiming, lets
+/// running steps finish up to the grace period, and returns.
+pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let config = Arc::new(config);
+    let data_dir = config.data_dir();
+    let _lock = lock_data_dir(&data_dir)?;
+    let bus = bus::Bus::default();
+    let name = agent_name();
+    let store = store::Store::open(
+        &config.db_path(),
+        config.database.synchronous == "full",
+        bus.clone(),
+        format!("agent:{name}"),
+    )
+    .with_context(|| format!("{}: cannot open the database", config.db_path().display()))?;
+    let registry = Arc::new(plugins::Registry::new(&config.plugins));
+    let tasks_dir = config.tasks_dir();
+    let cat = catalog::load_dir(&tasks_dir, &registry);
+    for (file, errs) in &cat.errors {
+        for e in errs {
+            tracing::warn!(file = %file.display(), "definition not loaded: {e}");
+        }
+        let msg = errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ");
+        let _ = store.alert("definition_error", &msg, None).await;
+    }
+    tracing::info!(tasks_dir = %tasks_dir.display(), loaded = cat.defs.len(), errors = cat.errors.len(), "definitions loaded");
+    let catalog = Arc::new(RwLock::new(cat));
+    let socket = config.socket_path();
+    let listener = server::bind(&socket)?;
+    let scheduler =
+        scheduler::Scheduler::new(store.clone(), catalog.clone(), registry.clone(), config.clone(), shutdown.clone());
+    let api = Arc::new(server::Api {
+        store: store.clone(),
+        scheduler: scheduler.clone(),
+        catalog,
+        registry,
+        name,
+        started: std::time::Instant::now(),
+        socket: socket.display().to_string(),
+    });
+    let access = Arc::new(server::Access::new(&config.socket));
+    tracing::info!(socket = %socket.display(), db = %store.path().display(), "agent ready");
+    let server = tokio::spawn(server::serve(listener, api, access, shutdown.clone()));
+    scheduler.run().await;
+    let _ = server.await;
+    store.close();
+    let _ = std::fs::remove_file(&socket);
+    tracing::info!("agent stopped");
+    Ok(())
+}

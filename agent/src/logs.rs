@@ -61,9 +61,10 @@ impl StepLog {
             st.written += len;
             text.as_bytes()
         };
+        let newline = !st.truncated;
         if let Some(f) = st.file.as_mut() {
             let _ = f.write_all(bytes);
-            if !st.truncated {
+            if newline {
                 let _ = f.write_all(b"\n");
             }
         }

@@ -1,1 +1,114 @@
-fn main() {}
+//! The `apollo-agent` binary: parses arguments, sets up tracing and signals,
+//! and calls `apollo_agent::run`.
+
+use anyhow::Context as _;
+use apollo_agent::config::{self, Config};
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(
+    name = "apollo-agent",
+    version,
+    about = "Apollo-11 agent: runs task definitions as recoverable chains of steps"
+)]
+struct Args {
+    /// Config file (default: $APOLLO_CONFIG, else ./apollo.yaml when present, else built-in defaults).
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    /// Definitions directory (default: ./tasks).
+    #[arg(long, global = true)]
+    tasks: Option<PathBuf>,
+    /// Data directory: database, logs, work dirs (default: ./.apollo).
+    #[arg(long, global = true)]
+    data_dir: Option<PathBuf>,
+    /// Socket path (default: $APOLLO_SOCKET, else <data dir>/agent.sock).
+    #[arg(long, global = true)]
+    socket: Option<PathBuf>,
+    /// Log format on stderr.
+    #[arg(long, global = true, value_parser = ["pretty", "json"])]
+    log_format: Option<String>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the agent in the foreground (the default).
+    Run,
+    /// Validate the config and every definition; exit 1 when anything is wrong.
+    Check,
+    /// Bridge stdin/stdout to the agent's socket (used through SSH).
+    DialStdio,
+}
+
+fn load(args: &Args) -> anyhow::Result<Config> {
+    let mut cfg = match config::resolve_path(args.config.as_deref()) {
+        Some(path) => Config::load(&path)?,
+        None => Config::default(),
+    };
+    let cwd = std::env::current_dir()?;
+    if let Some(t) = &args.tasks {
+        cfg.tasks = Some(cwd.join(t));
+    }
+    if let Some(d) = &args.data_dir {
+        cfg.data_dir = Some(cwd.join(d));
+    }
+    let env_socket = std::env::var_os("APOLLO_SOCKET").filter(|s| !s.is_empty()).map(PathBuf::from);
+    if let Some(s) = args.socket.clone().or(env_socket) {
+        cfg.socket.path = Some(cwd.join(s));
+    }
+    Ok(cfg)
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match real_main(args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("apollo-agent: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn real_main(args: Args) -> anyhow::Result<ExitCode> {
+    let cfg = load(&args)?;
+    match args.command.unwrap_or(Command::Run) {
+        Command::Check => {
+            let problems = apollo_agent::check::run(&cfg, &mut std::io::stdout())?;
+            Ok(if problems == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
+        }
+        Command::DialStdio => {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            rt.block_on(apollo_agent::server::dial::run(&cfg.socket_path()))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Run => {
+            let format = args.log_format.clone().unwrap_or_else(|| cfg.logging.format.clone());
+            let _guard = apollo_agent::telemetry::init(&cfg.logging, &format);
+            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            rt.block_on(async {
+                let shutdown = CancellationToken::new();
+                let signals = shutdown.clone();
+                tokio::spawn(async move {
+                    use tokio::signal::unix::{signal, SignalKind};
+                    let (Ok(mut term), Ok(mut int)) =
+                        (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+                    else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+                        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+                    }
+                    signals.cancel();
+                });
+                apollo_agent::run(cfg, shutdown).await.context("agent failed")
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}

@@ -1,1 +1,14 @@
+//! apollo-tui: the clients of the Apollo-11 agent.
+//!
+//! Layout:
+//! - [`client`]: the async JSON-RPC client (Unix socket or SSH), shared by
+//!   the CLI, the console and the end-to-end tests.
+//! - [`local`]: `--local`, an agent started for the current directory.
+//! - [`cli`]: the `apollo` command line: arguments, human and JSON output.
+//!
+//! This crate never imports the agent crate; the two meet only in the
+//! protocol types of `apollo-shared`.
 
+pub mod cli;
+pub mod client;
+pub mod local;

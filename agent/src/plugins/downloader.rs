@@ -91,7 +91,8 @@ impl FileDownloader {
                 })?;
             }
             Source::Http(url) => {
-                let mut resp = reqwest::get(url).await.map_err(|e| PluginError::retryable(format!("GET {url}: {e}")))?;
+                let mut resp =
+                    reqwest::get(url).await.map_err(|e| PluginError::retryable(format!("GET {url}: {e}")))?;
                 let status = resp.status();
                 if !status.is_success() {
                     let msg = format!("GET {url}: HTTP {status}");
@@ -123,8 +124,15 @@ impl Plugin for FileDownloader {
     }
     fn params(&self) -> Vec<ParamDoc> {
         vec![
-            ParamDoc { name: "source", kind: "url", required: true, description: "file://PATH, http://… or https://…" },
-            ParamDoc { name: "target", kind: "path", required: false, description: "where to write (default: work dir/<file name>)" },
+            ParamDoc {
+                name: "source", kind: "url", required: true, description: "file://PATH, http://… or https://…"
+            },
+            ParamDoc {
+                name: "target",
+                kind: "path",
+                required: false,
+                description: "where to write (default: work dir/<file name>)",
+            },
             ParamDoc { name: "md5", kind: "hex", required: false, description: "expected md5" },
             ParamDoc { name: "sha256", kind: "hex", required: false, description: "expected sha256" },
         ]
@@ -158,8 +166,11 @@ impl Plugin for FileDownloader {
             if existed && (want_md5.is_some() || want_sha.is_some()) {
                 if let Ok((md5, sha, bytes)) = file_digests(&target) {
                     if matches(&md5, &sha) {
-                        call.log.line(&format!("{} already has the expected checksum; not downloading", target.display()));
-                        return Ok(json!({"path": target, "bytes": bytes, "md5": md5, "sha256": sha, "skipped": true, "created": false}));
+                        call.log
+                            .line(&format!("{} already has the expected checksum; not downloading", target.display()));
+                        return Ok(
+                            json!({"path": target, "bytes": bytes, "md5": md5, "sha256": sha, "skipped": true, "created": false}),
+                        );
                     }
                 }
             }
@@ -184,7 +195,9 @@ impl Plugin for FileDownloader {
                 let _ = std::fs::remove_file(&tmp);
             })?;
             call.log.line(&format!("downloaded {raw} to {} ({bytes} bytes, sha256 {sha})", target.display()));
-            Ok(json!({"path": target, "bytes": bytes, "md5": md5, "sha256": sha, "skipped": false, "created": !existed}))
+            Ok(
+                json!({"path": target, "bytes": bytes, "md5": md5, "sha256": sha, "skipped": false, "created": !existed}),
+            )
         })
     }
     fn rollback<'a>(&'a self, call: Call<'a>, output: Option<&'a Value>) -> BoxFuture<'a, Result<(), PluginError>> {

@@ -41,7 +41,8 @@ impl HttpRequest {
     async fn send(&self, p: &Map<String, Value>) -> Result<Value, PluginError> {
         let url = p["url"].as_str().unwrap_or_default();
         let method = p.get("method").and_then(Value::as_str).unwrap_or("GET").to_ascii_uppercase();
-        let method = reqwest::Method::from_bytes(method.as_bytes()).map_err(|e| PluginError::permanent(e.to_string()))?;
+        let method =
+            reqwest::Method::from_bytes(method.as_bytes()).map_err(|e| PluginError::permanent(e.to_string()))?;
         let mut req = self.client.request(method.clone(), url);
         if let Some(Value::Object(h)) = p.get("headers") {
             for (k, v) in h {
@@ -91,8 +92,18 @@ impl Plugin for HttpRequest {
             ParamDoc { name: "method", kind: "string", required: false, description: "default GET" },
             ParamDoc { name: "headers", kind: "map", required: false, description: "request headers" },
             ParamDoc { name: "body", kind: "string|json", required: false, description: "request body" },
-            ParamDoc { name: "expect_status", kind: "list", required: false, description: "accepted statuses (default 2xx)" },
-            ParamDoc { name: "rollback", kind: "map", required: false, description: "a request (url, method, headers, body) that undoes this one" },
+            ParamDoc {
+                name: "expect_status",
+                kind: "list",
+                required: false,
+                description: "accepted statuses (default 2xx)",
+            },
+            ParamDoc {
+                name: "rollback",
+                kind: "map",
+                required: false,
+                description: "a request (url, method, headers, body) that undoes this one",
+            },
         ]
     }
     fn validate(&self, p: &Map<String, Value>) -> Result<(), String> {

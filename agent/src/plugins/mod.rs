@@ -185,15 +185,15 @@ impl Registry {
     /// the step pins one.
     pub fn resolve(&self, name: &str, version: Option<&str>) -> Result<&Registration, String> {
         let reg = self.regs.get(name).ok_or_else(|| {
-            format!("unknown plugin {name:?} (registered: {})", self.regs.keys().cloned().collect::<Vec<_>>().join(", "))
+            format!(
+                "unknown plugin {name:?} (registered: {})",
+                self.regs.keys().cloned().collect::<Vec<_>>().join(", ")
+            )
         })?;
         if let Some(req) = version {
             let req = semver::VersionReq::parse(req).map_err(|e| format!("bad version requirement {req:?}: {e}"))?;
             if !req.matches(&reg.version()) {
-                return Err(format!(
-                    "plugin {name:?} has no version matching {req} (available: {})",
-                    reg.version()
-                ));
+                return Err(format!("plugin {name:?} has no version matching {req} (available: {})", reg.version()));
             }
         }
         Ok(reg)

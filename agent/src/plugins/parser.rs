@@ -83,7 +83,10 @@ fn format_of(p: &Map<String, Value>, input: &Path) -> Result<String, String> {
     if FORMATS.contains(&f.as_str()) {
         Ok(f)
     } else {
-        Err(format!("format: {f:?} is not supported (expected one of: {}; set format: when the file name does not say)", FORMATS.join(", ")))
+        Err(format!(
+            "format: {f:?} is not supported (expected one of: {}; set format: when the file name does not say)",
+            FORMATS.join(", ")
+        ))
     }
 }
 
@@ -100,7 +103,11 @@ fn parse_file(path: &Path, format: &str, out: &mut impl Write, summary: &mut Sum
             let headers = rdr.headers().map_err(|e| format!("{}: {e}", path.display()))?.clone();
             for (i, rec) in rdr.records().enumerate() {
                 let rec = rec.map_err(|e| format!("{}: row {}: {e}", path.display(), i + 2))?;
-                let row = headers.iter().zip(rec.iter()).map(|(h, v)| (h.to_string(), Value::String(v.to_string()))).collect();
+                let row = headers
+                    .iter()
+                    .zip(rec.iter())
+                    .map(|(h, v)| (h.to_string(), Value::String(v.to_string())))
+                    .collect();
                 emit(row, summary)?;
             }
         }
@@ -138,10 +145,9 @@ fn input(call: &Call<'_>) -> Result<PathBuf, PluginError> {
     if let Some(i) = call.params.get("input").and_then(Value::as_str) {
         return Ok(super::resolve_path(call.work_dir, i));
     }
-    call.previous
-        .and_then(|o| o["path"].as_str())
-        .map(PathBuf::from)
-        .ok_or_else(|| PluginError::permanent("input: missing, and the previous step's output has no `path` to default to"))
+    call.previous.and_then(|o| o["path"].as_str()).map(PathBuf::from).ok_or_else(|| {
+        PluginError::permanent("input: missing, and the previous step's output has no `path` to default to")
+    })
 }
 
 impl Plugin for DataParser {
@@ -156,8 +162,18 @@ impl Plugin for DataParser {
     }
     fn params(&self) -> Vec<ParamDoc> {
         vec![
-            ParamDoc { name: "input", kind: "path", required: false, description: "default: the previous step's output path" },
-            ParamDoc { name: "format", kind: "csv|json|jsonl", required: false, description: "default: from the file name" },
+            ParamDoc {
+                name: "input",
+                kind: "path",
+                required: false,
+                description: "default: the previous step's output path",
+            },
+            ParamDoc {
+                name: "format",
+                kind: "csv|json|jsonl",
+                required: false,
+                description: "default: from the file name",
+            },
             ParamDoc { name: "output", kind: "path", required: false, description: "default: work dir/<step>.jsonl" },
         ]
     }
@@ -237,7 +253,10 @@ mod tests {
         std::fs::write(&p, "region,amount\neu,10.5\nus,4\n").unwrap();
         let mut s = Summary::default();
         parse_file(&p, "csv", &mut Vec::new(), &mut s).unwrap();
-        assert_eq!(s.to_value()["summary"]["amount"], json!({"count": 2, "sum": 14.5, "min": 4.0, "max": 10.5, "mean": 7.25}));
+        assert_eq!(
+            s.to_value()["summary"]["amount"],
+            json!({"count": 2, "sum": 14.5, "min": 4.0, "max": 10.5, "mean": 7.25})
+        );
         assert_eq!(String::from_utf8(out).unwrap().lines().count(), 3);
     }
 }

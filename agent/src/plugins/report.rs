@@ -56,10 +56,20 @@ impl Plugin for ReportGenerator {
     }
     fn params(&self) -> Vec<ParamDoc> {
         vec![
-            ParamDoc { name: "template", kind: "path", required: true, description: "relative to the tasks dir or its templates/" },
+            ParamDoc {
+                name: "template",
+                kind: "path",
+                required: true,
+                description: "relative to the tasks dir or its templates/",
+            },
             ParamDoc { name: "output", kind: "path", required: false, description: "default: work dir/report.html" },
             ParamDoc { name: "title", kind: "string", required: false, description: "available as {{ title }}" },
-            ParamDoc { name: "rows_file", kind: "path", required: false, description: "jsonl rows, available as {{ rows }}" },
+            ParamDoc {
+                name: "rows_file",
+                kind: "path",
+                required: false,
+                description: "jsonl rows, available as {{ rows }}",
+            },
         ]
     }
     fn validate(&self, p: &Map<String, Value>) -> Result<(), String> {

@@ -27,7 +27,9 @@ fn argv(v: &Value, field: &str) -> Result<Vec<String>, String> {
 fn ok_codes(p: &Map<String, Value>) -> Result<Vec<i64>, String> {
     match p.get("ok_codes") {
         None | Some(Value::Null) => Ok(vec![0]),
-        Some(Value::Array(a)) if a.iter().all(|x| x.as_i64().is_some()) => Ok(a.iter().filter_map(Value::as_i64).collect()),
+        Some(Value::Array(a)) if a.iter().all(|x| x.as_i64().is_some()) => {
+            Ok(a.iter().filter_map(Value::as_i64).collect())
+        }
         Some(_) => Err("ok_codes: expected a list of exit codes, e.g. [0, 3]".into()),
     }
 }
@@ -111,10 +113,25 @@ impl Plugin for Shell {
     }
     fn params(&self) -> Vec<ParamDoc> {
         vec![
-            ParamDoc { name: "command", kind: "string|list", required: true, description: "string: run with sh -c; list: argv" },
+            ParamDoc {
+                name: "command",
+                kind: "string|list",
+                required: true,
+                description: "string: run with sh -c; list: argv",
+            },
             ParamDoc { name: "env", kind: "map", required: false, description: "extra environment variables" },
-            ParamDoc { name: "cwd", kind: "path", required: false, description: "working directory (default: the work dir)" },
-            ParamDoc { name: "ok_codes", kind: "list", required: false, description: "exit codes that mean success (default [0])" },
+            ParamDoc {
+                name: "cwd",
+                kind: "path",
+                required: false,
+                description: "working directory (default: the work dir)",
+            },
+            ParamDoc {
+                name: "ok_codes",
+                kind: "list",
+                required: false,
+                description: "exit codes that mean success (default [0])",
+            },
             ParamDoc { name: "rollback_command", kind: "string|list", required: false, description: "run on rollback" },
         ]
     }

@@ -116,7 +116,8 @@ impl Store {
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         schema::migrate(&mut conn)?;
         let (tx, rx) = mpsc::channel::<Box<dyn Job>>();
-        let thread = std::thread::Builder::new().name("apollo-store-writer".into()).spawn(move || writer_loop(conn, rx))?;
+        let thread =
+            std::thread::Builder::new().name("apollo-store-writer".into()).spawn(move || writer_loop(conn, rx))?;
         Ok(Store {
             inner: Arc::new(Inner {
                 path: path.to_path_buf(),

@@ -105,7 +105,11 @@ impl Store {
         let (i, e, a) = (id.to_string(), error.to_string(), self.agent().to_string());
         self.write(move |c| write::rollback_failed(c, &i, &e, &a)).await?;
         self.changed(id, "FAILED", None);
-        self.bus().publish("alerts", "alert.raised", json!({ "kind": "rollback_failed", "instance": id, "message": error }));
+        self.bus().publish(
+            "alerts",
+            "alert.raised",
+            json!({ "kind": "rollback_failed", "instance": id, "message": error }),
+        );
         Ok(())
     }
 
@@ -134,7 +138,12 @@ impl Store {
         self.write(move |c| write::renew_leases(c, &ids, until)).await
     }
 
-    pub async fn recover(&self, lease_until: DateTime<Utc>, only_expired: bool, held: Vec<String>) -> Result<Vec<Claimed>> {
+    pub async fn recover(
+        &self,
+        lease_until: DateTime<Utc>,
+        only_expired: bool,
+        held: Vec<String>,
+    ) -> Result<Vec<Claimed>> {
         let agent = self.agent().to_string();
         self.write(move |c| write::recover(c, &agent, lease_until, only_expired, &held)).await
     }
@@ -156,8 +165,9 @@ impl Store {
         instances: Vec<String>,
     ) -> Result<bool> {
         let (i, n) = (id.to_string(), name.to_string());
-        let stored =
-            self.write(move |c| write::insert_event(c, &i, &n, data.as_ref(), dedup_key.as_deref(), &instances)).await?;
+        let stored = self
+            .write(move |c| write::insert_event(c, &i, &n, data.as_ref(), dedup_key.as_deref(), &instances))
+            .await?;
         Ok(stored.is_some())
     }
 

@@ -130,11 +130,8 @@ impl Store {
     /// When the earliest RETRYING instance becomes runnable.
     pub async fn next_retry_due(&self) -> Result<Option<DateTime<Utc>>> {
         self.read(|c| {
-            let t: Option<String> = c.query_row(
-                "SELECT MIN(next_run_at) FROM task_instances WHERE state = 'RETRYING'",
-                [],
-                |r| r.get(0),
-            )?;
+            let t: Option<String> =
+                c.query_row("SELECT MIN(next_run_at) FROM task_instances WHERE state = 'RETRYING'", [], |r| r.get(0))?;
             Ok(parse_ts(t))
         })
         .await

@@ -92,7 +92,14 @@ fn step_state(c: &Connection, id: &str, seq: u32) -> Result<StepState> {
 }
 
 /// Moves a step to `to` after the table allows it, with a history row.
-pub(super) fn move_step(c: &Connection, id: &str, seq: u32, to: StepState, reason: &str, actor: &str) -> Result<StepState> {
+pub(super) fn move_step(
+    c: &Connection,
+    id: &str,
+    seq: u32,
+    to: StepState,
+    reason: &str,
+    actor: &str,
+) -> Result<StepState> {
     let from = step_state(c, id, seq)?;
     check_step(from, to)?;
     c.prepare_cached("UPDATE step_runs SET state = ?3 WHERE instance_id = ?1 AND seq = ?2")?.execute(params![
@@ -105,8 +112,10 @@ pub(super) fn move_step(c: &Connection, id: &str, seq: u32, to: StepState, reaso
 }
 
 pub fn put_def(c: &Connection, hash: &str, task: &str, file: &str, source: &str) -> Result<()> {
-    c.prepare_cached("INSERT OR IGNORE INTO task_defs (hash, task, file, source, created_at) VALUES (?1, ?2, ?3, ?4, ?5)")?
-        .execute(params![hash, task, file, source, ts(Utc::now())])?;
+    c.prepare_cached(
+        "INSERT OR IGNORE INTO task_defs (hash, task, file, source, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?
+    .execute(params![hash, task, file, source, ts(Utc::now())])?;
     Ok(())
 }
 
@@ -210,11 +219,10 @@ pub fn claim(
 }
 
 pub fn step_start(c: &Connection, id: &str, seq: u32, version: &str, params_json: &str, actor: &str) -> Result<u32> {
-    let attempt: u32 = c.query_row(
-        "SELECT attempts FROM step_runs WHERE instance_id = ?1 AND seq = ?2",
-        params![id, seq],
-        |r| r.get::<_, u32>(0),
-    )? + 1;
+    let attempt: u32 =
+        c.query_row("SELECT attempts FROM step_runs WHERE instance_id = ?1 AND seq = ?2", params![id, seq], |r| {
+            r.get::<_, u32>(0)
+        })? + 1;
     move_step(c, id, seq, StepState::Running, &format!("attempt {attempt}"), actor)?;
     c.prepare_cached(
         "UPDATE step_runs SET attempts = ?3, plugin_version = ?4, params = ?5, started_at = ?6, finished_at = NULL, error = NULL \
@@ -243,7 +251,9 @@ pub fn step_fail(c: &Connection, id: &str, seq: u32, error: &str, counts: bool, 
         "UPDATE step_runs SET error = ?3, finished_at = ?4, failures = failures + ?5 WHERE instance_id = ?1 AND seq = ?2",
     )?
     .execute(params![id, seq, error, ts(Utc::now()), counts as i64])?;
-    Ok(c.query_row("SELECT failures FROM step_runs WHERE instance_id = ?1 AND seq = ?2", params![id, seq], |r| r.get(0))?)
+    Ok(c.query_row("SELECT failures FROM step_runs WHERE instance_id = ?1 AND seq = ?2", params![id, seq], |r| {
+        r.get(0)
+    })?)
 }
 
 pub fn finish_success(c: &Connection, id: &str, actor: &str) -> Result<()> {
@@ -290,7 +300,8 @@ pub fn step_rolled_back(c: &Connection, id: &str, seq: u32, actor: &str) -> Resu
 }
 
 pub fn step_note_error(c: &Connection, id: &str, seq: u32, error: &str) -> Result<()> {
-    c.prepare_cached("UPDATE step_runs SET error = ?3 WHERE instance_id = ?1 AND seq = ?2")?.execute(params![id, seq, error])?;
+    c.prepare_cached("UPDATE step_runs SET error = ?3 WHERE instance_id = ?1 AND seq = ?2")?
+        .execute(params![id, seq, error])?;
     Ok(())
 }
 
@@ -345,9 +356,8 @@ pub fn manual_rollback(c: &Connection, id: &str, lease_until: DateTime<Utc>, rea
 }
 
 fn refuse_while_rolling_back(c: &Connection, id: &str) -> Result<()> {
-    let pending: Option<bool> = c
-        .query_row("SELECT rollback_pending FROM task_instances WHERE id = ?1", [id], |r| r.get(0))
-        .optional()?;
+    let pending: Option<bool> =
+        c.query_row("SELECT rollback_pending FROM task_instances WHERE id = ?1", [id], |r| r.get(0)).optional()?;
     match pending {
         None => Err(StoreError::NotFound(format!("no instance {id}"))),
         Some(true) => Err(StoreError::Invalid(format!("instance {id} is being rolled back; wait for it to finish"))),
@@ -437,7 +447,14 @@ pub fn insert_event(
     }
     c.execute(
         "INSERT INTO events (id, name, data, dedup_key, received_at, instances) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-        params![id, name, data.map(|d| d.to_string()), dedup_key, ts(Utc::now()), serde_json::to_string(instances).unwrap_or_default()],
+        params![
+            id,
+            name,
+            data.map(|d| d.to_string()),
+            dedup_key,
+            ts(Utc::now()),
+            serde_json::to_string(instances).unwrap_or_default()
+        ],
     )?;
     Ok(Some(()))
 }

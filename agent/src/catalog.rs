@@ -1,0 +1,145 @@
+//! The definition catalog: every `*.yaml` / `*.yml` file directly under the
+//! tasks directory, parsed, validated against the plugin registry, and keyed
+//! by task name. A file that fails keeps its errors here (shown by
+//! `defs.list` and `apollo-agent check`); it never stops the others loading.
+
+use crate::plugins::Registry;
+use apollo_shared::def::{self, DefError, TaskDef};
+use apollo_shared::template;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// One definition version in force.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub def: Arc<TaskDef>,
+    /// sha256 of the file's text: the version instances are pinned to.
+    pub hash: String,
+    pub file: PathBuf,
+    pub source: Arc<str>,
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct Catalog {
+    pub defs: BTreeMap<String, Loaded>,
+    /// Files that did not load, with every error found in each.
+    pub errors: BTreeMap<PathBuf, Vec<DefError>>,
+}
+
+pub fn hash(source: &str) -> String {
+    hex::encode(Sha256::digest(source.as_bytes()))
+}
+
+/// Checks what needs the registry: each step's plugin and version pin.
+pub fn check_plugins(d: &TaskDef, file: &str, registry: &Registry) -> Vec<DefError> {
+    d.steps
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| {
+            registry.resolve(&s.plugin, s.version.as_deref()).err().map(|message| DefError {
+                file: file.into(),
+                line: s.line,
+                field: format!("steps[{i}].plugin"),
+                message,
+            })
+        })
+        .collect()
+}
+
+/// Runs each plugin's validate on the parameters that are not templates, so
+/// `apollo-agent check` finds bad values before a run does.
+pub fn check_static_params(d: &TaskDef, file: &str, registry: &Registry) -> Vec<DefError> {
+    let mut out = Vec::new();
+    for (i, s) in d.steps.iter().enumerate() {
+        let Ok(reg) = registry.resolve(&s.plugin, s.version.as_deref()) else { continue };
+        let has_template = template::strings(&Value::Object(s.params.clone()), "")
+            .iter()
+            .any(|(_, t)| t.contains("{{") || t.contains("{%"));
+        if has_template {
+            continue;
+        }
+        if let Err(message) = reg.plugin.validate(&s.params) {
+            out.push(DefError { file: file.into(), line: s.line, field: format!("steps[{i}].params"), message });
+        }
+    }
+    out
+}
+
+/// Parses one file's text into a definition, or every error in it.
+pub fn load_source(source: &str, file: &Path, registry: &Registry) -> Result<Loaded, Vec<DefError>> {
+    let name = file.display().to_string();
+    let d = def::parse(source, &name).map_err(|e| e.0)?;
+    let errors = check_plugins(&d, &name, registry);
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    Ok(Loaded { def: Arc::new(d), hash: hash(source), file: file.to_path_buf(), source: source.into() })
+}
+
+fn read_capped(path: &Path) -> Result<String, String> {
+    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+    if meta.len() as usize > apollo_shared::yaml::MAX_YAML_BYTES {
+        return Err(format!(
+            "file is {} bytes, larger than the {} byte limit for a definition",
+            meta.len(),
+            apollo_shared::yaml::MAX_YAML_BYTES
+        ));
+    }
+    let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
+    String::from_utf8(bytes).map_err(|_| "file is not UTF-8 text".to_string())
+}
+
+/// Loads every definition file directly under `dir`.
+pub fn load_dir(dir: &Path, registry: &Registry) -> Catalog {
+    let mut cat = Catalog::default();
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) => {
+            cat.errors.insert(
+                dir.to_path_buf(),
+                vec![DefError {
+                    file: dir.display().to_string(),
+                    line: None,
+                    field: String::new(),
+                    message: format!("cannot read the tasks directory: {e}"),
+                }],
+            );
+            return cat;
+        }
+    };
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_file() && matches!(p.extension().and_then(|x| x.to_str()), Some("yaml" | "yml")))
+        .collect();
+    files.sort();
+    for file in files {
+        let name = file.display().to_string();
+        let err = |message: String| vec![DefError { file: name.clone(), line: None, field: String::new(), message }];
+        let loaded = read_capped(&file).map_err(err).and_then(|src| load_source(&src, &file, registry));
+        match loaded {
+            Ok(l) => match cat.defs.get(&l.def.task) {
+                Some(first) => {
+                    let message = format!(
+                        "task {:?} is already defined in {} (task names must be unique)",
+                        l.def.task,
+                        first.file.display()
+                    );
+                    cat.errors.insert(
+                        file.clone(),
+                        vec![DefError { file: name, line: Some(1), field: "task".into(), message }],
+                    );
+                }
+                None => {
+                    cat.defs.insert(l.def.task.clone(), l);
+                }
+            },
+            Err(errors) => {
+                cat.errors.insert(file, errors);
+            }
+        }
+    }
+    cat
+}

@@ -1,0 +1,302 @@
+//! The executor: runs one instance's steps in order, persisting each step's
+//! SUCCESS with its output and the context before the next step starts, and
+//! decides what a failure leads to (retry, rollback, stop).
+
+use super::{backoff, Active, Scheduler, StopReason};
+use crate::logs::StepLog;
+use crate::plugins::{Call, PluginError, Registration};
+use crate::store::{Claimed, FailurePlan, StoreError};
+use apollo_shared::context::{Context, Limits};
+use apollo_shared::def::{OnFailure, TaskDef};
+use apollo_shared::protocol::StepRun;
+use apollo_shared::state::{StepState, TaskState};
+use chrono::Utc;
+use serde_json::{Map, Value};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::Instrument;
+
+/// How one step attempt ended.
+enum Outcome {
+    Done,
+    /// The instance was handed on (retry scheduled, stopped, rolled back).
+    Ended,
+}
+
+pub async fn run(s: &Arc<Scheduler>, inst: Claimed, active: &Active) {
+    let span = tracing::info_span!("instance", task_id = %inst.id, trace_id = %inst.trace_id, task = %inst.task);
+    async {
+        if let Err(e) = run_inner(s, inst, active).await {
+            // A store error here means the next start's recovery picks the instance up again.
+            tracing::error!(error = %e, "executor stopped on a store error");
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+async fn run_inner(s: &Arc<Scheduler>, inst: Claimed, active: &Active) -> Result<(), StoreError> {
+    let def = match s.def_for(&inst.def_hash).await {
+        Ok(d) => d,
+        Err(e) => {
+            let msg = format!("cannot load the definition version this instance was created with: {e}");
+            tracing::error!("{msg}");
+            if inst.state == TaskState::Running {
+                s.store.fail(&inst.id, &msg, FailurePlan::Stop, s.store.agent()).await?;
+            }
+            return Ok(());
+        }
+    };
+    *active.expected.lock().expect("expected") = Duration::from_secs_f64(s.expected_for(&def));
+    let mut ctx: Context = serde_json::from_value(inst.context.clone()).unwrap_or_default();
+    ctx.attempt = inst.attempt;
+    let work_dir = PathBuf::from(&ctx.work_dir);
+    let steps = inst.steps.clone().unwrap_or_default();
+    let rolling_back = inst.state == TaskState::Failed;
+    if rolling_back {
+        return rollback(s, &inst.id, &def, &ctx, &work_dir).await;
+    }
+    if let Err(e) = std::fs::create_dir_all(&work_dir) {
+        let msg = format!("cannot create the work dir {}: {e}", work_dir.display());
+        s.store.fail(&inst.id, &msg, FailurePlan::Stop, s.store.agent()).await?;
+        return Ok(());
+    }
+    tracing::info!(attempt = inst.attempt, "instance running");
+    for step in &steps {
+        if step.state == StepState::Success {
+            continue; // Its SUCCESS is committed: it never runs again.
+        }
+        if s.is_shutting_down() {
+            tracing::info!(step = %step.name, "shutting down before this step; it resumes at the next start");
+            return Ok(());
+        }
+        match run_step(s, &inst.id, &def, step, &mut ctx, &work_dir, active).await? {
+            Outcome::Done => {}
+            Outcome::Ended => return Ok(()),
+        }
+    }
+    s.store.finish_success(&inst.id).await?;
+    tracing::info!("instance succeeded");
+    Ok(())
+}
+
+fn registration<'a>(s: &'a Scheduler, def: &TaskDef, seq: u32) -> Result<&'a Registration, PluginError> {
+    let d = &def.steps[seq as usize];
+    s.registry.resolve(&d.plugin, d.version.as_deref()).map_err(PluginError::permanent)
+}
+
+/// The params of a step, rendered over the context and validated.
+fn prepare(reg: &Registration, params: &Map<String, Value>, ctx: &Context) -> Result<Map<String, Value>, PluginError> {
+    let (rendered, _) = apollo_shared::template::render(params, &ctx.to_value(), true)
+        .map_err(|e| PluginError::permanent(format!("params.{e}")))?;
+    reg.plugin.validate(&rendered).map_err(|e| PluginError::permanent(format!("invalid params: {e}")))?;
+    Ok(rendered)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_step(
+    s: &Arc<Scheduler>,
+    id: &str,
+    def: &TaskDef,
+    step: &StepRun,
+    ctx: &mut Context,
+    work_dir: &std::path::Path,
+    active: &Active,
+) -> Result<Outcome, StoreError> {
+    let d = &def.steps[step.seq as usize];
+    let reg = registration(s, def, step.seq);
+    let version = reg.as_ref().map(|r| r.version().to_string()).unwrap_or_default();
+    let prepared = reg.clone().and_then(|r| prepare(r, &d.params, ctx).map(|p| (r, p)));
+    let params_json = prepared.as_ref().map(|(_, p)| Value::Object(p.clone())).unwrap_or(Value::Null);
+    let attempt = s.store.step_start(id, step.seq, &version, &params_json).await?;
+    let span = tracing::info_span!("step", step = %d.name, seq = step.seq, attempt);
+    let log = StepLog::new(StepLog::path_for(&s.data_dir, id, step.seq), s.config.logging.step_log_bytes);
+    let result = async {
+        let (reg, params) = prepared?;
+        let timeout = d.timeout.map(Duration::from_secs_f64).unwrap_or(reg.timeout);
+        tracing::info!(plugin = %reg.name, version = %version, timeout_secs = timeout.as_secs_f64(), "step started");
+        let key = format!("{id}:{}", step.seq);
+        let previous =
+            step.seq.checked_sub(1).and_then(|p| def.steps.get(p as usize)).and_then(|p| ctx.steps.get(&p.name));
+        let context = ctx.to_value();
+        let token = active.token.child_token();
+        let call = Call {
+            params: &params,
+            context: &context,
+            idempotency_key: &key,
+            work_dir,
+            tasks_dir: &s.tasks_dir,
+            previous,
+            step: &d.name,
+            attempt,
+            log: &log,
+            cancel: token.clone(),
+            kill_grace: s.config.scheduler.kill_grace,
+        };
+        let grace = s.config.scheduler.kill_grace + Duration::from_secs(1);
+        let mut fut = reg.plugin.execute(call);
+        tokio::select! {
+            r = &mut fut => r,
+            _ = tokio::time::sleep(timeout) => {
+                token.cancel();
+                let _ = tokio::time::timeout(grace, fut).await;
+                Err(PluginError::retryable(format!("timed out after {}s (the step's timeout)", timeout.as_secs_f64())))
+            }
+            _ = active.token.cancelled() => {
+                let _ = tokio::time::timeout(grace, fut).await;
+                Err(PluginError::retryable("stopped".to_string()))
+            }
+        }
+    }
+    .instrument(span.clone())
+    .await;
+    let limits = Limits {
+        step_output_bytes: s.config.scheduler.step_output_bytes,
+        context_bytes: s.config.scheduler.context_bytes,
+    };
+    let result = result
+        .and_then(|out| ctx.merge_output(&d.name, out.clone(), limits).map_err(PluginError::permanent).map(|_| out));
+    async {
+        match result {
+            Ok(output) => {
+                s.store.step_success(id, step.seq, &output, &ctx.to_value()).await?;
+                tracing::info!("step succeeded");
+                Ok(Outcome::Done)
+            }
+            Err(e) => {
+                let why = active.why.lock().expect("why").clone();
+                failed(s, id, def, step.seq, e, why, ctx, work_dir).await
+            }
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn failed(
+    s: &Arc<Scheduler>,
+    id: &str,
+    def: &TaskDef,
+    seq: u32,
+    e: PluginError,
+    why: Option<StopReason>,
+    ctx: &Context,
+    work_dir: &std::path::Path,
+) -> Result<Outcome, StoreError> {
+    let name = &def.steps[seq as usize].name;
+    let agent = s.store.agent().to_string();
+    match why {
+        Some(StopReason::Shutdown) => {
+            // Not a failure of the step: the next start runs it again.
+            s.store
+                .step_fail(id, seq, "interrupted: the agent shut down while this step ran; it runs again", false)
+                .await?;
+            tracing::info!(step = %name, "step interrupted by shutdown");
+            return Ok(Outcome::Ended);
+        }
+        Some(StopReason::Cancel(reason)) => {
+            s.store.step_fail(id, seq, &format!("cancelled: {reason}"), false).await?;
+            s.store.fail(id, &format!("cancelled: {reason}"), FailurePlan::Stop, &agent).await?;
+            tracing::info!(step = %name, "instance cancelled");
+            return Ok(Outcome::Ended);
+        }
+        _ => {}
+    }
+    let message = match &why {
+        Some(StopReason::Zombie(m)) => m.clone(),
+        _ => e.message.clone(),
+    };
+    let failures = s.store.step_fail(id, seq, &message, true).await?;
+    let retries =
+        def.steps[seq as usize].retry.unwrap_or_else(|| registration(s, def, seq).map(|r| r.retry).unwrap_or(0));
+    let located = format!("step {name:?} (#{seq}) failed: {message}");
+    tracing::warn!(step = %name, failures, retries, permanent = e.permanent, "{located}");
+    if !e.permanent && failures <= retries {
+        let cfg = &s.config.scheduler;
+        let delay = backoff::delay(cfg.backoff_base, cfg.backoff_max, failures, rand::random::<f64>());
+        let at = Utc::now() + chrono::Duration::from_std(delay).unwrap_or_default();
+        let msg = format!("{located} (retry {failures} of {retries} in {:.1}s)", delay.as_secs_f64());
+        s.store.fail(id, &msg, FailurePlan::Retry(at), &agent).await?;
+        return Ok(Outcome::Ended);
+    }
+    let msg = if e.permanent {
+        format!("{located} (permanent error, not retried)")
+    } else {
+        format!("{located} (after {failures} attempts)")
+    };
+    match def.on_failure {
+        OnFailure::Stop => s.store.fail(id, &msg, FailurePlan::Stop, &agent).await?,
+        OnFailure::Rollback => {
+            s.store.fail(id, &msg, FailurePlan::Rollback, &agent).await?;
+            rollback(s, id, def, ctx, work_dir).await?;
+        }
+    }
+    Ok(Outcome::Ended)
+}
+
+/// Rolls back the failed step, then every succeeded step, in reverse order.
+async fn rollback(
+    s: &Arc<Scheduler>,
+    id: &str,
+    def: &TaskDef,
+    ctx: &Context,
+    work_dir: &std::path::Path,
+) -> Result<(), StoreError> {
+    let inst = s.store.get(id).await?;
+    let steps = inst.steps.unwrap_or_default();
+    tracing::info!("rolling back");
+    for step in steps.iter().rev().filter(|st| matches!(st.state, StepState::Success | StepState::Failed)) {
+        let d = &def.steps[step.seq as usize];
+        let log = StepLog::new(StepLog::path_for(&s.data_dir, id, step.seq), s.config.logging.step_log_bytes);
+        log.line("[apollo: rollback]");
+        let result = match registration(s, def, step.seq) {
+            Err(e) => Err(e),
+            Ok(reg) => {
+                let params = match &step.params {
+                    Some(Value::Object(p)) => p.clone(),
+                    _ => prepare(reg, &d.params, ctx).unwrap_or_default(),
+                };
+                let key = format!("{id}:{}", step.seq);
+                let context = ctx.to_value();
+                let call = Call {
+                    params: &params,
+                    context: &context,
+                    idempotency_key: &key,
+                    work_dir,
+                    tasks_dir: &s.tasks_dir,
+                    previous: None,
+                    step: &d.name,
+                    attempt: step.attempts,
+                    log: &log,
+                    cancel: tokio_util::sync::CancellationToken::new(),
+                    kill_grace: s.config.scheduler.kill_grace,
+                };
+                let timeout = d.timeout.map(Duration::from_secs_f64).unwrap_or(reg.timeout);
+                match tokio::time::timeout(timeout, reg.plugin.rollback(call, step.output.as_ref())).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        Err(PluginError::retryable(format!("rollback timed out after {}s", timeout.as_secs_f64())))
+                    }
+                }
+            }
+        };
+        match result {
+            Ok(()) => {
+                s.store.step_rolled_back(id, step.seq).await?;
+                tracing::info!(step = %d.name, "step rolled back");
+            }
+            Err(e) => {
+                let msg = format!("rollback of step {:?} (#{}) failed: {}", d.name, step.seq, e.message);
+                tracing::error!("{msg}");
+                s.store.step_note_error(id, step.seq, &msg).await?;
+                s.store.rollback_failed(id, &msg).await?;
+                return Ok(());
+            }
+        }
+    }
+    s.store.finish_rolled_back(id).await?;
+    tracing::info!("instance rolled back");
+    Ok(())
+}

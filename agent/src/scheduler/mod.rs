@@ -1,0 +1,298 @@
+//! The scheduler: claims runnable instances and runs each in an executor
+//! task; keeps their leases alive; reaps instances stuck RUNNING; recovers
+//! what a previous run of the agent held.
+//!
+//! It knows no SQL and no sockets: it talks to the store, and is woken by
+//! [`Scheduler::wake`] (a trigger, a retry request, a finished instance) or
+//! by the earliest retry falling due. There is no polling loop.
+
+pub mod backoff;
+mod executor;
+
+use crate::catalog::Catalog;
+use crate::config::Config;
+use crate::plugins::Registry;
+use crate::store::{Claimed, Store};
+use apollo_shared::def::TaskDef;
+use chrono::Utc;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+use tokio::sync::{watch, Notify};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// Why an executor was told to stop.
+#[derive(Debug, Clone)]
+pub enum StopReason {
+    /// An operator cancelled the instance.
+    Cancel(String),
+    /// The reaper found it running far longer than expected.
+    Zombie(String),
+    /// The agent is shutting down; the instance stays RUNNING and is
+    /// resumed by the next start.
+    Shutdown,
+}
+
+/// An instance an executor is working on.
+pub struct Active {
+    pub token: CancellationToken,
+    pub why: Mutex<Option<StopReason>>,
+    pub started: Instant,
+    /// The sum of the steps' timeouts, set once the definition is loaded.
+    pub expected: Mutex<Duration>,
+    /// Becomes true when the executor has finished.
+    pub done: watch::Sender<bool>,
+}
+
+pub struct Scheduler {
+    pub store: Store,
+    pub catalog: Arc<RwLock<Catalog>>,
+    pub registry: Arc<Registry>,
+    pub config: Arc<Config>,
+    pub data_dir: PathBuf,
+    pub tasks_dir: PathBuf,
+    wake: Notify,
+    active: Mutex<HashMap<String, Arc<Active>>>,
+    /// Parsed definition versions by hash, so an instance runs the version it
+    /// was created with.
+    defs: Mutex<HashMap<String, Arc<TaskDef>>>,
+    tracker: TaskTracker,
+    shutdown: CancellationToken,
+}
+
+impl Scheduler {
+    pub fn new(
+        store: Store,
+        catalog: Arc<RwLock<Catalog>>,
+        registry: Arc<Registry>,
+        config: Arc<Config>,
+        shutdown: CancellationToken,
+    ) -> Arc<Scheduler> {
+        Arc::new(Scheduler {
+            data_dir: config.data_dir(),
+            tasks_dir: config.tasks_dir(),
+            store,
+            catalog,
+            registry,
+            config,
+            wake: Notify::new(),
+            active: Mutex::new(HashMap::new()),
+            defs: Mutex::new(HashMap::new()),
+            tracker: TaskTracker::new(),
+            shutdown,
+        })
+    }
+
+    /// Asks the loop to look for work now.
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    pub fn running(&self) -> usize {
+        self.active.lock().expect("active").len()
+    }
+
+    fn lease_until(&self) -> chrono::DateTime<Utc> {
+        Utc::now() + chrono::Duration::from_std(self.config.scheduler.lease).unwrap_or(chrono::Duration::seconds(30))
+    }
+
+    fn queue_limits(&self) -> HashMap<String, u32> {
+        self.config.scheduler.queues.iter().map(|(q, c)| (q.clone(), c.limit)).collect()
+    }
+
+    /// The main loop; returns when the agent shuts down and running steps
+    /// have finished (or the grace period ran out).
+    pub async fn run(self: Arc<Self>) {
+        match self.store.recover(self.lease_until(), false, Vec::new()).await {
+            Ok(found) => {
+                if !found.is_empty() {
+                    tracing::info!(count = found.len(), "resuming instances held when the agent stopped");
+                }
+                found.into_iter().for_each(|i| self.adopt(i));
+            }
+            Err(e) => tracing::error!(error = %e, "recovery failed"),
+        }
+        let tick = (self.config.scheduler.lease / 3).max(Duration::from_millis(100));
+        let mut maintenance = tokio::time::interval(tick);
+        maintenance.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut archive_at = Instant::now();
+        loop {
+            let free = (self.config.scheduler.concurrency as usize).saturating_sub(self.running());
+            if free > 0 && !self.shutdown.is_cancelled() {
+                match self.store.claim(free, self.lease_until(), self.queue_limits()).await {
+                    Ok(claimed) => claimed.into_iter().for_each(|i| self.adopt(i)),
+                    Err(e) => tracing::error!(error = %e, "claim failed"),
+                }
+            }
+            let due = self.store.next_retry_due().await.ok().flatten();
+            let sleep_for = due
+                .map(|t| (t - Utc::now()).to_std().unwrap_or(Duration::ZERO))
+                .unwrap_or(Duration::from_secs(3600))
+                .max(Duration::from_millis(1));
+            tokio::select! {
+                _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(sleep_for) => {}
+                _ = maintenance.tick() => {
+                    self.maintain().await;
+                    if archive_at.elapsed() > Duration::from_secs(600) {
+                        archive_at = Instant::now();
+                        self.archive().await;
+                    }
+                }
+                _ = self.shutdown.cancelled() => break,
+            }
+        }
+        self.drain().await;
+    }
+
+    /// Stop claiming; let running steps finish up to the grace period; then
+    /// stop what is left (it is resumed at the next start).
+    async fn drain(&self) {
+        self.tracker.close();
+        let n = self.running();
+        if n > 0 {
+            tracing::info!(
+                running = n,
+                grace_secs = self.config.scheduler.shutdown_grace.as_secs_f64(),
+                "waiting for running steps"
+            );
+        }
+        if tokio::time::timeout(self.config.scheduler.shutdown_grace, self.tracker.wait()).await.is_err() {
+            for a in self.active.lock().expect("active").values() {
+                a.why.lock().expect("why").get_or_insert(StopReason::Shutdown);
+                a.token.cancel();
+            }
+            let grace = self.config.scheduler.kill_grace + Duration::from_secs(2);
+            let _ = tokio::time::timeout(grace, self.tracker.wait()).await;
+        }
+    }
+
+    /// Renews the leases of what runs here, reaps zombies, and takes over
+    /// RUNNING instances whose lease ran out with nobody holding them.
+    async fn maintain(self: &Arc<Self>) {
+        let held: Vec<(String, Arc<Active>)> =
+            self.active.lock().expect("active").iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let ids: Vec<String> = held.iter().map(|(k, _)| k.clone()).collect();
+        if let Err(e) = self.store.renew_leases(ids.clone(), self.lease_until()).await {
+            tracing::error!(error = %e, "lease renewal failed");
+        }
+        let factor = self.config.scheduler.zombie_factor;
+        for (id, a) in held {
+            let expected = *a.expected.lock().expect("expected");
+            let limit = expected.mul_f64(factor);
+            if a.started.elapsed() > limit && !a.token.is_cancelled() {
+                let msg = format!(
+                    "reaped: RUNNING for {:.0}s, more than zombie_factor {factor} × expected {:.0}s",
+                    a.started.elapsed().as_secs_f64(),
+                    expected.as_secs_f64()
+                );
+                tracing::warn!(task_id = %id, "{msg}");
+                let _ = self.store.alert("zombie_reaped", &msg, Some(&id)).await;
+                a.why.lock().expect("why").get_or_insert(StopReason::Zombie(msg));
+                a.token.cancel();
+            }
+        }
+        if self.shutdown.is_cancelled() {
+            return;
+        }
+        match self.store.recover(self.lease_until(), true, ids).await {
+            Ok(found) => {
+                for i in found {
+                    let msg =
+                        format!("instance {} was RUNNING with an expired lease and no holder; resumed here", i.id);
+                    tracing::warn!(task_id = %i.id, "{msg}");
+                    let _ = self.store.alert("lease_expired", &msg, Some(&i.id)).await;
+                    self.adopt(i);
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "lease check failed"),
+        }
+    }
+
+    async fn archive(&self) {
+        let Ok(window) = chrono::Duration::from_std(self.config.scheduler.retention) else { return };
+        match self.store.archive(Utc::now() - window, 1000).await {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(count = n, "archived finished instances past the retention window"),
+            Err(e) => tracing::error!(error = %e, "archiving failed"),
+        }
+    }
+
+    /// Starts an executor for an instance this agent now holds.
+    pub fn adopt(self: &Arc<Self>, inst: Claimed) {
+        let (done, _) = watch::channel(false);
+        let active = Arc::new(Active {
+            token: CancellationToken::new(),
+            why: Mutex::new(None),
+            started: Instant::now(),
+            expected: Mutex::new(self.config.scheduler.default_timeout),
+            done,
+        });
+        {
+            let mut map = self.active.lock().expect("active");
+            if map.contains_key(&inst.id) {
+                return;
+            }
+            map.insert(inst.id.clone(), active.clone());
+        }
+        let me = self.clone();
+        self.tracker.spawn(async move {
+            let id = inst.id.clone();
+            executor::run(&me, inst, &active).await;
+            me.active.lock().expect("active").remove(&id);
+            let _ = active.done.send(true);
+            me.wake();
+        });
+    }
+
+    /// The sum of a definition's step timeouts.
+    pub fn expected_for(&self, d: &TaskDef) -> f64 {
+        d.steps
+            .iter()
+            .map(|s| {
+                s.timeout.unwrap_or_else(|| {
+                    self.registry
+                        .resolve(&s.plugin, s.version.as_deref())
+                        .map(|r| r.timeout)
+                        .unwrap_or(self.config.scheduler.default_timeout)
+                        .as_secs_f64()
+                })
+            })
+            .sum()
+    }
+
+    /// The definition version with this hash: from the catalog when it is
+    /// the one in force, else parsed from the store's copy.
+    pub async fn def_for(&self, hash: &str) -> Result<Arc<TaskDef>, String> {
+        if let Some(d) = self.defs.lock().expect("defs").get(hash) {
+            return Ok(d.clone());
+        }
+        let current =
+            self.catalog.read().expect("catalog").defs.values().find(|l| l.hash == hash).map(|l| l.def.clone());
+        let d = match current {
+            Some(d) => d,
+            None => {
+                let (file, source) =
+                    self.store.def_source(hash).await.map_err(|e| format!("definition version {hash}: {e}"))?;
+                Arc::new(apollo_shared::def::parse(&source, &file).map_err(|e| e.to_string())?)
+            }
+        };
+        self.defs.lock().expect("defs").insert(hash.to_string(), d.clone());
+        Ok(d)
+    }
+
+    /// Asks the executor of a running instance to stop; returns a receiver
+    /// that turns true when it has, or `None` when nothing runs it here.
+    pub fn cancel(&self, id: &str, reason: StopReason) -> Option<watch::Receiver<bool>> {
+        let a = self.active.lock().expect("active").get(id).cloned()?;
+        a.why.lock().expect("why").get_or_insert(reason);
+        a.token.cancel();
+        Some(a.done.subscribe())
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutdown.is_cancelled()
+    }
+}

@@ -1,0 +1,461 @@
+//! What each protocol method does. Errors are JSON-RPC errors with a message
+//! a person can act on.
+
+use crate::bus::Bus;
+use crate::catalog::Catalog;
+use crate::plugins::Registry;
+use crate::scheduler::{Scheduler, StopReason};
+use crate::store::{ListFilter, NewInstance, Store, StoreError};
+use apollo_shared::context::Context;
+use apollo_shared::def::TaskDef;
+use apollo_shared::protocol::*;
+use apollo_shared::state::TaskState;
+use serde::de::DeserializeOwned;
+use serde_json::{json, Map, Value};
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+pub struct Api {
+    pub store: Store,
+    pub scheduler: Arc<Scheduler>,
+    pub catalog: Arc<RwLock<Catalog>>,
+    pub registry: Arc<Registry>,
+    pub name: String,
+    pub started: Instant,
+    pub socket: String,
+}
+
+type Reply = Result<Value, RpcError>;
+
+fn params<T: DeserializeOwned>(method: &str, v: Value, expected: &str) -> Result<T, RpcError> {
+    let v = if v.is_null() { json!({}) } else { v };
+    serde_json::from_value(v)
+        .map_err(|e| RpcError::new(code::INVALID_PARAMS, format!("{method}: {e} (expected {expected})")))
+}
+
+fn to_value<T: serde::Serialize>(v: T) -> Reply {
+    serde_json::to_value(v).map_err(|e| RpcError::new(code::INTERNAL, e.to_string()))
+}
+
+fn store_err(e: StoreError) -> RpcError {
+    match e {
+        StoreError::NotFound(m) => RpcError::new(code::NOT_FOUND, m).with_hint("list instances with `apollo ls`"),
+        StoreError::Illegal(t) => RpcError::new(code::ILLEGAL_TRANSITION, t.to_string()),
+        StoreError::Invalid(m) => RpcError::new(code::ILLEGAL_TRANSITION, m),
+        other => RpcError::new(code::INTERNAL, other.to_string()),
+    }
+}
+
+impl Api {
+    pub fn bus(&self) -> &Bus {
+        self.store.bus()
+    }
+
+    pub async fn call(&self, method: &str, p: Value, role: Role, actor: &str) -> Reply {
+        if MUTATING.contains(&method) && role != Role::Operator {
+            return Err(RpcError::new(
+                code::FORBIDDEN,
+                format!("{method} needs the operator role; {actor} is an observer"),
+            )
+            .with_hint("ask for the user to be listed in socket.operators"));
+        }
+        if MUTATING.contains(&method) && self.scheduler.is_shutting_down() {
+            return Err(RpcError::new(code::BUSY, "the agent is shutting down; try again when it is back"));
+        }
+        match method {
+            "hello" => {
+                let h: Hello = params(method, p, "client, protocol")?;
+                if let Some(v) = h.protocol.filter(|v| *v != PROTOCOL_VERSION) {
+                    return Err(RpcError::new(
+                        code::INVALID_PARAMS,
+                        format!("protocol {v} is not supported (this agent speaks {PROTOCOL_VERSION})"),
+                    ));
+                }
+                to_value(HelloResult {
+                    agent: self.name.clone(),
+                    version: env!("CARGO_PKG_VERSION").into(),
+                    protocol: PROTOCOL_VERSION,
+                    role,
+                })
+            }
+            "agent.status" => self.status().await,
+            "tasks.trigger" => {
+                self.trigger(params(method, p, "task, params?, dedup_key?")?, "manual", actor, None).await
+            }
+            "tasks.dry_run" => self.dry_run(params(method, p, "task, params?")?),
+            "tasks.get" => {
+                let p: IdParams = params(method, p, "id")?;
+                to_value(self.store.get(&p.id).await.map_err(store_err)?)
+            }
+            "tasks.list" => self.list(params(method, p, "state?, task?, queue?, limit?, cursor?")?).await,
+            "tasks.retry" => {
+                let p: IdParams = params(method, p, "id, reason?")?;
+                let reason = p.reason.unwrap_or_else(|| "retry requested".into());
+                self.store
+                    .manual_retry(&p.id, &format!("retry by {actor}: {reason}"), actor)
+                    .await
+                    .map_err(store_err)?;
+                self.scheduler.wake();
+                to_value(self.store.get(&p.id).await.map_err(store_err)?)
+            }
+            "tasks.rollback" => {
+                let p: IdParams = params(method, p, "id, reason?")?;
+                let reason = p.reason.unwrap_or_else(|| "rollback requested".into());
+                let lease = chrono::Utc::now()
+                    + chrono::Duration::from_std(self.scheduler.config.scheduler.lease).unwrap_or_default();
+                self.store
+                    .manual_rollback(&p.id, lease, &format!("by {actor}: {reason}"), self.store.agent())
+                    .await
+                    .map_err(store_err)?;
+                let inst = self.store.get(&p.id).await.map_err(store_err)?;
+                self.scheduler.adopt(inst);
+                to_value(self.store.get(&p.id).await.map_err(store_err)?)
+            }
+            "tasks.cancel" => self.cancel(params(method, p, "id, reason?")?, actor).await,
+            "steps.logs" => self.logs(params(method, p, "id, step, offset?")?).await,
+            "defs.list" => to_value(self.defs()),
+            "defs.get" => {
+                #[derive(serde::Deserialize)]
+                struct P {
+                    task: String,
+                }
+                let p: P = params(method, p, "task")?;
+                let d = self.defs().into_iter().find(|d| d.task == p.task).ok_or_else(|| self.unknown_task(&p.task))?;
+                let source = self.catalog.read().expect("catalog").defs.get(&p.task).map(|l| l.source.to_string());
+                let mut v = to_value(d)?;
+                v["source"] = json!(source);
+                Ok(v)
+            }
+            "plugins.list" => to_value(self.plugins()),
+            "queues.stats" => self.queues().await,
+            "events.publish" => self.publish(params(method, p, "name, data?, dedup_key?")?, actor).await,
+            "alerts.list" => {
+                #[derive(serde::Deserialize)]
+                #[serde(deny_unknown_fields)]
+                struct P {
+                    limit: Option<u32>,
+                }
+                let p: P = params(method, p, "limit?")?;
+                to_value(self.store.alerts(p.limit.unwrap_or(100).min(1000)).await.map_err(store_err)?)
+            }
+            _ => Err(RpcError::new(
+                code::METHOD_NOT_FOUND,
+                format!("unknown method {method:?} (known: {})", METHODS.join(", ")),
+            )),
+        }
+    }
+
+    fn unknown_task(&self, task: &str) -> RpcError {
+        let cat = self.catalog.read().expect("catalog");
+        let known: Vec<&str> = cat.defs.keys().map(String::as_str).collect();
+        let broken = cat.errors.iter().find(|(_, errs)| errs.iter().any(|e| e.file.contains(task)));
+        let mut e =
+            RpcError::new(code::NOT_FOUND, format!("no task {task:?} is defined (defined: {})", known.join(", ")));
+        if let Some((file, errs)) = broken {
+            e = e.with_hint(format!("{} did not load: {}", file.display(), errs[0]));
+        }
+        e
+    }
+
+    fn current(&self, task: &str) -> Result<crate::catalog::Loaded, RpcError> {
+        self.catalog.read().expect("catalog").defs.get(task).cloned().ok_or_else(|| self.unknown_task(task))
+    }
+
+    /// The instance's params: given ones over declared defaults; required ones must be given.
+    fn fill_params(def: &TaskDef, given: Map<String, Value>) -> Result<Map<String, Value>, RpcError> {
+        let invalid = |m: String| RpcError::new(code::VALIDATION_FAILED, m);
+        if !def.params.is_empty() {
+            if let Some(k) = given.keys().find(|k| !def.params.contains_key(*k)) {
+                let known: Vec<&str> = def.params.keys().map(String::as_str).collect();
+                return Err(invalid(format!(
+                    "task {:?} has no parameter {k:?} (declared: {})",
+                    def.task,
+                    known.join(", ")
+                )));
+            }
+        }
+        let mut out = Map::new();
+        for (k, spec) in &def.params {
+            match (given.get(k), &spec.default) {
+                (Some(v), _) => out.insert(k.clone(), v.clone()),
+                (None, Some(d)) => out.insert(k.clone(), d.clone()),
+                (None, None) if spec.required => {
+                    return Err(invalid(format!("task {:?} needs parameter {k:?} (pass -p {k}=VALUE)", def.task)))
+                }
+                (None, None) => None,
+            };
+        }
+        for (k, v) in given {
+            out.entry(k).or_insert(v);
+        }
+        Ok(out)
+    }
+
+    /// Creates a PENDING instance of the task's current definition.
+    pub async fn trigger(&self, p: TriggerParams, trigger: &str, actor: &str, event: Option<Value>) -> Reply {
+        let loaded = self.current(&p.task)?;
+        let def = &loaded.def;
+        let params = Self::fill_params(def, p.params)?;
+        let id = ulid::Ulid::new().to_string();
+        let trace_id = format!("{:032x}", rand::random::<u128>());
+        let work_dir = self.scheduler.data_dir.join("work").join(&id);
+        let work_dir = std::path::absolute(&work_dir).unwrap_or(work_dir);
+        let ctx = Context {
+            task: def.task.clone(),
+            task_id: id.clone(),
+            trace_id: trace_id.clone(),
+            params: params.clone(),
+            work_dir: work_dir.display().to_string(),
+            event,
+            attempt: 1,
+            steps: Map::new(),
+        };
+        self.store
+            .put_def(&loaded.hash, &def.task, &loaded.file.display().to_string(), &loaded.source)
+            .await
+            .map_err(store_err)?;
+        let n = NewInstance {
+            id,
+            task: def.task.clone(),
+            def_hash: loaded.hash.clone(),
+            queue: def.queue.clone(),
+            priority: def.priority,
+            max_active: def.max_active,
+            params,
+            context: ctx.to_value(),
+            trace_id,
+            trigger: format!("{trigger} by {actor}"),
+            dedup_key: p.dedup_key,
+            steps: def.steps.iter().map(|s| (s.name.clone(), s.plugin.clone())).collect(),
+            expected_secs: self.scheduler.expected_for(def),
+        };
+        let (id, created) = self.store.create(n, actor).await.map_err(store_err)?;
+        if created {
+            tracing::info!(task_id = %id, task = %def.task, "instance created");
+            self.scheduler.wake();
+        }
+        to_value(TriggerResult { id, created })
+    }
+
+    fn dry_run(&self, p: TriggerParams) -> Reply {
+        let loaded = self.current(&p.task)?;
+        let def = &loaded.def;
+        let params = Self::fill_params(def, p.params)?;
+        let ctx = Context {
+            task: def.task.clone(),
+            task_id: "dry-run".into(),
+            trace_id: "dry-run".into(),
+            params,
+            work_dir: self.scheduler.data_dir.join("work").join("dry-run").display().to_string(),
+            event: None,
+            attempt: 1,
+            steps: Map::new(),
+        };
+        let mut steps = Vec::new();
+        for (seq, s) in def.steps.iter().enumerate() {
+            let reg = self.registry.resolve(&s.plugin, s.version.as_deref());
+            let (rendered, unresolved) = apollo_shared::template::render(&s.params, &ctx.to_value(), false)
+                .unwrap_or_else(|_| (s.params.clone(), Vec::new()));
+            let (version, describe, error) = match reg {
+                Ok(r) => {
+                    let err = r.plugin.validate(&rendered).err();
+                    (Some(r.version().to_string()), Some(r.plugin.describe()), err)
+                }
+                Err(e) => (None, None, Some(e)),
+            };
+            steps.push(DryRunStep {
+                seq: seq as u32,
+                name: s.name.clone(),
+                plugin: s.plugin.clone(),
+                version,
+                params: Value::Object(rendered),
+                unresolved,
+                valid: error.is_none(),
+                error,
+                describe,
+            });
+        }
+        to_value(DryRunResult { task: def.task.clone(), valid: steps.iter().all(|s| s.valid), steps })
+    }
+
+    async fn list(&self, p: ListParams) -> Reply {
+        let limit = p.limit.unwrap_or(50).clamp(1, 1000);
+        let items = self
+            .store
+            .list(ListFilter { state: p.state, task: p.task, queue: p.queue, limit, before: p.cursor })
+            .await
+            .map_err(store_err)?;
+        let next_cursor = (items.len() as u32 == limit).then(|| items.last().map(|i| i.id.clone())).flatten();
+        to_value(ListResult { items, next_cursor })
+    }
+
+    async fn cancel(&self, p: IdParams, actor: &str) -> Reply {
+        let reason = format!("by {actor}: {}", p.reason.unwrap_or_else(|| "cancel requested".into()));
+        if let Some(mut done) = self.scheduler.cancel(&p.id, StopReason::Cancel(reason.clone())) {
+            let grace = self.scheduler.config.scheduler.kill_grace + std::time::Duration::from_secs(5);
+            let _ = tokio::time::timeout(grace, done.wait_for(|d| *d)).await;
+        } else {
+            let inst = self.store.get(&p.id).await.map_err(store_err)?;
+            if inst.state == TaskState::Running {
+                return Err(RpcError::new(
+                    code::BUSY,
+                    format!("instance {} is between owners; try again in a moment", p.id),
+                ));
+            }
+            self.store.cancel_waiting(&p.id, &format!("cancelled {reason}"), actor).await.map_err(store_err)?;
+        }
+        to_value(self.store.get(&p.id).await.map_err(store_err)?)
+    }
+
+    async fn logs(&self, p: LogsParams) -> Reply {
+        let inst = self.store.get(&p.id).await.map_err(store_err)?;
+        let steps = inst.steps.unwrap_or_default();
+        let step = match &p.step {
+            Value::Number(n) => n.as_u64().and_then(|n| steps.iter().find(|s| s.seq as u64 == n)),
+            Value::String(s) => steps.iter().find(|st| st.name == *s || st.seq.to_string() == *s),
+            _ => None,
+        };
+        let names: Vec<String> = steps.iter().map(|s| format!("{} ({})", s.name, s.seq)).collect();
+        let step = step.ok_or_else(|| {
+            RpcError::new(
+                code::NOT_FOUND,
+                format!("instance {} has no step {} (steps: {})", p.id, p.step, names.join(", ")),
+            )
+        })?;
+        let path = crate::logs::StepLog::path_for(&self.scheduler.data_dir, &p.id, step.seq);
+        let (text, next_offset, eof) = crate::logs::read(&path, p.offset.unwrap_or(0), 256 * 1024)
+            .map_err(|e| RpcError::new(code::INTERNAL, format!("reading {}: {e}", path.display())))?;
+        to_value(LogsResult { text, next_offset, eof })
+    }
+
+    pub fn defs(&self) -> Vec<DefInfo> {
+        let cat = self.catalog.read().expect("catalog");
+        let mut out: Vec<DefInfo> = cat
+            .defs
+            .values()
+            .map(|l| DefInfo {
+                task: l.def.task.clone(),
+                file: l.file.display().to_string(),
+                hash: Some(l.hash.clone()),
+                queue: Some(l.def.queue.clone()),
+                priority: Some(l.def.priority),
+                schedule: l.def.schedule.clone(),
+                next_fire: None,
+                on_event: l.def.on_event.clone(),
+                steps: l.def.steps.iter().map(|s| s.name.clone()).collect(),
+                params: serde_json::to_value(&l.def.params).unwrap_or_default(),
+                errors: Vec::new(),
+            })
+            .collect();
+        for (file, errs) in &cat.errors {
+            out.push(DefInfo {
+                task: file.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
+                file: file.display().to_string(),
+                hash: None,
+                queue: None,
+                priority: None,
+                schedule: None,
+                next_fire: None,
+                on_event: None,
+                steps: Vec::new(),
+                params: Value::Null,
+                errors: errs.iter().map(|e| e.to_string()).collect(),
+            });
+        }
+        out
+    }
+
+    fn plugins(&self) -> Vec<PluginInfo> {
+        self.registry
+            .all()
+            .map(|r| PluginInfo {
+                name: r.name.clone(),
+                class: Some(r.class.to_string()),
+                command: None,
+                version: r.version().to_string(),
+                timeout_secs: r.timeout.as_secs_f64(),
+                retry: r.retry,
+                idempotent: r.plugin.idempotent(),
+                describe: r.plugin.describe(),
+                error: None,
+            })
+            .collect()
+    }
+
+    async fn queues(&self) -> Reply {
+        let mut stats = self.store.queue_stats().await.map_err(store_err)?;
+        let limits = &self.scheduler.config.scheduler.queues;
+        let mut names: Vec<String> =
+            self.catalog.read().expect("catalog").defs.values().map(|l| l.def.queue.clone()).collect();
+        names.extend(limits.keys().cloned());
+        for q in names {
+            if !stats.iter().any(|s| s.queue == q) {
+                stats.push(QueueStats {
+                    queue: q,
+                    running: 0,
+                    limit: None,
+                    pending: 0,
+                    retrying: 0,
+                    oldest_pending_secs: None,
+                });
+            }
+        }
+        for s in &mut stats {
+            s.limit = limits.get(&s.queue).map(|l| l.limit as u64);
+        }
+        stats.sort_by(|a, b| a.queue.cmp(&b.queue));
+        to_value(stats)
+    }
+
+    /// Stores the event and creates one instance per definition listening to it.
+    async fn publish(&self, p: PublishParams, actor: &str) -> Reply {
+        let event_id = ulid::Ulid::new().to_string();
+        let key = p.dedup_key.clone().unwrap_or_else(|| event_id.clone());
+        let listeners: Vec<String> = self
+            .catalog
+            .read()
+            .expect("catalog")
+            .defs
+            .values()
+            .filter(|l| l.def.on_event.as_deref() == Some(p.name.as_str()))
+            .map(|l| l.def.task.clone())
+            .collect();
+        let mut created = Vec::new();
+        for task in listeners {
+            let t = TriggerParams { task, params: Map::new(), dedup_key: Some(format!("event:{key}:{}", p.name)) };
+            let r = self
+                .trigger(t, &format!("event {}", p.name), actor, Some(p.data.clone().unwrap_or(Value::Null)))
+                .await?;
+            if r["created"] == json!(true) {
+                created.push(r["id"].as_str().unwrap_or_default().to_string());
+            }
+        }
+        let stored = self
+            .store
+            .record_event(&event_id, &p.name, p.data, p.dedup_key, created.clone())
+            .await
+            .map_err(store_err)?;
+        Ok(json!({ "event_id": event_id, "duplicate": !stored, "instances": created }))
+    }
+
+    async fn status(&self) -> Reply {
+        let counts = self.store.counts().await.map_err(store_err)?;
+        let cat = self.catalog.read().expect("catalog");
+        let cfg = &self.scheduler.config;
+        to_value(AgentStatus {
+            agent: self.name.clone(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            pid: std::process::id(),
+            uptime_secs: self.started.elapsed().as_secs_f64(),
+            store: format!("sqlite:{}", self.store.path().display()),
+            socket: self.socket.clone(),
+            tasks_dir: cfg.tasks_dir().display().to_string(),
+            data_dir: cfg.data_dir().display().to_string(),
+            counts: counts.into_iter().map(|(k, v)| (k, json!(v))).collect(),
+            definitions: cat.defs.len() as u64,
+            definition_errors: cat.errors.len() as u64,
+            concurrency: cfg.scheduler.concurrency,
+            shutting_down: self.scheduler.is_shutting_down(),
+        })
+    }
+}

@@ -1,0 +1,202 @@
+//! One client connection. Requests are answered in order; pushed
+//! notifications go through the same writer. Every bad frame gets a JSON-RPC
+//! error and the connection carries on.
+
+use super::frame::{Frame, FrameCodec};
+use super::{Access, Api};
+use apollo_shared::protocol::{code, Event, Request, Response, RpcError, SubscribeParams, MAX_FRAME_BYTES, TOPICS};
+use futures::StreamExt;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use tokio::io::AsyncWriteExt;
+use tokio::net::UnixStream;
+use tokio::sync::{broadcast, mpsc};
+use tokio_util::codec::FramedRead;
+use tokio_util::sync::CancellationToken;
+
+/// Lines queued for one client; past this a subscriber is behind and gets a resync.
+const OUTBOX: usize = 1024;
+
+pub async fn handle(stream: UnixStream, api: Arc<Api>, access: Arc<Access>, shutdown: CancellationToken) {
+    let uid = stream.peer_cred().ok().map(|c| c.uid());
+    let role = uid.and_then(|u| access.role(u));
+    let actor = match uid {
+        Some(u) => nix::unistd::User::from_uid(u.into())
+            .ok()
+            .flatten()
+            .map(|user| format!("{} (uid {u})", user.name))
+            .unwrap_or_else(|| format!("uid {u}")),
+        None => "unknown peer".into(),
+    };
+    let (rd, mut wr) = stream.into_split();
+    let (tx, mut rx) = mpsc::channel::<String>(OUTBOX);
+    let writer = tokio::spawn(async move {
+        while let Some(mut line) = rx.recv().await {
+            line.push('\n');
+            if wr.write_all(line.as_bytes()).await.is_err() {
+                break;
+            }
+        }
+    });
+    let Some(role) = role else {
+        tracing::warn!(peer = %actor, "refused a connection: not an operator or observer");
+        let e = RpcError::new(code::FORBIDDEN, format!("{actor} may not use this agent"))
+            .with_hint("add the user to socket.operators or socket.observers in the agent's config");
+        let _ = tx.send(to_line(&Response::err(Value::Null, e))).await;
+        drop(tx);
+        let _ = writer.await;
+        return;
+    };
+    let mut frames = FramedRead::new(rd, FrameCodec::default());
+    let mut subscription: Option<tokio::task::JoinHandle<()>> = None;
+    loop {
+        let frame = tokio::select! {
+            f = frames.next() => f,
+            _ = shutdown.cancelled() => break,
+        };
+        let reply = match frame {
+            None | Some(Err(_)) => break,
+            Some(Ok(Frame::TooLong)) => Some(Response::err(
+                Value::Null,
+                RpcError::new(
+                    code::INVALID_REQUEST,
+                    format!("frame longer than {MAX_FRAME_BYTES} bytes; it was skipped"),
+                )
+                .with_hint("send one JSON-RPC object per line, each under the limit"),
+            )),
+            Some(Ok(Frame::Line(bytes))) => {
+                let (id, req) = match parse(&bytes) {
+                    Ok(r) => r,
+                    Err((id, e)) => {
+                        let _ = tx.send(to_line(&Response::err(id, e))).await;
+                        continue;
+                    }
+                };
+                let Some(req) = req else { continue };
+                let result = if req.method == "subscribe" {
+                    subscribe(&api, req.params.clone(), &tx, &mut subscription)
+                } else {
+                    api.call(&req.method, req.params.clone().unwrap_or(Value::Null), role, &actor).await
+                };
+                // A request without an id is a notification: no reply.
+                req.id.as_ref().map(|_| match result {
+                    Ok(v) => Response::ok(id.clone(), v),
+                    Err(e) => Response::err(id.clone(), e),
+                })
+            }
+        };
+        if let Some(r) = reply {
+            if tx.send(to_line(&r)).await.is_err() {
+                break;
+            }
+        }
+    }
+    if let Some(s) = subscription {
+        s.abort();
+    }
+    drop(tx);
+    let _ = writer.await;
+}
+
+fn to_line<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v).unwrap_or_else(|_| "{}".into())
+}
+
+/// Checks a frame is one JSON-RPC 2.0 request. `Ok((id, None))` is an empty line.
+fn parse(bytes: &[u8]) -> Result<(Value, Option<Request>), (Value, RpcError)> {
+    let text = std::str::from_utf8(bytes).map_err(|_| {
+        (
+            Value::Null,
+            RpcError::new(code::PARSE_ERROR, "parse error: the frame is not UTF-8 text (expected one JSON object)"),
+        )
+    })?;
+    if text.trim().is_empty() {
+        return Ok((Value::Null, None));
+    }
+    let v: Value = serde_json::from_str(text).map_err(|e| {
+        (Value::Null, RpcError::new(code::PARSE_ERROR, format!("parse error: {e} (expected one JSON object per line)")))
+    })?;
+    let invalid = |id: Value, m: String| Err((id, RpcError::new(code::INVALID_REQUEST, m)));
+    let obj = match v {
+        Value::Object(o) => o,
+        Value::Array(_) => {
+            return invalid(Value::Null, "batch requests are not supported; send one object per line".into())
+        }
+        other => {
+            return invalid(
+                Value::Null,
+                format!("expected a JSON-RPC request object, found {}", apollo_shared::def::kind(&other)),
+            )
+        }
+    };
+    let id = obj.get("id").cloned().unwrap_or(Value::Null);
+    if !matches!(id, Value::Null | Value::String(_) | Value::Number(_)) {
+        return invalid(Value::Null, "id must be a string or a number".into());
+    }
+    if obj.get("jsonrpc") != Some(&json!("2.0")) {
+        return invalid(id, "jsonrpc must be \"2.0\"".into());
+    }
+    let Some(Value::String(_)) = obj.get("method") else {
+        return invalid(id, "method must be a string, e.g. \"tasks.list\"".into());
+    };
+    if !matches!(obj.get("params"), None | Some(Value::Object(_)) | Some(Value::Null)) {
+        return Err((id, RpcError::new(code::INVALID_PARAMS, "params must be an object of named parameters")));
+    }
+    let req: Request = serde_json::from_value(Value::Object(obj))
+        .map_err(|e| (id.clone(), RpcError::new(code::INVALID_REQUEST, e.to_string())))?;
+    Ok((id, Some(req)))
+}
+
+/// Starts (or replaces) this connection's subscription.
+fn subscribe(
+    api: &Api,
+    params: Option<Value>,
+    tx: &mpsc::Sender<String>,
+    current: &mut Option<tokio::task::JoinHandle<()>>,
+) -> Result<Value, RpcError> {
+    let p: SubscribeParams = serde_json::from_value(params.unwrap_or(Value::Null))
+        .map_err(|e| RpcError::new(code::INVALID_PARAMS, format!("subscribe: {e} (expected {{\"topics\": [...]}})")))?;
+    if let Some(bad) = p.topics.iter().find(|t| !TOPICS.contains(&t.as_str())) {
+        return Err(RpcError::new(
+            code::INVALID_PARAMS,
+            format!("unknown topic {bad:?} (expected any of: {})", TOPICS.join(", ")),
+        ));
+    }
+    if let Some(old) = current.take() {
+        old.abort();
+    }
+    let mut events = api.bus().subscribe();
+    let seq = api.bus().seq();
+    let tx = tx.clone();
+    let topics = p.topics;
+    *current = Some(tokio::spawn(async move {
+        let mut behind = false;
+        loop {
+            let ev = match events.recv().await {
+                Ok(ev) => ev,
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    behind = true;
+                    continue;
+                }
+                Err(broadcast::error::RecvError::Closed) => break,
+            };
+            if behind {
+                let resync = Event { seq: ev.seq, topic: "all".into(), kind: "resync".into(), data: json!({}) };
+                if tx.try_send(notification(&resync)).is_ok() {
+                    behind = false;
+                } else {
+                    continue;
+                }
+            }
+            if topics.iter().any(|t| *t == ev.topic) && tx.try_send(notification(&ev)).is_err() {
+                // The client is not reading fast enough; it gets a resync instead of a backlog.
+                behind = true;
+            }
+        }
+    }));
+    Ok(json!({ "seq": seq }))
+}
+
+fn notification(ev: &Event) -> String {
+    to_line(&json!({ "jsonrpc": "2.0", "method": "event", "params": ev }))
+}

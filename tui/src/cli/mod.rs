@@ -1,0 +1,382 @@
+//! The `apollo` command line.
+//!
+//! Exit codes:
+//! - 0: success (with `--wait`: the instance ended SUCCESS);
+//! - 1: the instance ended FAILED or ROLLED_BACK, or the agent refused the request;
+//! - 2: usage error, or no agent reachable (the message names the socket tried).
+//!
+//! `--json` prints the protocol's objects as they are (see the README).
+
+mod render;
+
+use crate::client::{socket_candidates, Client, ClientError};
+use crate::local::{self, LocalAgent};
+use apollo_shared::protocol::{DryRunResult, Instance, ListResult, LogsResult};
+use apollo_shared::state::TaskState;
+use clap::{Parser, Subcommand};
+use serde_json::{json, Map, Value};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "apollo", version, about = "Drive an Apollo-11 agent from scripts and the shell")]
+pub struct Args {
+    /// The agent's socket (default: $APOLLO_SOCKET, ./.apollo/agent.sock, /run/apollo/agent.sock).
+    #[arg(long, global = true)]
+    socket: Option<PathBuf>,
+    /// Reach the agent through SSH: [user@]host[:port] (runs `apollo-agent dial-stdio` there).
+    #[arg(long, global = true, conflicts_with = "local")]
+    ssh: Option<String>,
+    /// Use the agent of the current directory, starting one (and stopping it after) if none runs.
+    #[arg(long, global = true)]
+    local: bool,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Create an instance of TASK.
+    Run {
+        task: String,
+        /// A parameter, KEY=VALUE (VALUE is read as JSON when it parses, else as text).
+        #[arg(short = 'p', long = "param")]
+        params: Vec<String>,
+        /// Wait until the instance ends; exit 0 only when it ended SUCCESS.
+        #[arg(long)]
+        wait: bool,
+        /// Create at most one instance for this key.
+        #[arg(long)]
+        dedup_key: Option<String>,
+    },
+    /// Validate and describe every step of TASK without running anything.
+    DryRun {
+        task: String,
+        #[arg(short = 'p', long = "param")]
+        params: Vec<String>,
+    },
+    /// List instances, newest first.
+    Ls {
+        #[arg(long)]
+        state: Option<TaskState>,
+        #[arg(long)]
+        task: Option<String>,
+        #[arg(long)]
+        queue: Option<String>,
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+    },
+    /// Show one instance with its steps and history.
+    Show { id: String },
+    /// Print a step's log.
+    Logs {
+        id: String,
+        /// Step name or seq (default: the last step that ran).
+        #[arg(long)]
+        step: Option<String>,
+        /// Keep printing as the log grows, until the instance ends.
+        #[arg(long)]
+        follow: bool,
+    },
+    /// Retry a FAILED instance from its failed step.
+    Retry {
+        id: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Roll back a FAILED instance.
+    Rollback {
+        id: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Cancel a PENDING, RETRYING or RUNNING instance.
+    Cancel {
+        id: String,
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Publish an event; matching definitions get one instance each.
+    Emit {
+        name: String,
+        #[arg(long)]
+        data: Option<String>,
+        #[arg(long)]
+        dedup_key: Option<String>,
+    },
+    /// Loaded definitions and load errors.
+    Defs,
+    /// Registered plugins.
+    Plugins,
+    /// Queues: running, limit, pending, retrying.
+    Queues,
+    /// Alerts, newest first.
+    Alerts {
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+    },
+    /// The agent's status.
+    Status,
+}
+
+/// What went wrong, and which exit code it means.
+enum Failure {
+    Usage(String),
+    Unreachable(String),
+    Refused(String),
+}
+
+impl From<ClientError> for Failure {
+    fn from(e: ClientError) -> Self {
+        match e {
+            ClientError::Rpc(e) => Failure::Refused(format!("agent refused: {e}")),
+            ClientError::Closed => Failure::Unreachable("the connection to the agent closed".into()),
+            other => Failure::Unreachable(other.to_string()),
+        }
+    }
+}
+
+pub async fn main(args: Args) -> ExitCode {
+    let mut local_agent: Option<LocalAgent> = None;
+    let result = run(args, &mut local_agent).await;
+    if let Some(a) = local_agent {
+        a.stop().await;
+    }
+    match result {
+        Ok(code) => code,
+        Err(Failure::Usage(m)) | Err(Failure::Unreachable(m)) => {
+            eprintln!("apollo: {m}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Refused(m)) => {
+            eprintln!("apollo: {m}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn connect(args: &Args, local_agent: &mut Option<LocalAgent>) -> Result<Client, Failure> {
+    if let Some(target) = &args.ssh {
+        let remote = args.socket.as_ref().map(|p| p.display().to_string());
+        return Client::connect_ssh(target, remote.as_deref()).await.map_err(|e| Failure::Unreachable(e.to_string()));
+    }
+    if args.local {
+        let dir = std::env::current_dir().map_err(|e| Failure::Usage(e.to_string()))?;
+        let (client, started) = local::attach(&dir).await.map_err(|e| Failure::Unreachable(e.to_string()))?;
+        *local_agent = started;
+        return Ok(client);
+    }
+    crate::client::connect_default(args.socket.as_deref()).await.map_err(|_| {
+        let tried: Vec<String> =
+            socket_candidates(args.socket.as_deref()).iter().map(|p| p.display().to_string()).collect();
+        Failure::Unreachable(format!(
+            "no agent is listening (tried {}); start one with `apollo-agent` in the project directory, \
+             pass --socket PATH, or use --local to start one for this command",
+            tried.join(", ")
+        ))
+    })
+}
+
+fn parse_params(raw: &[String]) -> Result<Map<String, Value>, Failure> {
+    let mut out = Map::new();
+    for p in raw {
+        let (k, v) = p.split_once('=').ok_or_else(|| Failure::Usage(format!("-p {p:?}: expected KEY=VALUE")))?;
+        let v = serde_json::from_str(v).unwrap_or_else(|_| Value::String(v.to_string()));
+        out.insert(k.trim().to_string(), v);
+    }
+    Ok(out)
+}
+
+fn print_json(v: &impl serde::Serialize) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
+async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCode, Failure> {
+    let client = connect(&args, local_agent).await?;
+    client.hello("apollo").await?;
+    let json = args.json;
+    let out = render::Out::new();
+    match &args.command {
+        Cmd::Run { task, params, wait, dedup_key } => {
+            let params = parse_params(params)?;
+            if *wait {
+                client.subscribe(&["tasks"]).await?;
+            }
+            let r =
+                client.call("tasks.trigger", json!({"task": task, "params": params, "dedup_key": dedup_key})).await?;
+            let id = r["id"].as_str().unwrap_or_default().to_string();
+            if !*wait {
+                if json {
+                    print_json(&r);
+                } else {
+                    let note = if r["created"] == json!(false) { " (already existed for this dedup key)" } else { "" };
+                    println!("{} {task} {id}{note}", out.paint("created", "PENDING"));
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            let inst = wait_for_end(&client, &id, json, &out).await?;
+            if json {
+                print_json(&inst);
+            } else {
+                render::instance(&out, &inst);
+            }
+            Ok(if inst.state == TaskState::Success { ExitCode::SUCCESS } else { ExitCode::from(1) })
+        }
+        Cmd::DryRun { task, params } => {
+            let params = parse_params(params)?;
+            let r: DryRunResult = client.call_as("tasks.dry_run", json!({"task": task, "params": params})).await?;
+            if json {
+                print_json(&r);
+            } else {
+                render::dry_run(&out, &r);
+            }
+            Ok(if r.valid { ExitCode::SUCCESS } else { ExitCode::from(1) })
+        }
+        Cmd::Ls { state, task, queue, limit } => {
+            let r: ListResult = client
+                .call_as("tasks.list", json!({"state": state, "task": task, "queue": queue, "limit": limit}))
+                .await?;
+            if json {
+                print_json(&r.items);
+            } else {
+                render::list(&out, &r.items);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Show { id } => {
+            let inst: Instance = client.call_as("tasks.get", json!({"id": id})).await?;
+            if json {
+                print_json(&inst);
+            } else {
+                render::instance(&out, &inst);
+                render::history(&out, &inst);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Logs { id, step, follow } => logs(&client, id, step.as_deref(), *follow).await,
+        Cmd::Retry { id, reason } => act(&client, "tasks.retry", id, reason, json, &out).await,
+        Cmd::Rollback { id, reason } => act(&client, "tasks.rollback", id, reason, json, &out).await,
+        Cmd::Cancel { id, reason } => act(&client, "tasks.cancel", id, reason, json, &out).await,
+        Cmd::Emit { name, data, dedup_key } => {
+            let data: Option<Value> = match data {
+                Some(d) => Some(serde_json::from_str(d).map_err(|e| Failure::Usage(format!("--data: not JSON: {e}")))?),
+                None => None,
+            };
+            let r = client.call("events.publish", json!({"name": name, "data": data, "dedup_key": dedup_key})).await?;
+            if json {
+                print_json(&r);
+            } else {
+                println!(
+                    "event {} published; instances created: {}",
+                    r["event_id"].as_str().unwrap_or(""),
+                    r["instances"]
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Defs => simple(&client, "defs.list", json, |v| render::defs(&out, v)).await,
+        Cmd::Plugins => simple(&client, "plugins.list", json, |v| render::plugins(&out, v)).await,
+        Cmd::Queues => simple(&client, "queues.stats", json, |v| render::queues(&out, v)).await,
+        Cmd::Status => simple(&client, "agent.status", json, |v| render::status(&out, v)).await,
+        Cmd::Alerts { limit } => {
+            let v = client.call("alerts.list", json!({"limit": limit})).await?;
+            if json {
+                print_json(&v);
+            } else {
+                render::alerts(&out, &v);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+async fn simple(client: &Client, method: &str, json: bool, human: impl FnOnce(&Value)) -> Result<ExitCode, Failure> {
+    let v = client.call(method, json!({})).await?;
+    if json {
+        print_json(&v);
+    } else {
+        human(&v);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn act(
+    client: &Client,
+    method: &str,
+    id: &str,
+    reason: &Option<String>,
+    json: bool,
+    out: &render::Out,
+) -> Result<ExitCode, Failure> {
+    let inst: Instance = client.call_as(method, json!({"id": id, "reason": reason})).await?;
+    if json {
+        print_json(&inst);
+    } else {
+        render::instance(out, &inst);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// An instance has ended when nothing will move it without an operator.
+pub fn ended(i: &Instance) -> bool {
+    matches!(i.state, TaskState::Success | TaskState::RolledBack)
+        || (i.state == TaskState::Failed && i.finished_at.is_some())
+}
+
+/// Waits for the instance to end, woken by the subscription (no polling).
+async fn wait_for_end(client: &Client, id: &str, json: bool, out: &render::Out) -> Result<Instance, Failure> {
+    let mut events = client.take_events().ok_or(Failure::Unreachable("event stream already taken".into()))?;
+    let mut last_state = None;
+    loop {
+        let inst: Instance = client.call_as("tasks.get", json!({"id": id})).await?;
+        if !json && last_state != Some(inst.state) {
+            eprintln!("{} {}", out.paint(inst.state.as_str(), inst.state.as_str()), inst.task);
+            last_state = Some(inst.state);
+        }
+        if ended(&inst) {
+            return Ok(inst);
+        }
+        loop {
+            let ev = events.recv().await.ok_or(Failure::Unreachable("the connection to the agent closed".into()))?;
+            if ev.kind == "resync" || ev.data["id"] == json!(id) {
+                break;
+            }
+        }
+    }
+}
+
+async fn logs(client: &Client, id: &str, step: Option<&str>, follow: bool) -> Result<ExitCode, Failure> {
+    let step: Value = match step {
+        Some(s) => s.parse::<u64>().map(Value::from).unwrap_or_else(|_| Value::String(s.to_string())),
+        None => {
+            let inst: Instance = client.call_as("tasks.get", json!({"id": id})).await?;
+            let steps = inst.steps.unwrap_or_default();
+            let last = steps.iter().filter(|s| s.attempts > 0).next_back().or(steps.first());
+            json!(last.map(|s| s.seq).unwrap_or(0))
+        }
+    };
+    let mut offset = 0;
+    loop {
+        let r: LogsResult = client.call_as("steps.logs", json!({"id": id, "step": step, "offset": offset})).await?;
+        print!("{}", r.text);
+        offset = r.next_offset;
+        if r.eof {
+            if !follow {
+                break;
+            }
+            let inst: Instance = client.call_as("tasks.get", json!({"id": id})).await?;
+            if ended(&inst) {
+                // What was written before it ended.
+                let r: LogsResult =
+                    client.call_as("steps.logs", json!({"id": id, "step": step, "offset": offset})).await?;
+                print!("{}", r.text);
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

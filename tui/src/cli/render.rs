@@ -1,0 +1,233 @@
+//! Human output: tables and summaries, coloured by state on a terminal
+//! (never when NO_COLOR is set or stdout is not a terminal).
+
+use apollo_shared::protocol::{DryRunResult, Instance};
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use std::io::IsTerminal;
+
+pub struct Out {
+    color: bool,
+}
+
+impl Out {
+    pub fn new() -> Out {
+        let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
+        Out { color: !no_color && std::io::stdout().is_terminal() }
+    }
+
+    /// `text` in the colour of `state`.
+    pub fn paint(&self, text: &str, state: &str) -> String {
+        if !self.color {
+            return text.to_string();
+        }
+        let code = match state {
+            "SUCCESS" => "32",
+            "FAILED" => "31",
+            "RUNNING" => "36",
+            "RETRYING" => "33",
+            "ROLLED_BACK" => "35",
+            "SKIPPED" | "PENDING" => "2",
+            _ => "0",
+        };
+        format!("\x1b[{code}m{text}\x1b[0m")
+    }
+
+    fn state(&self, s: &str, width: usize) -> String {
+        self.paint(&format!("{s:<width$}"), s)
+    }
+}
+
+fn when(t: Option<DateTime<Utc>>) -> String {
+    t.map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string()).unwrap_or_else(|| "-".into())
+}
+
+fn took(a: Option<DateTime<Utc>>, b: Option<DateTime<Utc>>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) => format!("{:.2}s", (b - a).num_milliseconds() as f64 / 1000.0),
+        _ => "-".into(),
+    }
+}
+
+pub fn list(out: &Out, items: &[Instance]) {
+    if items.is_empty() {
+        println!("no instances");
+        return;
+    }
+    println!(
+        "{:<26}  {:<20}  {:<11}  {:>7}  {:<10}  {:<19}  ERROR",
+        "ID", "TASK", "STATE", "ATTEMPT", "QUEUE", "CREATED"
+    );
+    for i in items {
+        println!(
+            "{:<26}  {:<20}  {}  {:>7}  {:<10}  {:<19}  {}",
+            i.id,
+            i.task,
+            out.state(i.state.as_str(), 11),
+            i.attempt,
+            i.queue,
+            when(Some(i.created_at)),
+            i.error.as_deref().unwrap_or("").chars().take(60).collect::<String>()
+        );
+    }
+}
+
+pub fn instance(out: &Out, i: &Instance) {
+    println!("{} {} {}", out.paint(i.state.as_str(), i.state.as_str()), i.task, i.id);
+    println!("  attempt {}   queue {}   priority {}   trace {}", i.attempt, i.queue, i.priority, i.trace_id);
+    println!("  created {}   finished {}", when(Some(i.created_at)), when(i.finished_at));
+    if let Some(e) = &i.error {
+        println!("  error: {e}");
+    }
+    let Some(steps) = &i.steps else { return };
+    println!("  {:<4} {:<16} {:<24} {:<11} {:>8} {:>8}  OUTPUT", "SEQ", "STEP", "PLUGIN", "STATE", "ATTEMPTS", "TOOK");
+    for s in steps {
+        let plugin = match &s.plugin_version {
+            Some(v) if !v.is_empty() => format!("{}@{v}", s.plugin),
+            _ => s.plugin.clone(),
+        };
+        let detail = match (&s.output, &s.error) {
+            (_, Some(e)) => format!("error: {e}"),
+            (Some(o), None) => o.get("path").and_then(Value::as_str).map(|p| format!("→ {p}")).unwrap_or_default(),
+            _ => String::new(),
+        };
+        println!(
+            "  {:<4} {:<16} {:<24} {} {:>8} {:>8}  {}",
+            s.seq,
+            s.name,
+            plugin,
+            out.state(s.state.as_str(), 11),
+            s.attempts,
+            took(s.started_at, s.finished_at),
+            detail
+        );
+    }
+}
+
+pub fn history(out: &Out, i: &Instance) {
+    let Some(ts) = &i.transitions else { return };
+    println!("  history:");
+    for t in ts {
+        let what = t.step.map(|s| format!("step {s}")).unwrap_or_else(|| "instance".into());
+        println!(
+            "    {}  {:<9} {} -> {}  {}  ({})",
+            when(Some(t.at)),
+            what,
+            t.from.as_deref().unwrap_or("-"),
+            out.paint(&t.to, &t.to),
+            t.reason,
+            t.actor
+        );
+    }
+}
+
+pub fn dry_run(out: &Out, r: &DryRunResult) {
+    let verdict = if r.valid { out.paint("valid", "SUCCESS") } else { out.paint("invalid", "FAILED") };
+    println!("dry-run {}: {verdict} (nothing was executed)", r.task);
+    for s in &r.steps {
+        let mark = if s.valid { out.paint("ok", "SUCCESS") } else { out.paint("error", "FAILED") };
+        println!("  {} {} ({} {})  {mark}", s.seq, s.name, s.plugin, s.version.as_deref().unwrap_or("?"));
+        println!("      params: {}", s.params);
+        if !s.unresolved.is_empty() {
+            println!("      resolved at run time: {}", s.unresolved.join(", "));
+        }
+        if let Some(e) = &s.error {
+            println!("      {e}");
+        }
+    }
+}
+
+pub fn defs(out: &Out, v: &Value) {
+    for d in v.as_array().into_iter().flatten() {
+        let errors = d["errors"].as_array().cloned().unwrap_or_default();
+        if errors.is_empty() {
+            println!(
+                "{:<20} {:<10} steps: {}   {}",
+                d["task"].as_str().unwrap_or(""),
+                d["queue"].as_str().unwrap_or(""),
+                d["steps"]
+                    .as_array()
+                    .map(|s| s.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(" → "))
+                    .unwrap_or_default(),
+                d["file"].as_str().unwrap_or("")
+            );
+        } else {
+            for e in errors {
+                println!("{} {}", out.paint("error", "FAILED"), e.as_str().unwrap_or(""));
+            }
+        }
+    }
+}
+
+pub fn plugins(_out: &Out, v: &Value) {
+    println!("{:<18} {:<8} {:>8} {:>6}  CLASS", "NAME", "VERSION", "TIMEOUT", "RETRY");
+    for p in v.as_array().into_iter().flatten() {
+        println!(
+            "{:<18} {:<8} {:>7}s {:>6}  {}",
+            p["name"].as_str().unwrap_or(""),
+            p["version"].as_str().unwrap_or(""),
+            p["timeout_secs"],
+            p["retry"],
+            p["class"].as_str().unwrap_or("")
+        );
+    }
+}
+
+pub fn queues(_out: &Out, v: &Value) {
+    println!("{:<12} {:>8} {:>6} {:>8} {:>9}  OLDEST PENDING", "QUEUE", "RUNNING", "LIMIT", "PENDING", "RETRYING");
+    for q in v.as_array().into_iter().flatten() {
+        let limit = q["limit"].as_u64().map(|l| l.to_string()).unwrap_or_else(|| "-".into());
+        let oldest = q["oldest_pending_secs"].as_f64().map(|s| format!("{s:.0}s")).unwrap_or_else(|| "-".into());
+        println!(
+            "{:<12} {:>8} {:>6} {:>8} {:>9}  {oldest}",
+            q["queue"].as_str().unwrap_or(""),
+            q["running"],
+            limit,
+            q["pending"],
+            q["retrying"]
+        );
+    }
+}
+
+pub fn alerts(_out: &Out, v: &Value) {
+    let items = v.as_array().cloned().unwrap_or_default();
+    if items.is_empty() {
+        println!("no alerts");
+    }
+    for a in items {
+        println!(
+            "{}  {:<20} {}  {}",
+            a["at"].as_str().unwrap_or(""),
+            a["kind"].as_str().unwrap_or(""),
+            a["instance"].as_str().unwrap_or("-"),
+            a["message"].as_str().unwrap_or("")
+        );
+    }
+}
+
+pub fn status(out: &Out, v: &Value) {
+    println!(
+        "agent {} (version {}, pid {})",
+        v["agent"].as_str().unwrap_or(""),
+        v["version"].as_str().unwrap_or(""),
+        v["pid"]
+    );
+    println!(
+        "  up {:.0}s   store {}   socket {}",
+        v["uptime_secs"].as_f64().unwrap_or(0.0),
+        v["store"].as_str().unwrap_or(""),
+        v["socket"].as_str().unwrap_or("")
+    );
+    println!(
+        "  tasks {}   definitions {} ({} with errors)   concurrency {}",
+        v["tasks_dir"].as_str().unwrap_or(""),
+        v["definitions"],
+        v["definition_errors"],
+        v["concurrency"]
+    );
+    let counts: Vec<String> = v["counts"]
+        .as_object()
+        .map(|m| m.iter().map(|(k, n)| format!("{} {n}", out.paint(k, k))).collect())
+        .unwrap_or_default();
+    println!("  {}", counts.join("   "));
+}

@@ -1,0 +1,181 @@
+//! The async client the CLI, the console and the tests share: JSON-RPC over
+//! a Unix socket, or over `ssh host apollo-agent dial-stdio`.
+
+use apollo_shared::protocol::{Event, HelloResult, Request, Response, RpcError, MAX_FRAME_BYTES, PROTOCOL_VERSION};
+use futures::StreamExt;
+use serde::de::DeserializeOwned;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::codec::{FramedRead, LinesCodec};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot connect to the agent at {path}: {source}")]
+    Connect { path: PathBuf, source: std::io::Error },
+    #[error("cannot start `{command}`: {source}")]
+    Spawn { command: String, source: std::io::Error },
+    #[error("{0}")]
+    Rpc(#[from] RpcError),
+    #[error("the connection to the agent closed")]
+    Closed,
+    #[error("unexpected answer from the agent: {0}")]
+    Decode(String),
+}
+
+type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Response>>>>;
+
+/// A connection to one agent. Calls may be made concurrently.
+pub struct Client {
+    out: mpsc::Sender<String>,
+    pending: Pending,
+    next_id: AtomicU64,
+    events: Mutex<Option<mpsc::Receiver<Event>>>,
+    /// Where this client is connected, for messages and the console header.
+    pub transport: String,
+    _child: Option<tokio::process::Child>,
+}
+
+impl Client {
+    pub async fn connect_unix(path: &Path) -> Result<Client, ClientError> {
+        let stream = tokio::net::UnixStream::connect(path)
+            .await
+            .map_err(|source| ClientError::Connect { path: path.to_path_buf(), source })?;
+        let (r, w) = stream.into_split();
+        Ok(Client::from_io(r, w, None, path.display().to_string()))
+    }
+
+    /// Connects through SSH: `ssh [-p PORT] [user@]host apollo-agent dial-stdio`.
+    /// `target` is `[user@]host[:port]`; the `ssh` found first in PATH is used.
+    pub async fn connect_ssh(target: &str, remote_socket: Option<&str>) -> Result<Client, ClientError> {
+        let (host, port) = match target.rsplit_once(':') {
+            Some((h, p)) if p.chars().all(|c| c.is_ascii_digit()) && !p.is_empty() => (h, Some(p)),
+            _ => (target, None),
+        };
+        let mut cmd = tokio::process::Command::new("ssh");
+        cmd.arg("-T").arg("-o").arg("BatchMode=yes");
+        if let Some(p) = port {
+            cmd.arg("-p").arg(p);
+        }
+        cmd.arg(host).arg("apollo-agent");
+        if let Some(s) = remote_socket {
+            cmd.arg("--socket").arg(s);
+        }
+        cmd.arg("dial-stdio");
+        cmd.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).kill_on_drop(true);
+        let mut child = cmd.spawn().map_err(|source| ClientError::Spawn { command: format!("ssh {host}"), source })?;
+        let r = child.stdout.take().ok_or(ClientError::Closed)?;
+        let w = child.stdin.take().ok_or(ClientError::Closed)?;
+        Ok(Client::from_io(r, w, Some(child), format!("ssh {target}")))
+    }
+
+    fn from_io(
+        r: impl AsyncRead + Unpin + Send + 'static,
+        mut w: impl AsyncWrite + Unpin + Send + 'static,
+        child: Option<tokio::process::Child>,
+        transport: String,
+    ) -> Client {
+        let (out, mut out_rx) = mpsc::channel::<String>(256);
+        tokio::spawn(async move {
+            while let Some(mut line) = out_rx.recv().await {
+                line.push('\n');
+                if w.write_all(line.as_bytes()).await.is_err() || w.flush().await.is_err() {
+                    break;
+                }
+            }
+        });
+        let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
+        let (ev_tx, ev_rx) = mpsc::channel(4096);
+        let p = pending.clone();
+        tokio::spawn(async move {
+            let mut lines = FramedRead::new(r, LinesCodec::new_with_max_length(MAX_FRAME_BYTES));
+            while let Some(Ok(line)) = lines.next().await {
+                let Ok(v) = serde_json::from_str::<Value>(&line) else { continue };
+                if v.get("method").and_then(Value::as_str) == Some("event") {
+                    if let Ok(ev) = serde_json::from_value::<Event>(v["params"].clone()) {
+                        let _ = ev_tx.try_send(ev);
+                    }
+                    continue;
+                }
+                let Ok(resp) = serde_json::from_value::<Response>(v) else { continue };
+                if let Some(id) = resp.id.as_u64() {
+                    if let Some(tx) = p.lock().expect("pending").remove(&id) {
+                        let _ = tx.send(resp);
+                    }
+                }
+            }
+            // Dropping the senders tells every waiting call the connection closed.
+            p.lock().expect("pending").clear();
+        });
+        Client { out, pending, next_id: AtomicU64::new(1), events: Mutex::new(Some(ev_rx)), transport, _child: child }
+    }
+
+    pub async fn call(&self, method: &str, params: Value) -> Result<Value, ClientError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.pending.lock().expect("pending").insert(id, tx);
+        let line =
+            serde_json::to_string(&Request::new(id, method, params)).map_err(|e| ClientError::Decode(e.to_string()))?;
+        self.out.send(line).await.map_err(|_| ClientError::Closed)?;
+        let resp = rx.await.map_err(|_| ClientError::Closed)?;
+        match (resp.result, resp.error) {
+            (_, Some(e)) => Err(ClientError::Rpc(e)),
+            (Some(v), None) => Ok(v),
+            (None, None) => Ok(Value::Null),
+        }
+    }
+
+    pub async fn call_as<T: DeserializeOwned>(&self, method: &str, params: Value) -> Result<T, ClientError> {
+        let v = self.call(method, params).await?;
+        serde_json::from_value(v).map_err(|e| ClientError::Decode(format!("{method}: {e}")))
+    }
+
+    pub async fn hello(&self, client: &str) -> Result<HelloResult, ClientError> {
+        self.call_as(
+            "hello",
+            json!({"client": {"name": client, "version": env!("CARGO_PKG_VERSION")}, "protocol": PROTOCOL_VERSION}),
+        )
+        .await
+    }
+
+    /// Subscribes to `topics`; pushed events arrive on [`Client::take_events`].
+    pub async fn subscribe(&self, topics: &[&str]) -> Result<u64, ClientError> {
+        let v = self.call("subscribe", json!({ "topics": topics })).await?;
+        Ok(v["seq"].as_u64().unwrap_or(0))
+    }
+
+    /// The stream of pushed events (once).
+    pub fn take_events(&self) -> Option<mpsc::Receiver<Event>> {
+        self.events.lock().expect("events").take()
+    }
+}
+
+/// The socket a client uses: the flag, then `APOLLO_SOCKET`, then
+/// `./.apollo/agent.sock`, then the system path. Returns every candidate
+/// tried, for the message when none answers.
+pub fn socket_candidates(flag: Option<&Path>) -> Vec<PathBuf> {
+    if let Some(p) = flag {
+        return vec![p.to_path_buf()];
+    }
+    if let Some(p) = std::env::var_os("APOLLO_SOCKET").filter(|p| !p.is_empty()) {
+        return vec![PathBuf::from(p)];
+    }
+    vec![PathBuf::from(".apollo/agent.sock"), PathBuf::from("/run/apollo/agent.sock")]
+}
+
+/// Connects to the first candidate that answers.
+pub async fn connect_default(flag: Option<&Path>) -> Result<Client, ClientError> {
+    let candidates = socket_candidates(flag);
+    let mut last = None;
+    for c in &candidates {
+        match Client::connect_unix(c).await {
+            Ok(client) => return Ok(client),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or(ClientError::Closed))
+}
