@@ -1,1 +1,245 @@
+//! End-to-end test harness: builds the real binaries, starts `apollo-agent`
+//! as a process on a temp dir and a real socket, and drives it through the
+//! `apollo` CLI or the client library. Nothing here mocks the store, the
+//! socket or the file system.
 
+use apollo_shared::protocol::Instance;
+use apollo_tui::client::Client;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("repo root").to_path_buf()
+}
+
+/// The directory holding the built binaries, built once per test process
+/// with the same profile as the tests.
+pub fn bin_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let exe = std::env::current_exe().expect("test exe");
+        // target/<profile>/deps/<test> → target/<profile>
+        let dir = exe.parent().and_then(Path::parent).expect("target dir").to_path_buf();
+        let release = dir.file_name().is_some_and(|n| n == "release");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.current_dir(repo()).args(["build", "--quiet", "-p", "apollo-agent", "-p", "apollo-tui", "--bins"]);
+        if release {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().expect("run cargo build");
+        assert!(status.success(), "building the binaries failed");
+        dir
+    })
+}
+
+pub fn agent_bin() -> PathBuf {
+    bin_dir().join("apollo-agent")
+}
+
+pub fn cli_bin() -> PathBuf {
+    bin_dir().join("apollo")
+}
+
+/// Copies a directory tree.
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let target = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), target).unwrap();
+        }
+    }
+}
+
+/// A running agent on its own temp dir. Killed when dropped.
+pub struct Agent {
+    pub dir: tempfile::TempDir,
+    pub child: Option<Child>,
+    pub socket: PathBuf,
+}
+
+pub struct AgentBuilder {
+    dir: tempfile::TempDir,
+    config: Option<String>,
+    bundled: bool,
+}
+
+impl AgentBuilder {
+    /// Copies the repository's tasks/ into the agent's dir.
+    pub fn bundled_tasks(mut self) -> Self {
+        self.bundled = true;
+        self
+    }
+
+    /// Writes a definition file into the agent's tasks dir.
+    pub fn task(self, file: &str, yaml: &str) -> Self {
+        let tasks = self.dir.path().join("tasks");
+        std::fs::create_dir_all(&tasks).unwrap();
+        std::fs::write(tasks.join(file), yaml).unwrap();
+        self
+    }
+
+    /// Uses this `apollo.yaml` (written into the agent's dir).
+    pub fn config(mut self, yaml: &str) -> Self {
+        self.config = Some(yaml.to_string());
+        self
+    }
+
+    pub fn start(self) -> Agent {
+        if self.bundled {
+            copy_dir(&repo().join("tasks"), &self.dir.path().join("tasks"));
+        }
+        std::fs::create_dir_all(self.dir.path().join("tasks")).unwrap();
+        if let Some(c) = &self.config {
+            std::fs::write(self.dir.path().join("apollo.yaml"), c).unwrap();
+        }
+        let socket = self.dir.path().join("agent.sock");
+        let mut agent = Agent { dir: self.dir, child: None, socket };
+        agent.spawn();
+        agent
+    }
+}
+
+impl Agent {
+    pub fn builder() -> AgentBuilder {
+        AgentBuilder { dir: tempfile::tempdir().unwrap(), config: None, bundled: false }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Starts the agent process (again) and waits until its socket answers.
+    pub fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.path().join("agent.log")).unwrap();
+        let mut cmd = Command::new(agent_bin());
+        cmd.current_dir(self.path())
+            .args(["--socket", "agent.sock", "--data-dir", "data", "--tasks", "tasks"])
+            .env("NO_COLOR", "1")
+            .env_remove("APOLLO_SOCKET")
+            .env_remove("APOLLO_CONFIG")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        self.child = Some(cmd.spawn().expect("start apollo-agent"));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::os::unix::net::UnixStream::connect(&self.socket).is_err() {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("apollo-agent exited ({status}) before it was ready:\n{}", self.log());
+            }
+            assert!(Instant::now() < deadline, "apollo-agent did not open its socket in 30s:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.path().join("agent.log")).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().expect("running").id() as i32
+    }
+
+    /// SIGKILL: the agent dies with no chance to clean up.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+
+    /// SIGTERM and wait; returns the exit status.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        let mut c = self.child.take().expect("running");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), nix::sys::signal::Signal::SIGTERM).unwrap();
+        c.wait().unwrap()
+    }
+
+    /// Runs `apollo --socket … ARGS`.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        Command::new(cli_bin())
+            .current_dir(self.path())
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .env("NO_COLOR", "1")
+            .output()
+            .expect("run apollo")
+    }
+
+    /// Runs the CLI with `--json` and parses its stdout.
+    pub fn cli_json(&self, args: &[&str]) -> (i32, Value) {
+        let mut a = args.to_vec();
+        a.push("--json");
+        let out = self.cli(&a);
+        let v = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "apollo {args:?}: stdout is not JSON ({e}):\n{}\nstderr: {}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+        (out.status.code().unwrap_or(-1), v)
+    }
+
+    pub async fn client(&self) -> Client {
+        let c = Client::connect_unix(&self.socket).await.expect("connect");
+        c.hello("tests").await.expect("hello");
+        c
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Triggers `task` and returns the new instance id.
+pub async fn trigger(c: &Client, task: &str, params: Value) -> String {
+    let r = c.call("tasks.trigger", json!({"task": task, "params": params})).await.expect("trigger");
+    r["id"].as_str().unwrap().to_string()
+}
+
+pub async fn get(c: &Client, id: &str) -> Instance {
+    c.call_as("tasks.get", json!({"id": id})).await.expect("get")
+}
+
+/// Waits, woken by the subscription, until `pred` holds for the instance.
+/// The client must have subscribed to `tasks` before the change can happen.
+pub async fn wait_until(
+    c: &Client,
+    events: &mut tokio::sync::mpsc::Receiver<apollo_shared::protocol::Event>,
+    id: &str,
+    what: &str,
+    pred: impl Fn(&Instance) -> bool,
+) -> Instance {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let inst = get(c, id).await;
+        if pred(&inst) {
+            return inst;
+        }
+        match tokio::time::timeout_at(deadline, events.recv()).await {
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("connection closed while waiting for {what}"),
+            Err(_) => panic!("timed out waiting for {what}; instance is {:?}", inst),
+        }
+    }
+}
+
+/// The instance has ended (nothing moves it without an operator).
+pub fn ended(i: &Instance) -> bool {
+    apollo_tui::cli::ended(i)
+}

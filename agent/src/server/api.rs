@@ -291,18 +291,27 @@ impl Api {
 
     async fn cancel(&self, p: IdParams, actor: &str) -> Reply {
         let reason = format!("by {actor}: {}", p.reason.unwrap_or_else(|| "cancel requested".into()));
-        if let Some(mut done) = self.scheduler.cancel(&p.id, StopReason::Cancel(reason.clone())) {
-            let grace = self.scheduler.config.scheduler.kill_grace + std::time::Duration::from_secs(5);
-            let _ = tokio::time::timeout(grace, done.wait_for(|d| *d)).await;
-        } else {
+        // A claim commits before the scheduler starts the executor; an
+        // instance seen RUNNING but not yet held is waited for briefly.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        loop {
+            if let Some(mut done) = self.scheduler.cancel(&p.id, StopReason::Cancel(reason.clone())) {
+                let grace = self.scheduler.config.scheduler.kill_grace + std::time::Duration::from_secs(5);
+                let _ = tokio::time::timeout(grace, done.wait_for(|d| *d)).await;
+                break;
+            }
             let inst = self.store.get(&p.id).await.map_err(store_err)?;
-            if inst.state == TaskState::Running {
+            if inst.state != TaskState::Running {
+                self.store.cancel_waiting(&p.id, &format!("cancelled {reason}"), actor).await.map_err(store_err)?;
+                break;
+            }
+            if std::time::Instant::now() > deadline {
                 return Err(RpcError::new(
                     code::BUSY,
-                    format!("instance {} is between owners; try again in a moment", p.id),
+                    format!("instance {} is RUNNING but not held by this agent; try again", p.id),
                 ));
             }
-            self.store.cancel_waiting(&p.id, &format!("cancelled {reason}"), actor).await.map_err(store_err)?;
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
         to_value(self.store.get(&p.id).await.map_err(store_err)?)
     }

@@ -157,8 +157,23 @@ impl Store {
         if let Err(StoreError::Illegal(e)) = &result {
             tracing::warn!(error = %e, "refused an illegal transition");
             let message = e.to_string();
-            // The refused write's savepoint was rolled back; the alert is a write of its own.
-            let _ = self.submit(move |c| write::insert_alert(c, "illegal_transition", &message, None), |_| {});
+            // The refused write's savepoint was rolled back; the alert is a write
+            // of its own, durable before the caller hears of the refusal.
+            let (tx, rx) = oneshot::channel();
+            let alert = self.submit(
+                move |c| write::insert_alert(c, "illegal_transition", &message, None),
+                move |r| {
+                    let _ = tx.send(r);
+                },
+            );
+            if alert.is_ok() {
+                let _ = rx.await;
+            }
+            self.bus().publish(
+                "alerts",
+                "alert.raised",
+                serde_json::json!({ "kind": "illegal_transition", "message": e.to_string() }),
+            );
         }
         result
     }

@@ -1,0 +1,172 @@
+//! Failure handling: retries with growing delays, rollback in reverse order,
+//! timeouts that kill a whole process group, permanent errors, cancel.
+
+use apollo_shared::state::{StepState, TaskState};
+use apollo_tests::*;
+use serde_json::json;
+
+const FAST_RETRIES: &str = "scheduler:\n  backoff_base: 200ms\n  kill_grace: 500ms\n";
+
+#[tokio::test]
+async fn a_failing_step_is_tried_one_plus_retry_times_then_everything_rolls_back_in_reverse() {
+    let witness = "$APOLLO_WORK_DIR/../../witness";
+    let agent = Agent::builder()
+        .config(FAST_RETRIES)
+        .task(
+            "doomed.yaml",
+            &format!(
+                r#"task: doomed
+steps:
+  - name: a
+    plugin: shell
+    params:
+      command: echo "run a" >> {witness}
+      rollback_command: echo "rollback a" >> {witness}
+  - name: b
+    plugin: shell
+    params:
+      command: echo "run b" >> {witness}
+      rollback_command: echo "rollback b" >> {witness}
+  - name: c
+    plugin: shell
+    retry: 2
+    params:
+      command: echo "run c" >> {witness}; exit 3
+      rollback_command: echo "rollback c" >> {witness}
+"#
+            ),
+        )
+        .start();
+    let c = agent.client().await;
+    c.subscribe(&["tasks"]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    let id = trigger(&c, "doomed", json!({})).await;
+    let inst = wait_until(&c, &mut events, &id, "the end", ended).await;
+    assert_eq!(inst.state, TaskState::RolledBack, "{inst:#?}");
+    let w = std::fs::read_to_string(agent.path().join("data/witness")).unwrap();
+    let lines: Vec<&str> = w.lines().collect();
+    assert_eq!(lines, ["run a", "run b", "run c", "run c", "run c", "rollback c", "rollback b", "rollback a"]);
+    let steps = inst.steps.unwrap();
+    assert_eq!(steps[2].attempts, 3);
+    assert!(steps.iter().all(|s| s.state == StepState::RolledBack));
+    // The delays between attempts of c grow.
+    let starts: Vec<_> =
+        inst.transitions.unwrap().iter().filter(|t| t.step == Some(2) && t.to == "RUNNING").map(|t| t.at).collect();
+    assert_eq!(starts.len(), 3);
+    let (d1, d2) = (starts[1] - starts[0], starts[2] - starts[1]);
+    assert!(d1.num_milliseconds() >= 160, "first retry after {d1}");
+    assert!(d2 > d1, "delays do not grow: {d1} then {d2}");
+    assert!(inst.error.unwrap().contains("step \"c\" (#2) failed: command ended with exit code 3"));
+}
+
+fn processes_matching(pattern: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if cmd.contains(pattern) {
+                found.push(format!("{}: {cmd}", e.file_name().to_string_lossy()));
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn a_hanging_step_is_killed_at_its_timeout_with_everything_it_started() {
+    // Unique durations let the test find the processes it caused.
+    let agent = Agent::builder()
+        .config(FAST_RETRIES)
+        .task(
+            "hang.yaml",
+            r#"task: hang
+on_failure: stop
+steps:
+  - plugin: shell
+    timeout: 1
+    retry: 0
+    params:
+      command: sh -c 'sleep 4321.5' & sleep 4321.25; echo never
+"#,
+        )
+        .start();
+    let c = agent.client().await;
+    c.subscribe(&["tasks"]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    let id = trigger(&c, "hang", json!({})).await;
+    wait_until(&c, &mut events, &id, "the step to run", |i| i.steps.as_ref().unwrap()[0].state == StepState::Running)
+        .await;
+    let inst = wait_until(&c, &mut events, &id, "the end", ended).await;
+    assert_eq!(inst.state, TaskState::Failed);
+    let err = inst.steps.unwrap()[0].error.clone().unwrap();
+    assert!(err.contains("timed out after 1s"), "{err}");
+    let left = processes_matching("sleep 4321.");
+    assert!(left.is_empty(), "processes survived the timeout: {left:?}");
+}
+
+#[tokio::test]
+async fn a_permanent_error_is_not_retried() {
+    let agent = Agent::builder()
+        .config(FAST_RETRIES)
+        .task(
+            "perm.yaml",
+            "task: perm\non_failure: stop\nsteps:\n  - plugin: data_parser\n    retry: 5\n    params:\n      input: /nonexistent/file.csv\n",
+        )
+        .start();
+    let (code, inst) = agent.cli_json(&["run", "perm", "--wait"]);
+    assert_eq!(code, 1);
+    assert_eq!(inst["state"], "FAILED");
+    assert_eq!(inst["steps"][0]["attempts"], 1);
+    assert!(inst["error"].as_str().unwrap().contains("permanent error, not retried"), "{inst:#}");
+}
+
+#[tokio::test]
+async fn cancel_stops_running_and_queued_instances_and_a_cancelled_one_can_be_retried() {
+    let agent = Agent::builder()
+        .config(FAST_RETRIES)
+        .task(
+            "slow.yaml",
+            r#"task: slow
+max_active: 1
+params:
+  seconds: {default: 30}
+steps:
+  - plugin: sleep
+    params:
+      seconds: "{{ params.seconds }}"
+"#,
+        )
+        .start();
+    let c = agent.client().await;
+    c.subscribe(&["tasks"]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    let id = trigger(&c, "slow", json!({})).await;
+    wait_until(&c, &mut events, &id, "the step to run", |i| i.steps.as_ref().unwrap()[0].state == StepState::Running)
+        .await;
+    let (code, inst) = agent.cli_json(&["cancel", &id, "--reason", "wrong window"]);
+    assert_eq!(code, 0, "{inst:#}");
+    assert_eq!(inst["state"], "FAILED");
+    assert!(inst["error"].as_str().unwrap().contains("wrong window"), "{inst:#}");
+    // While one runs, max_active 1 keeps the next one queued; cancelling it
+    // means it never runs.
+    let (code, inst) = agent.cli_json(&["retry", &id]);
+    assert_eq!(code, 0, "a cancelled instance is FAILED, so it may be retried: {inst:#}");
+    assert_eq!(inst["state"], "RETRYING");
+    wait_until(&c, &mut events, &id, "the retry to run", |i| i.state == TaskState::Running).await;
+    let queued = trigger(&c, "slow", json!({"seconds": 0})).await;
+    let q: apollo_shared::protocol::Instance = c.call_as("tasks.cancel", json!({"id": queued})).await.unwrap();
+    assert_eq!(q.state, TaskState::Failed);
+    assert_eq!(q.steps.unwrap()[0].state, StepState::Skipped);
+    assert!(
+        q.transitions.unwrap().iter().all(|t| t.step.is_none() || t.to == "SKIPPED"),
+        "a step of the cancelled instance ran"
+    );
+    let out = agent.cli(&["cancel", &id]);
+    assert_eq!(out.status.code(), Some(0));
+    // A finished instance cannot be cancelled; the message says why.
+    let out = agent.cli(&["cancel", &queued]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("only PENDING, RETRYING and RUNNING instances can be cancelled")
+    );
+}
