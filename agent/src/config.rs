@@ -193,9 +193,37 @@ impl Default for Logging {
     }
 }
 
+/// Reads a duration inside the value's own deserializer, so an error carries
+/// the field's path (`scheduler.lease`) and line.
+struct DurationVisitor;
+
+impl<'de> serde::de::Visitor<'de> for DurationVisitor {
+    type Value = Duration;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("seconds or a duration like \"30s\", \"5m\", \"1h\"")
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Duration, E> {
+        self.visit_f64(v as f64)
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Duration, E> {
+        self.visit_f64(v as f64)
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Duration, E> {
+        let n = serde_json::Number::from_f64(v).map(serde_json::Value::Number).unwrap_or_default();
+        parse_duration(&n).map(Duration::from_secs_f64).map_err(E::custom)
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Duration, E> {
+        parse_duration(&serde_json::Value::String(v.into())).map(Duration::from_secs_f64).map_err(E::custom)
+    }
+}
+
 fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    let v = serde_json::Value::deserialize(d)?;
-    parse_duration(&v).map(Duration::from_secs_f64).map_err(serde::de::Error::custom)
+    d.deserialize_any(DurationVisitor)
 }
 
 fn opt_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
@@ -255,9 +283,11 @@ impl Config {
         if !["pretty", "json"].contains(&self.logging.format.as_str()) {
             bail!("{file}: logging.format: {:?} is not valid (expected pretty or json)", self.logging.format);
         }
-        if tracing_subscriber::EnvFilter::try_new(&self.logging.level).is_err() {
+        let level = self.logging.level.as_str();
+        let named = ["error", "warn", "info", "debug", "trace", "off"].contains(&level);
+        if !(named || level.contains('=')) || tracing_subscriber::EnvFilter::try_new(level).is_err() {
             bail!(
-                "{file}: logging.level: {:?} is not valid (expected error, warn, info, debug or trace)",
+                "{file}: logging.level: {:?} is not valid (expected error, warn, info, debug, trace, or directives like \"info,apollo_agent=debug\")",
                 self.logging.level
             );
         }
