@@ -266,7 +266,7 @@ impl Config {
         if s.concurrency == 0 || s.concurrency > 10_000 {
             bail!("{file}: scheduler.concurrency: {} is out of range (expected 1 to 10000)", s.concurrency);
         }
-        if !(s.zombie_factor >= 1.0) {
+        if s.zombie_factor.is_nan() || s.zombie_factor < 1.0 {
             bail!("{file}: scheduler.zombie_factor: {} is out of range (expected 1 or more)", s.zombie_factor);
         }
         if !["full", "normal"].contains(&self.database.synchronous.as_str()) {

@@ -357,7 +357,11 @@ fn parse_steps(items: &[Value], lines: &Lines, file: &str, errors: &mut Vec<DefE
         let timeout = match m.get("timeout") {
             None | Some(Value::Null) => None,
             Some(v) => match parse_duration(v) {
-                Ok(secs) => Some(secs),
+                Ok(secs) if secs <= 7.0 * 86400.0 => Some(secs),
+                Ok(secs) => {
+                    at("timeout", format!("{secs} seconds is out of range (at most a week)"));
+                    None
+                }
                 Err(e) => {
                     at("timeout", e);
                     None
@@ -382,7 +386,7 @@ fn parse_steps(items: &[Value], lines: &Lines, file: &str, errors: &mut Vec<DefE
         };
         for (path, text) in template::strings(&Value::Object(params.clone()), "params") {
             if let Err(e) = template::compile_check(text) {
-                at(&path.replacen("params.", "params.", 1), format!("bad template: {e}"));
+                at(&path, format!("bad template: {e}"));
             }
         }
         steps.push(StepDef { name, plugin, version, timeout, retry, params, line: start });
@@ -390,7 +394,7 @@ fn parse_steps(items: &[Value], lines: &Lines, file: &str, errors: &mut Vec<DefE
     steps
 }
 
-/// Reads a duration: a number of seconds, or a string like `90s`, `5m`, `1h`, `250ms`.
+/// Reads a duration: a number of seconds, or a string like `90s`, `5m`, `1h`, `2d`, `250ms`.
 pub fn parse_duration(v: &Value) -> Result<f64, String> {
     let bad = || {
         format!("expected seconds (a positive number) or a duration like \"30s\", \"5m\", \"1h\", found {}", show(v))
@@ -406,13 +410,14 @@ pub fn parse_duration(v: &Value) -> Result<f64, String> {
                 "ms" => n / 1000.0,
                 "m" => n * 60.0,
                 "h" => n * 3600.0,
+                "d" => n * 86400.0,
                 _ => return Err(bad()),
             }
         }
         _ => return Err(bad()),
     };
-    if !(secs > 0.0 && secs <= 7.0 * 86400.0) {
-        return Err(format!("{secs} seconds is out of range (more than 0, at most a week)"));
+    if !(secs > 0.0 && secs.is_finite()) {
+        return Err(format!("{secs} seconds is out of range (expected more than 0)"));
     }
     Ok(secs)
 }

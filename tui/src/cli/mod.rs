@@ -354,7 +354,7 @@ async fn logs(client: &Client, id: &str, step: Option<&str>, follow: bool) -> Re
         None => {
             let inst: Instance = client.call_as("tasks.get", json!({"id": id})).await?;
             let steps = inst.steps.unwrap_or_default();
-            let last = steps.iter().filter(|s| s.attempts > 0).next_back().or(steps.first());
+            let last = steps.iter().rfind(|s| s.attempts > 0).or(steps.first());
             json!(last.map(|s| s.seq).unwrap_or(0))
         }
     };

@@ -1,0 +1,105 @@
+//! The CLI's contract: exit codes, messages, human output; and the agent's
+//! process contract: clean SIGTERM, one agent per data dir, socket mode.
+
+use apollo_tests::*;
+use std::os::unix::fs::PermissionsExt;
+
+#[test]
+fn no_agent_means_exit_2_with_the_socket_tried_and_how_to_start_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("nobody.sock");
+    let out = std::process::Command::new(cli_bin()).arg("--socket").arg(&sock).arg("status").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&sock.display().to_string()) && err.contains("apollo-agent"), "{err}");
+}
+
+#[test]
+fn usage_errors_exit_2_and_refusals_exit_1() {
+    let agent = Agent::builder().task("ok.yaml", "task: ok\nsteps:\n  - plugin: sleep\n").start();
+    assert_eq!(agent.cli(&["frobnicate"]).status.code(), Some(2));
+    assert_eq!(agent.cli(&["run", "ok", "-p", "novalue"]).status.code(), Some(2));
+    let out = agent.cli(&["run", "missing"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no task \"missing\" is defined (defined: ok)"));
+    let out = agent.cli(&["show", "01NOSUCHINSTANCE"]);
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn human_output_is_plain_without_a_terminal_and_shows_steps_and_history() {
+    let agent = Agent::builder().bundled_tasks().start();
+    let out = agent.cli(&["run", "daily_report", "--wait"]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains('\x1b'), "colour codes without a terminal: {text}");
+    assert!(text.starts_with("SUCCESS daily_report "), "{text}");
+    assert!(text.contains("daily_report.html"), "the report's place is printed: {text}");
+    let id = text.split_whitespace().nth(2).unwrap();
+    let show = String::from_utf8_lossy(&agent.cli(&["show", id]).stdout).to_string();
+    assert!(show.contains("history:") && show.contains("PENDING -> RUNNING"), "{show}");
+    let ls = String::from_utf8_lossy(&agent.cli(&["ls"]).stdout).to_string();
+    assert!(ls.contains(id) && ls.contains("SUCCESS"), "{ls}");
+    let logs = String::from_utf8_lossy(&agent.cli(&["logs", id, "--step", "download"]).stdout).to_string();
+    assert!(logs.contains("downloaded file://tasks/data/report.csv"), "{logs}");
+    let (code, ls) = agent.cli_json(&["ls", "--state", "success", "--task", "daily_report"]);
+    assert_eq!(code, 0);
+    assert_eq!(ls.as_array().unwrap().len(), 1);
+    let (_, plugins) = agent.cli_json(&["plugins"]);
+    let names: Vec<_> = plugins.as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
+    for n in ["data_parser", "file_downloader", "http", "report_generator", "shell", "sleep"] {
+        assert!(names.contains(&n), "{names:?}");
+    }
+    let http = plugins.as_array().unwrap().iter().find(|p| p["name"] == "http").unwrap();
+    assert_eq!((http["timeout_secs"].as_f64(), http["retry"].as_u64()), (Some(30.0), Some(3)));
+}
+
+#[test]
+fn sigterm_lets_the_running_step_finish_and_exits_0() {
+    let mut agent = Agent::builder()
+        .task(
+            "short.yaml",
+            "task: short\nsteps:\n  - plugin: shell\n    params:\n      command: sleep 1 && touch done-marker\n",
+        )
+        .start();
+    let out = agent.cli(&["run", "short"]);
+    assert_eq!(out.status.code(), Some(0));
+    // Wait for the step to start, then stop the agent.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let c = agent.client().await;
+        c.subscribe(&["tasks"]).await.unwrap();
+        let mut ev = c.take_events().unwrap();
+        let (_, list) = agent.cli_json(&["ls"]);
+        let id = list[0]["id"].as_str().unwrap().to_string();
+        wait_until(&c, &mut ev, &id, "the step to run", |i| {
+            i.steps.as_ref().unwrap()[0].state == apollo_shared::StepState::Running
+        })
+        .await;
+    });
+    let status = agent.stop();
+    assert_eq!(status.code(), Some(0), "{}", agent.log());
+    let marker = std::fs::read_dir(agent.path().join("data/work"))
+        .unwrap()
+        .flatten()
+        .any(|d| d.path().join("done-marker").exists());
+    assert!(marker, "the running step was not allowed to finish:\n{}", agent.log());
+    assert!(!agent.socket.exists(), "the socket file was left behind");
+}
+
+#[test]
+fn a_second_agent_on_the_same_data_dir_is_refused_and_the_socket_is_0660() {
+    let agent = Agent::builder().start();
+    let mode = std::fs::metadata(&agent.socket).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o660);
+    let out = std::process::Command::new(agent_bin())
+        .current_dir(agent.path())
+        .args(["--data-dir", "data", "--socket", "other.sock"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("another agent") && err.contains("PostgreSQL"), "{err}");
+    // The first one is unharmed.
+    assert_eq!(agent.cli(&["status"]).status.code(), Some(0));
+}
