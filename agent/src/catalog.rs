@@ -51,7 +51,7 @@ pub fn check_plugins(d: &TaskDef, file: &str, registry: &Registry) -> Vec<DefErr
 
 /// Runs each plugin's validate on the parameters that are not templates, so
 /// `apollo-agent check` finds bad values before a run does.
-pub fn check_static_params(d: &TaskDef, file: &str, registry: &Registry) -> Vec<DefError> {
+pub async fn check_static_params(d: &TaskDef, file: &str, registry: &Registry) -> Vec<DefError> {
     let mut out = Vec::new();
     for (i, s) in d.steps.iter().enumerate() {
         let Ok(reg) = registry.resolve(&s.plugin, s.version.as_deref()) else { continue };
@@ -61,7 +61,7 @@ pub fn check_static_params(d: &TaskDef, file: &str, registry: &Registry) -> Vec<
         if has_template {
             continue;
         }
-        if let Err(message) = reg.plugin.validate(&s.params) {
+        if let Err(message) = reg.plugin.validate(&s.params).await {
             out.push(DefError { file: file.into(), line: s.line, field: format!("steps[{i}].params"), message });
         }
     }

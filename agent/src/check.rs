@@ -3,22 +3,27 @@
 
 use crate::catalog;
 use crate::config::Config;
-use crate::plugins::Registry;
 
 /// Returns the number of problems found, after printing them.
-pub fn run(config: &Config, out: &mut impl std::io::Write) -> std::io::Result<usize> {
-    let registry = Registry::new(&config.plugins);
+pub async fn run(config: &Config, out: &mut impl std::io::Write) -> std::io::Result<usize> {
+    let registry = crate::plugins::load(config).await;
+    for b in &registry.broken {
+        writeln!(out, "{}: plugin {:?}: {}", b.command.display(), b.name, b.error)?;
+    }
+    let mut problems = registry.broken.len();
     let dir = config.tasks_dir();
     let cat = catalog::load_dir(&dir, &registry);
-    let mut problems = 0;
     for errs in cat.errors.values() {
         for e in errs {
             writeln!(out, "{e}")?;
             problems += 1;
         }
     }
+    let mut invalid = 0;
     for l in cat.defs.values() {
-        for e in catalog::check_static_params(&l.def, &l.file.display().to_string(), &registry) {
+        let errs = catalog::check_static_params(&l.def, &l.file.display().to_string(), &registry).await;
+        invalid += usize::from(!errs.is_empty());
+        for e in errs {
             writeln!(out, "{e}")?;
             problems += 1;
         }
@@ -29,8 +34,7 @@ pub fn run(config: &Config, out: &mut impl std::io::Write) -> std::io::Result<us
         out,
         "config: {source}; tasks: {} — {} definition(s) valid, {} problem(s)",
         dir.display(),
-        cat.defs.len()
-            - cat.defs.values().filter(|l| !catalog::check_static_params(&l.def, "", &registry).is_empty()).count(),
+        cat.defs.len() - invalid,
         problems
     )?;
     Ok(problems)

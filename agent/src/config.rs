@@ -138,9 +138,13 @@ pub struct PluginReg {
     /// A built-in class such as `apollo.plugins.shell.Shell`.
     #[serde(default)]
     pub class: Option<String>,
-    /// An external executable (see PLUGINS.md).
+    /// An external executable (see PLUGINS.md); relative to the config file.
     #[serde(default)]
     pub command: Option<String>,
+    /// For a command: variables passed through from the agent's environment
+    /// (besides PATH, HOME, LANG, LC_*, TZ, USER, LOGNAME, TMPDIR).
+    #[serde(default)]
+    pub env: Vec<String>,
     #[serde(default, deserialize_with = "opt_duration")]
     pub timeout: Option<Duration>,
     #[serde(default)]
@@ -296,11 +300,6 @@ impl Config {
                 (Some(_), Some(_)) | (None, None) => {
                     bail!("{file}: plugins[{i}] ({}): give exactly one of class or command", p.name)
                 }
-                (None, Some(_)) => bail!(
-                    "{file}: plugins[{i}] ({}): external `command:` plugins are not supported by this agent version (expected class: one of {})",
-                    p.name,
-                    crate::plugins::CLASSES.join(", ")
-                ),
                 (Some(c), None) if !crate::plugins::CLASSES.contains(&c.as_str()) => bail!(
                     "{file}: plugins[{i}] ({}): unknown class {c:?} (expected one of: {})",
                     p.name,
@@ -334,6 +333,11 @@ impl Config {
 
     pub fn socket_path(&self) -> PathBuf {
         self.socket.path.as_deref().map(|p| self.rel(p)).unwrap_or_else(|| self.data_dir().join("agent.sock"))
+    }
+
+    /// An external plugin's executable, relative to the config file.
+    pub fn command_path(&self, command: &str) -> PathBuf {
+        self.rel(Path::new(command))
     }
 
     pub fn db_path(&self) -> PathBuf {

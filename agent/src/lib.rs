@@ -92,7 +92,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         format!("agent:{name}"),
     )
     .with_context(|| format!("{}: cannot open the database", config.db_path().display()))?;
-    let registry = Arc::new(plugins::Registry::new(&config.plugins));
+    let registry = plugins::load(&config).await;
+    for b in &registry.broken {
+        let msg = format!("plugin {:?} ({}) is not usable: {}", b.name, b.command.display(), b.error);
+        let _ = store.alert("plugin_error", &msg, None).await;
+    }
+    let registry = Arc::new(registry);
     let tasks_dir = config.tasks_dir();
     let cat = catalog::load_dir(&tasks_dir, &registry);
     for (file, errs) in &cat.errors {

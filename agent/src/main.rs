@@ -42,6 +42,22 @@ enum Command {
     Check,
     /// Bridge stdin/stdout to the agent's socket (used through SSH).
     DialStdio,
+    /// Tools for plugin authors.
+    #[command(subcommand)]
+    Plugin(PluginCmd),
+}
+
+#[derive(Subcommand)]
+enum PluginCmd {
+    /// Check an external plugin before registering it: describe, validate,
+    /// execute twice with one idempotency key, rollback.
+    Test {
+        /// The plugin executable.
+        exe: PathBuf,
+        /// Params to use (JSON object; default: the `example_params` its describe declares).
+        #[arg(long)]
+        params: Option<String>,
+    },
 }
 
 fn load(args: &Args) -> anyhow::Result<Config> {
@@ -78,8 +94,18 @@ fn real_main(args: Args) -> anyhow::Result<ExitCode> {
     let cfg = load(&args)?;
     match args.command.unwrap_or(Command::Run) {
         Command::Check => {
-            let problems = apollo_agent::check::run(&cfg, &mut std::io::stdout())?;
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let problems = rt.block_on(apollo_agent::check::run(&cfg, &mut std::io::stdout()))?;
             Ok(if problems == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
+        }
+        Command::Plugin(PluginCmd::Test { exe, params }) => {
+            let params = match params {
+                Some(p) => Some(serde_json::from_str(&p).context("--params: not a JSON object")?),
+                None => None,
+            };
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let ok = rt.block_on(apollo_agent::plugins::kit::run(&exe, params, &mut std::io::stdout()))?;
+            Ok(if ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
         Command::DialStdio => {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;

@@ -85,7 +85,8 @@ async fn claims_go_by_priority_then_age_within_queue_and_task_limits() {
     store.create(new("C1", "c", "limited", 100, None, None), "test").await.unwrap();
     store.create(new("C2", "c", "limited", 100, None, None), "test").await.unwrap();
     let limits: HashMap<String, u32> = [("limited".to_string(), 1)].into();
-    let claimed: Vec<String> = store.claim(10, lease(), limits.clone()).await.unwrap().into_iter().map(|i| i.id).collect();
+    let claimed: Vec<String> =
+        store.claim(10, lease(), limits.clone()).await.unwrap().into_iter().map(|i| i.id).collect();
     // C2 waits for the queue limit, B2 for max_active; the rest by priority, then age.
     assert_eq!(claimed, ["C1", "B1", "A2", "A3", "A1"]);
     assert!(store.claim(10, lease(), limits.clone()).await.unwrap().is_empty());

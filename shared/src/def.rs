@@ -81,6 +81,9 @@ pub struct StepDef {
     /// Retries after the first attempt; `None` takes the registration's.
     pub retry: Option<u32>,
     pub params: Map<String, Value>,
+    /// Environment variables for an external plugin's process (templates allowed).
+    #[serde(default)]
+    pub env: Map<String, Value>,
     /// Line of the step in its file, for messages about it.
     pub line: Option<usize>,
 }
@@ -120,7 +123,7 @@ const TOP_FIELDS: &[&str] = &[
     "params",
     "steps",
 ];
-const STEP_FIELDS: &[&str] = &["name", "plugin", "version", "timeout", "retry", "params"];
+const STEP_FIELDS: &[&str] = &["name", "plugin", "version", "timeout", "retry", "env", "params"];
 
 /// Parses and validates a definition. `file` is only used in messages.
 pub fn parse(src: &str, file: &str) -> Result<TaskDef, DefErrors> {
@@ -384,12 +387,24 @@ fn parse_steps(items: &[Value], lines: &Lines, file: &str, errors: &mut Vec<DefE
                 Map::new()
             }
         };
+        let env = match m.get("env") {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(e))
+                if e.values().all(|v| matches!(v, Value::String(_) | Value::Number(_) | Value::Bool(_))) =>
+            {
+                e.clone()
+            }
+            Some(v) => {
+                at("env", format!("expected a mapping of variable names to text, found {}", kind(v)));
+                Map::new()
+            }
+        };
         for (path, text) in template::strings(&Value::Object(params.clone()), "params") {
             if let Err(e) = template::compile_check(text) {
                 at(&path, format!("bad template: {e}"));
             }
         }
-        steps.push(StepDef { name, plugin, version, timeout, retry, params, line: start });
+        steps.push(StepDef { name, plugin, version, timeout, retry, params, env, line: start });
     }
     steps
 }

@@ -87,6 +87,18 @@ impl AgentBuilder {
         self
     }
 
+    /// Writes an executable into the agent's `tasks/plugins/` (auto-registered
+    /// under its file stem).
+    pub fn plugin(self, file: &str, script: &str) -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = self.dir.path().join("tasks/plugins");
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(file);
+        std::fs::write(&path, script).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        self
+    }
+
     /// Uses this `apollo.yaml` (written into the agent's dir).
     pub fn config(mut self, yaml: &str) -> Self {
         self.config = Some(yaml.to_string());
@@ -237,6 +249,16 @@ pub async fn wait_until(
             Err(_) => panic!("timed out waiting for {what}; instance is {:?}", inst),
         }
     }
+}
+
+/// The agent's peak resident memory so far, in KiB.
+pub fn peak_rss_kib(pid: i32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    s.lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// The instance has ended (nothing moves it without an operator).

@@ -113,13 +113,13 @@ impl FileDownloader {
 }
 
 impl Plugin for FileDownloader {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "file_downloader"
     }
     fn version(&self) -> semver::Version {
         semver::Version::new(1, 0, 0)
     }
-    fn description(&self) -> &'static str {
+    fn description(&self) -> &str {
         "Downloads a file:// or http(s):// source to a target, verifying md5/sha256, atomically"
     }
     fn params(&self) -> Vec<ParamDoc> {
@@ -137,7 +137,7 @@ impl Plugin for FileDownloader {
             ParamDoc { name: "sha256", kind: "hex", required: false, description: "expected sha256" },
         ]
     }
-    fn validate(&self, p: &Map<String, Value>) -> Result<(), String> {
+    fn check_params(&self, p: &Map<String, Value>) -> Result<(), String> {
         check_known(p, PARAMS)?;
         source(required_str(p, "source", "file://tasks/data/report.csv")?)?;
         str_param(p, "target")?;

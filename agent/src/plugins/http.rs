@@ -74,13 +74,13 @@ impl HttpRequest {
 }
 
 impl Plugin for HttpRequest {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "http"
     }
     fn version(&self) -> semver::Version {
         semver::Version::new(1, 0, 0)
     }
-    fn description(&self) -> &'static str {
+    fn description(&self) -> &str {
         "Sends one HTTP request and checks its status"
     }
     fn idempotent(&self) -> bool {
@@ -106,7 +106,7 @@ impl Plugin for HttpRequest {
             },
         ]
     }
-    fn validate(&self, p: &Map<String, Value>) -> Result<(), String> {
+    fn check_params(&self, p: &Map<String, Value>) -> Result<(), String> {
         check_known(p, PARAMS)?;
         check_request(p, "")?;
         match p.get("rollback") {

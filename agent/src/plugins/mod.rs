@@ -3,10 +3,13 @@
 //!
 //! Layout:
 //! - `process`: subprocesses in their own process group, killed as a group.
+//! - `external`: plugins that are executables speaking JSON (PLUGINS.md).
 //! - `shell`, `downloader`, `parser`, `report`, `http`, `sleep`: the built-ins.
 
 mod downloader;
+pub mod external;
 mod http;
+pub mod kit;
 mod parser;
 mod process;
 mod report;
@@ -67,6 +70,8 @@ pub struct Call<'a> {
     pub previous: Option<&'a Value>,
     pub step: &'a str,
     pub attempt: u32,
+    /// Variables the step declares (`env:`), for external plugins.
+    pub env: &'a [(String, String)],
     pub log: &'a StepLog,
     /// Fired when the step times out or is cancelled; a plugin with a
     /// subprocess stops it (SIGTERM to the group, SIGKILL after `kill_grace`).
@@ -84,15 +89,23 @@ pub struct ParamDoc {
 
 /// The four calls of the plugin contract.
 pub trait Plugin: Send + Sync {
-    fn name(&self) -> &'static str;
+    fn name(&self) -> &str;
     fn version(&self) -> semver::Version;
-    fn description(&self) -> &'static str;
-    fn params(&self) -> Vec<ParamDoc>;
+    fn description(&self) -> &str;
+    fn params(&self) -> Vec<ParamDoc> {
+        Vec::new()
+    }
     fn idempotent(&self) -> bool {
         true
     }
+    /// The synchronous parameter check of a built-in.
+    fn check_params(&self, _params: &Map<String, Value>) -> Result<(), String> {
+        Ok(())
+    }
     /// Checks parameters before anything runs; the message names the field.
-    fn validate(&self, params: &Map<String, Value>) -> Result<(), String>;
+    fn validate<'a>(&'a self, params: &'a Map<String, Value>) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(std::future::ready(self.check_params(params)))
+    }
     fn execute<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Value, PluginError>>;
     fn rollback<'a>(&'a self, call: Call<'a>, output: Option<&'a Value>) -> BoxFuture<'a, Result<(), PluginError>>;
 
@@ -116,7 +129,9 @@ pub trait Plugin: Send + Sync {
 #[derive(Clone)]
 pub struct Registration {
     pub name: String,
-    pub class: &'static str,
+    /// The built-in class, or `None` for an external command.
+    pub class: Option<&'static str>,
+    pub command: Option<PathBuf>,
     pub timeout: Duration,
     pub retry: u32,
     pub plugin: Arc<dyn Plugin>,
@@ -128,14 +143,24 @@ impl Registration {
     }
 }
 
-/// Every registration, by name.
-#[derive(Clone)]
+/// A registration that could not be used (an external plugin whose
+/// describe failed), kept to be shown.
+#[derive(Clone, Debug)]
+pub struct Broken {
+    pub name: String,
+    pub command: PathBuf,
+    pub error: String,
+}
+
+/// Every registration, by name; a name may have several versions.
+#[derive(Clone, Default)]
 pub struct Registry {
-    regs: BTreeMap<String, Registration>,
+    regs: BTreeMap<String, Vec<Registration>>,
+    pub broken: Vec<Broken>,
 }
 
 fn builtin(class: &str) -> Option<(&'static str, &'static str, Arc<dyn Plugin>)> {
-    // (class, plain name, plugin); network steps default to 30 s and 3 retries.
+    // (class, plain name, plugin).
     let (name, plugin): (&str, Arc<dyn Plugin>) = match class {
         "apollo.plugins.downloader.FileDownloader" => ("file_downloader", Arc::new(downloader::FileDownloader)),
         "apollo.plugins.parser.DataParser" => ("data_parser", Arc::new(parser::DataParser)),
@@ -149,59 +174,139 @@ fn builtin(class: &str) -> Option<(&'static str, &'static str, Arc<dyn Plugin>)>
     Some((class, name, plugin))
 }
 
+/// Network steps default to 30 s and 3 retries, others to 300 s and 1 retry,
+/// as the original design found in practice.
+fn defaults(name: &str) -> (Duration, u32) {
+    match name {
+        "file_downloader" | "http" => (Duration::from_secs(30), 3),
+        _ => (Duration::from_secs(300), 1),
+    }
+}
+
 impl Registry {
-    /// The built-ins under their plain names, then the config's registrations
-    /// (which replace a built-in of the same name).
+    /// The built-ins under their plain names, then the config's class
+    /// registrations (a same name replaces a built-in).
     pub fn new(configured: &[crate::config::PluginReg]) -> Registry {
-        let mut regs = BTreeMap::new();
+        let mut r = Registry::default();
         for class in CLASSES {
             let (class, name, plugin) = builtin(class).expect("every class is built in");
-            let network = matches!(name, "file_downloader" | "http");
-            let (timeout, retry) = if network { (30, 3) } else { (300, 1) };
-            regs.insert(
-                name.to_string(),
-                Registration { name: name.into(), class, timeout: Duration::from_secs(timeout), retry, plugin },
-            );
+            let (timeout, retry) = defaults(name);
+            r.add(Registration { name: name.into(), class: Some(class), command: None, timeout, retry, plugin }, true);
         }
         for p in configured {
-            let Some((class, _, plugin)) = p.class.as_deref().and_then(builtin) else { continue };
-            let base = regs.values().find(|r| r.class == class).cloned();
-            let (timeout, retry) = base.map(|b| (b.timeout, b.retry)).unwrap_or((Duration::from_secs(300), 1));
-            regs.insert(
-                p.name.clone(),
-                Registration {
-                    name: p.name.clone(),
-                    class,
-                    timeout: p.timeout.unwrap_or(timeout),
-                    retry: p.retry.unwrap_or(retry),
-                    plugin,
-                },
-            );
+            let Some((class, plain, plugin)) = p.class.as_deref().and_then(builtin) else { continue };
+            let (timeout, retry) = defaults(plain);
+            let reg = Registration {
+                name: p.name.clone(),
+                class: Some(class),
+                command: None,
+                timeout: p.timeout.unwrap_or(timeout),
+                retry: p.retry.unwrap_or(retry),
+                plugin,
+            };
+            r.add(reg, true);
         }
-        Registry { regs }
+        r
     }
 
-    /// The registration a step uses: by name, and by version requirement when
-    /// the step pins one.
+    /// Adds a registration. With `replace`, it replaces every version under
+    /// its name; otherwise it is one more version (a same version replaces).
+    pub fn add(&mut self, reg: Registration, replace: bool) {
+        let list = self.regs.entry(reg.name.clone()).or_default();
+        if replace {
+            list.clear();
+        }
+        list.retain(|r| r.version() != reg.version());
+        list.push(reg);
+        list.sort_by_key(|r| r.version());
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.regs.contains_key(name)
+    }
+
+    /// The registration a step uses: the highest version of `name` that
+    /// matches the step's requirement (or the highest of all).
     pub fn resolve(&self, name: &str, version: Option<&str>) -> Result<&Registration, String> {
-        let reg = self.regs.get(name).ok_or_else(|| {
-            format!(
-                "unknown plugin {name:?} (registered: {})",
-                self.regs.keys().cloned().collect::<Vec<_>>().join(", ")
-            )
-        })?;
-        if let Some(req) = version {
-            let req = semver::VersionReq::parse(req).map_err(|e| format!("bad version requirement {req:?}: {e}"))?;
-            if !req.matches(&reg.version()) {
-                return Err(format!("plugin {name:?} has no version matching {req} (available: {})", reg.version()));
+        let Some(list) = self.regs.get(name) else {
+            if let Some(b) = self.broken.iter().find(|b| b.name == name) {
+                return Err(format!("plugin {name:?} is not usable: {}", b.error));
+            }
+            let names: Vec<&str> = self.regs.keys().map(String::as_str).collect();
+            return Err(format!("unknown plugin {name:?} (registered: {})", names.join(", ")));
+        };
+        let available = || list.iter().map(|r| r.version().to_string()).collect::<Vec<_>>().join(", ");
+        match version {
+            None => list.last().ok_or_else(|| format!("plugin {name:?} has no registration")),
+            Some(req) => {
+                let parsed =
+                    semver::VersionReq::parse(req).map_err(|e| format!("bad version requirement {req:?}: {e}"))?;
+                list.iter().rev().find(|r| parsed.matches(&r.version())).ok_or_else(|| {
+                    format!("plugin {name:?} has no version matching {req:?} (available: {})", available())
+                })
             }
         }
-        Ok(reg)
     }
 
     pub fn all(&self) -> impl Iterator<Item = &Registration> {
-        self.regs.values()
+        self.regs.values().flatten()
     }
+}
+
+/// Every registration the agent uses: the built-ins and the config's classes,
+/// then external plugins — the config's `command:` registrations (several of
+/// one name are several versions), then executables found in
+/// `<tasks dir>/plugins/`, registered under their file stem unless the config
+/// names them. A plugin that fails to describe is kept in `broken`, reported,
+/// and not usable; nothing else is affected.
+pub async fn load(config: &crate::config::Config) -> Registry {
+    let mut registry = Registry::new(&config.plugins);
+    let cap = config.scheduler.step_output_bytes;
+    let grace = config.scheduler.kill_grace;
+    let mut named: Vec<String> = Vec::new();
+    let mut externals: Vec<(String, PathBuf, Vec<String>, Option<Duration>, Option<u32>)> = config
+        .plugins
+        .iter()
+        .filter_map(|p| {
+            let cmd = p.command.as_deref()?;
+            Some((p.name.clone(), config.command_path(cmd), p.env.clone(), p.timeout, p.retry))
+        })
+        .collect();
+    let dir = config.tasks_dir().join("plugins");
+    let mut found: Vec<PathBuf> =
+        std::fs::read_dir(&dir).map(|rd| rd.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+    found.sort();
+    for path in found {
+        use std::os::unix::fs::PermissionsExt;
+        let executable = std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+        let Some(stem) = path.file_stem().and_then(|s| s.to_str()).map(str::to_string) else { continue };
+        if executable && !externals.iter().any(|e| e.0 == stem) {
+            externals.push((stem, path, Vec::new(), None, None));
+        }
+    }
+    for (name, path, env, timeout, retry) in externals {
+        match external::External::load(&name, &path, env, cap, grace).await {
+            Ok(plugin) => {
+                let replace = !named.contains(&name);
+                named.push(name.clone());
+                let reg = Registration {
+                    name: name.clone(),
+                    class: None,
+                    command: Some(path),
+                    timeout: timeout.unwrap_or(config.scheduler.default_timeout),
+                    retry: retry.unwrap_or(1),
+                    plugin: Arc::new(plugin),
+                };
+                tracing::info!(plugin = %name, version = %reg.version(), "external plugin registered");
+                registry.add(reg, replace);
+            }
+            Err(error) => {
+                tracing::warn!(plugin = %name, command = %path.display(), "external plugin not usable: {error}");
+                registry.broken.push(Broken { name, command: path, error });
+            }
+        }
+    }
+    registry
 }
 
 // ----- helpers shared by the built-ins -----

@@ -151,13 +151,13 @@ fn input(call: &Call<'_>) -> Result<PathBuf, PluginError> {
 }
 
 impl Plugin for DataParser {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "data_parser"
     }
     fn version(&self) -> semver::Version {
         semver::Version::new(1, 0, 0)
     }
-    fn description(&self) -> &'static str {
+    fn description(&self) -> &str {
         "Parses csv/json/jsonl: a summary into the context, the full result to a jsonl file"
     }
     fn params(&self) -> Vec<ParamDoc> {
@@ -177,7 +177,7 @@ impl Plugin for DataParser {
             ParamDoc { name: "output", kind: "path", required: false, description: "default: work dir/<step>.jsonl" },
         ]
     }
-    fn validate(&self, p: &Map<String, Value>) -> Result<(), String> {
+    fn check_params(&self, p: &Map<String, Value>) -> Result<(), String> {
         check_known(p, PARAMS)?;
         str_param(p, "input")?;
         str_param(p, "output")?;

@@ -22,12 +22,23 @@ pub struct Spec {
     pub argv: Vec<String>,
     pub env: Vec<(String, String)>,
     pub cwd: PathBuf,
+    /// Start from an empty environment (plus `env`) instead of the agent's.
+    pub clean_env: bool,
+    /// Written to stdin, which is then closed; `None` leaves stdin empty.
+    pub stdin: Option<Vec<u8>>,
+    /// Keep stdout (up to this many bytes) as the result instead of logging it.
+    pub capture_stdout: Option<usize>,
 }
 
 pub struct Outcome {
     pub code: Option<i32>,
     pub signal: Option<i32>,
+    /// The last bytes of stdout (logged mode) or its first bytes (capture mode).
     pub stdout_tail: String,
+    /// Bytes printed on stdout in all.
+    pub stdout_bytes: u64,
+    /// The last bytes of stderr.
+    pub stderr_tail: String,
     /// The run was stopped by the cancel token (timeout or cancel).
     pub stopped: bool,
 }
@@ -43,24 +54,42 @@ impl Drop for GroupGuard {
     }
 }
 
-pub async fn run(spec: Spec, log: &StepLog, cancel: CancellationToken, grace: Duration) -> Result<Outcome, String> {
+pub async fn run(
+    spec: Spec,
+    log: Option<&StepLog>,
+    cancel: CancellationToken,
+    grace: Duration,
+) -> Result<Outcome, String> {
     let (program, args) = spec.argv.split_first().ok_or("empty command")?;
     let mut cmd = tokio::process::Command::new(program);
+    if spec.clean_env {
+        cmd.env_clear();
+    }
     cmd.args(args)
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
         .current_dir(&spec.cwd)
-        .stdin(Stdio::null())
+        .stdin(if spec.stdin.is_some() { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
     let mut child = cmd.spawn().map_err(|e| format!("cannot start {program:?}: {e}"))?;
     let pgid = child.id().map(|id| Pid::from_raw(id as i32));
     let mut guard = GroupGuard(pgid);
-    let tail = Arc::new(Mutex::new(Vec::<u8>::new()));
+    if let (Some(doc), Some(mut stdin)) = (spec.stdin, child.stdin.take()) {
+        // Written from its own task so a plugin that never reads cannot block us;
+        // dropping the handle closes stdin.
+        tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            let _ = stdin.write_all(&doc).await;
+        });
+    }
+    let out_buf = Arc::new(Mutex::new(Buffer::new(spec.capture_stdout)));
+    let err_buf = Arc::new(Mutex::new(Buffer::new(None)));
     let out = child.stdout.take().expect("piped stdout");
     let err = child.stderr.take().expect("piped stderr");
+    let log_stdout = spec.capture_stdout.is_none();
     let readers = async {
-        tokio::join!(pump(out, log, Some(tail.clone())), pump(err, log, None));
+        tokio::join!(pump(out, log.filter(|_| log_stdout), out_buf.clone()), pump(err, log, err_buf.clone()));
     };
     tokio::pin!(readers);
 
@@ -73,7 +102,9 @@ pub async fn run(spec: Spec, log: &StepLog, cancel: CancellationToken, grace: Du
             match tokio::time::timeout(grace, child.wait()).await {
                 Ok(s) => s,
                 Err(_) => {
-                    log.line(&format!("[apollo: still running {}s after SIGTERM; sending SIGKILL]", grace.as_secs_f64()));
+                    if let Some(log) = log {
+                        log.line(&format!("[apollo: still running {}s after SIGTERM; sending SIGKILL]", grace.as_secs_f64()));
+                    }
                     if let Some(g) = pgid { let _ = killpg(g, Signal::SIGKILL); }
                     child.wait().await
                 }
@@ -91,16 +122,50 @@ pub async fn run(spec: Spec, log: &StepLog, cancel: CancellationToken, grace: Du
     // A background grandchild may hold the pipes open; don't wait for it long.
     let _ = tokio::time::timeout(Duration::from_millis(500), &mut readers).await;
     use std::os::unix::process::ExitStatusExt;
-    let tail = tail.lock().expect("tail");
+    let out = out_buf.lock().expect("stdout");
+    let err = err_buf.lock().expect("stderr");
     Ok(Outcome {
         code: status.code(),
         signal: status.signal(),
-        stdout_tail: String::from_utf8_lossy(&tail).into_owned(),
+        stdout_tail: String::from_utf8_lossy(&out.bytes).into_owned(),
+        stdout_bytes: out.total,
+        stderr_tail: String::from_utf8_lossy(&err.bytes).into_owned(),
         stopped,
     })
 }
 
-async fn pump(mut r: impl AsyncRead + Unpin, log: &StepLog, tail: Option<Arc<Mutex<Vec<u8>>>>) {
+/// What is kept of one stream: its last [`TAIL_BYTES`], or (capture mode)
+/// its first `cap` bytes. Memory stays bounded whatever the process prints.
+struct Buffer {
+    bytes: Vec<u8>,
+    total: u64,
+    capture: Option<usize>,
+}
+
+impl Buffer {
+    fn new(capture: Option<usize>) -> Self {
+        Buffer { bytes: Vec::new(), total: 0, capture }
+    }
+
+    fn push(&mut self, chunk: &[u8]) {
+        self.total += chunk.len() as u64;
+        match self.capture {
+            Some(cap) => {
+                let room = (cap + 1).saturating_sub(self.bytes.len());
+                self.bytes.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            None => {
+                self.bytes.extend_from_slice(chunk);
+                if self.bytes.len() > TAIL_BYTES {
+                    let cut = self.bytes.len() - TAIL_BYTES;
+                    self.bytes.drain(..cut);
+                }
+            }
+        }
+    }
+}
+
+async fn pump(mut r: impl AsyncRead + Unpin, log: Option<&StepLog>, keep: Arc<Mutex<Buffer>>) {
     let mut buf = vec![0u8; 8192];
     let mut line: Vec<u8> = Vec::new();
     loop {
@@ -108,13 +173,10 @@ async fn pump(mut r: impl AsyncRead + Unpin, log: &StepLog, tail: Option<Arc<Mut
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        if let Some(t) = &tail {
-            let mut t = t.lock().expect("tail");
-            t.extend_from_slice(&buf[..n]);
-            if t.len() > TAIL_BYTES {
-                let cut = t.len() - TAIL_BYTES;
-                t.drain(..cut);
-            }
+        keep.lock().expect("buffer").push(&buf[..n]);
+        let Some(log) = log else { continue };
+        if log.truncated() {
+            continue;
         }
         for &b in &buf[..n] {
             if b == b'\n' || line.len() >= MAX_LINE {
@@ -127,7 +189,7 @@ async fn pump(mut r: impl AsyncRead + Unpin, log: &StepLog, tail: Option<Arc<Mut
             line.push(b);
         }
     }
-    if !line.is_empty() {
+    if let Some(log) = log.filter(|_| !line.is_empty()) {
         log.line(&String::from_utf8_lossy(&line));
     }
 }

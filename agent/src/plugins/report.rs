@@ -45,13 +45,13 @@ fn load_rows(path: &Path) -> Result<(Vec<Value>, bool), String> {
 }
 
 impl Plugin for ReportGenerator {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "report_generator"
     }
     fn version(&self) -> semver::Version {
         semver::Version::new(1, 0, 0)
     }
-    fn description(&self) -> &'static str {
+    fn description(&self) -> &str {
         "Renders a template with the context into an HTML (or any text) file"
     }
     fn params(&self) -> Vec<ParamDoc> {
@@ -72,7 +72,7 @@ impl Plugin for ReportGenerator {
             },
         ]
     }
-    fn validate(&self, p: &Map<String, Value>) -> Result<(), String> {
+    fn check_params(&self, p: &Map<String, Value>) -> Result<(), String> {
         check_known(p, PARAMS)?;
         required_str(p, "template", "daily.html")?;
         str_param(p, "output")?;

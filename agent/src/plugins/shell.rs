@@ -68,7 +68,8 @@ impl Shell {
             None => call.work_dir.to_path_buf(),
         };
         let started = std::time::Instant::now();
-        let outcome = process::run(Spec { argv, env: vars, cwd }, call.log, call.cancel.clone(), call.kill_grace)
+        let spec = Spec { argv, env: vars, cwd, clean_env: false, stdin: None, capture_stdout: None };
+        let outcome = process::run(spec, Some(call.log), call.cancel.clone(), call.kill_grace)
             .await
             .map_err(PluginError::permanent)?;
         let ok = ok_codes(p).map_err(PluginError::permanent)?;
@@ -99,13 +100,13 @@ impl Shell {
 }
 
 impl Plugin for Shell {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "shell"
     }
     fn version(&self) -> semver::Version {
         semver::Version::new(1, 0, 0)
     }
-    fn description(&self) -> &'static str {
+    fn description(&self) -> &str {
         "Runs a command in its own process group; APOLLO_IDEMPOTENCY_KEY is in its environment"
     }
     fn idempotent(&self) -> bool {
@@ -135,7 +136,7 @@ impl Plugin for Shell {
             ParamDoc { name: "rollback_command", kind: "string|list", required: false, description: "run on rollback" },
         ]
     }
-    fn validate(&self, p: &Map<String, Value>) -> Result<(), String> {
+    fn check_params(&self, p: &Map<String, Value>) -> Result<(), String> {
         check_known(p, PARAMS)?;
         argv(p.get("command").unwrap_or(&Value::Null), "command")?;
         if let Some(r) = p.get("rollback_command").filter(|v| !v.is_null()) {

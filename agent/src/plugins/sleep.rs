@@ -19,19 +19,19 @@ fn seconds(p: &Map<String, Value>) -> Result<f64, String> {
 }
 
 impl Plugin for Sleep {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "sleep"
     }
     fn version(&self) -> semver::Version {
         semver::Version::new(1, 0, 0)
     }
-    fn description(&self) -> &'static str {
+    fn description(&self) -> &str {
         "Waits the given number of seconds"
     }
     fn params(&self) -> Vec<ParamDoc> {
         vec![ParamDoc { name: "seconds", kind: "number", required: false, description: "how long (default 0)" }]
     }
-    fn validate(&self, p: &Map<String, Value>) -> Result<(), String> {
+    fn check_params(&self, p: &Map<String, Value>) -> Result<(), String> {
         check_known(p, &["seconds"])?;
         seconds(p).map(|_| ())
     }

@@ -87,11 +87,25 @@ fn registration<'a>(s: &'a Scheduler, def: &TaskDef, seq: u32) -> Result<&'a Reg
 }
 
 /// The params of a step, rendered over the context and validated.
-fn prepare(reg: &Registration, params: &Map<String, Value>, ctx: &Context) -> Result<Map<String, Value>, PluginError> {
+async fn prepare(
+    reg: &Registration,
+    params: &Map<String, Value>,
+    ctx: &Context,
+) -> Result<Map<String, Value>, PluginError> {
     let (rendered, _) = apollo_shared::template::render(params, &ctx.to_value(), true)
         .map_err(|e| PluginError::permanent(format!("params.{e}")))?;
-    reg.plugin.validate(&rendered).map_err(|e| PluginError::permanent(format!("invalid params: {e}")))?;
+    reg.plugin.validate(&rendered).await.map_err(|e| PluginError::permanent(format!("invalid params: {e}")))?;
     Ok(rendered)
+}
+
+/// The step's declared environment, rendered over the context.
+fn step_env(env: &Map<String, Value>, ctx: &Context) -> Result<Vec<(String, String)>, PluginError> {
+    let (rendered, _) = apollo_shared::template::render(env, &ctx.to_value(), true)
+        .map_err(|e| PluginError::permanent(format!("env.{e}")))?;
+    Ok(rendered
+        .into_iter()
+        .map(|(k, v)| (k, v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string())))
+        .collect())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -107,13 +121,16 @@ async fn run_step(
     let d = &def.steps[step.seq as usize];
     let reg = registration(s, def, step.seq);
     let version = reg.as_ref().map(|r| r.version().to_string()).unwrap_or_default();
-    let prepared = reg.clone().and_then(|r| prepare(r, &d.params, ctx).map(|p| (r, p)));
-    let params_json = prepared.as_ref().map(|(_, p)| Value::Object(p.clone())).unwrap_or(Value::Null);
+    let prepared = match reg.clone() {
+        Ok(r) => prepare(r, &d.params, ctx).await.and_then(|p| Ok((r, p, step_env(&d.env, ctx)?))),
+        Err(e) => Err(e),
+    };
+    let params_json = prepared.as_ref().map(|(_, p, _)| Value::Object(p.clone())).unwrap_or(Value::Null);
     let attempt = s.store.step_start(id, step.seq, &version, &params_json).await?;
     let span = tracing::info_span!("step", step = %d.name, seq = step.seq, attempt);
     let log = StepLog::new(StepLog::path_for(&s.data_dir, id, step.seq), s.config.logging.step_log_bytes);
     let result = async {
-        let (reg, params) = prepared?;
+        let (reg, params, env) = prepared?;
         let timeout = d.timeout.map(Duration::from_secs_f64).unwrap_or(reg.timeout);
         tracing::info!(plugin = %reg.name, version = %version, timeout_secs = timeout.as_secs_f64(), "step started");
         let key = format!("{id}:{}", step.seq);
@@ -130,6 +147,7 @@ async fn run_step(
             previous,
             step: &d.name,
             attempt,
+            env: &env,
             log: &log,
             cancel: token.clone(),
             kill_grace: s.config.scheduler.kill_grace,
@@ -256,8 +274,9 @@ async fn rollback(
             Ok(reg) => {
                 let params = match &step.params {
                     Some(Value::Object(p)) => p.clone(),
-                    _ => prepare(reg, &d.params, ctx).unwrap_or_default(),
+                    _ => prepare(reg, &d.params, ctx).await.unwrap_or_default(),
                 };
+                let env = step_env(&d.env, ctx).unwrap_or_default();
                 let key = format!("{id}:{}", step.seq);
                 let context = ctx.to_value();
                 let call = Call {
@@ -269,6 +288,7 @@ async fn rollback(
                     previous: None,
                     step: &d.name,
                     attempt: step.attempts,
+                    env: &env,
                     log: &log,
                     cancel: tokio_util::sync::CancellationToken::new(),
                     kill_grace: s.config.scheduler.kill_grace,

@@ -82,7 +82,7 @@ impl Api {
             "tasks.trigger" => {
                 self.trigger(params(method, p, "task, params?, dedup_key?")?, "manual", actor, None).await
             }
-            "tasks.dry_run" => self.dry_run(params(method, p, "task, params?")?),
+            "tasks.dry_run" => self.dry_run(params(method, p, "task, params?")?).await,
             "tasks.get" => {
                 let p: IdParams = params(method, p, "id")?;
                 to_value(self.store.get(&p.id).await.map_err(store_err)?)
@@ -237,7 +237,7 @@ impl Api {
         to_value(TriggerResult { id, created })
     }
 
-    fn dry_run(&self, p: TriggerParams) -> Reply {
+    async fn dry_run(&self, p: TriggerParams) -> Reply {
         let loaded = self.current(&p.task)?;
         let def = &loaded.def;
         let params = Self::fill_params(def, p.params)?;
@@ -258,7 +258,7 @@ impl Api {
                 .unwrap_or_else(|_| (s.params.clone(), Vec::new()));
             let (version, describe, error) = match reg {
                 Ok(r) => {
-                    let err = r.plugin.validate(&rendered).err();
+                    let err = r.plugin.validate(&rendered).await.err();
                     (Some(r.version().to_string()), Some(r.plugin.describe()), err)
                 }
                 Err(e) => (None, None, Some(e)),
@@ -375,12 +375,23 @@ impl Api {
     }
 
     fn plugins(&self) -> Vec<PluginInfo> {
+        let broken = self.registry.broken.iter().map(|b| PluginInfo {
+            name: b.name.clone(),
+            class: None,
+            command: Some(b.command.display().to_string()),
+            version: String::new(),
+            timeout_secs: 0.0,
+            retry: 0,
+            idempotent: false,
+            describe: Value::Null,
+            error: Some(b.error.clone()),
+        });
         self.registry
             .all()
             .map(|r| PluginInfo {
                 name: r.name.clone(),
-                class: Some(r.class.to_string()),
-                command: None,
+                class: r.class.map(str::to_string),
+                command: r.command.as_ref().map(|c| c.display().to_string()),
                 version: r.version().to_string(),
                 timeout_secs: r.timeout.as_secs_f64(),
                 retry: r.retry,
@@ -388,6 +399,7 @@ impl Api {
                 describe: r.plugin.describe(),
                 error: None,
             })
+            .chain(broken)
             .collect()
     }
 

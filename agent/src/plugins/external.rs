@@ -1,0 +1,309 @@
+//! External plugins: executables in any language, called as
+//! `<exe> describe|validate|execute|rollback` with one JSON document on stdin
+//! and one JSON object expected on stdout (see PLUGINS.md).
+//!
+//! Each call runs in its own process group with a clean environment (an
+//! allowlist, the variables the registration passes through, and the
+//! `APOLLO_*` call variables), in the instance's work dir, with the step's
+//! timeout enforced on the whole group. stdout is kept up to the result
+//! limit and stderr goes to the step's log; what a plugin prints beyond
+//! that is read and dropped, so it cannot grow the agent's memory.
+
+use super::process::{self, Spec};
+use super::{Call, ParamDoc, Plugin, PluginError};
+use crate::logs::StepLog;
+use futures::future::BoxFuture;
+use serde_json::{json, Map, Value};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// The exit status that means "failed, try again" (EX_TEMPFAIL).
+pub const EXIT_RETRYABLE: i32 = 75;
+/// Variables a plugin inherits from the agent's environment.
+const ALLOWED_ENV: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "TMPDIR"];
+/// How long describe and validate may take.
+const QUICK_CALL: Duration = Duration::from_secs(10);
+/// Result cap for describe and validate.
+const QUICK_OUTPUT: usize = 256 * 1024;
+
+pub struct External {
+    path: PathBuf,
+    name: String,
+    version: semver::Version,
+    description: String,
+    idempotent: bool,
+    describe: Value,
+    /// Variables passed through from the agent's environment.
+    pass_env: Vec<String>,
+    /// The largest result accepted from execute (the step output limit).
+    output_cap: usize,
+    kill_grace: Duration,
+}
+
+/// What one call printed and how it ended.
+struct Reply {
+    outcome: process::Outcome,
+}
+
+fn quote(text: &str) -> String {
+    let t: String = text.trim().chars().take(200).collect();
+    if text.trim().chars().count() > 200 {
+        format!("{t:?}…")
+    } else {
+        format!("{t:?}")
+    }
+}
+
+impl Reply {
+    /// The JSON object the plugin printed, or an error that quotes what it printed instead.
+    fn object(&self, verb: &str, cap: usize) -> Result<Map<String, Value>, String> {
+        let o = &self.outcome;
+        if o.stdout_bytes as usize > cap {
+            return Err(format!(
+                "{verb} printed {} bytes on stdout, over the {cap} byte limit for a result: write large data to a file in the work dir and return its path",
+                o.stdout_bytes
+            ));
+        }
+        let text = o.stdout_tail.trim();
+        if text.is_empty() {
+            return Err(format!("{verb} printed nothing on stdout (expected one JSON object)"));
+        }
+        match serde_json::from_str::<Value>(text) {
+            Ok(Value::Object(m)) => Ok(m),
+            Ok(other) => Err(format!(
+                "{verb} printed JSON that is not an object ({}): {}",
+                apollo_shared::def::kind(&other),
+                quote(text)
+            )),
+            Err(e) => Err(format!("{verb} printed invalid JSON ({e}); it began: {}", quote(text))),
+        }
+    }
+
+    /// The plugin's own words for a failure: `error` of its JSON, else its stderr.
+    fn reason(&self) -> String {
+        if let Ok(Value::Object(m)) = serde_json::from_str::<Value>(self.outcome.stdout_tail.trim()) {
+            if let Some(e) = m.get("error").and_then(Value::as_str) {
+                return e.to_string();
+            }
+        }
+        let err: Vec<&str> = self.outcome.stderr_tail.lines().rev().take(3).collect();
+        err.into_iter().rev().collect::<Vec<_>>().join(" | ")
+    }
+}
+
+fn env_for(pass: &[String], extra: Vec<(String, String)>) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = ALLOWED_ENV
+        .iter()
+        .map(|k| k.to_string())
+        .chain(pass.iter().cloned())
+        .filter_map(|k| std::env::var(&k).ok().map(|v| (k, v)))
+        .collect();
+    env.extend(extra);
+    env
+}
+
+async fn run(
+    path: &Path,
+    verb: &str,
+    doc: &Value,
+    env: Vec<(String, String)>,
+    cwd: &Path,
+    log: Option<&StepLog>,
+    cancel: CancellationToken,
+    grace: Duration,
+    cap: usize,
+) -> Result<Reply, String> {
+    let spec = Spec {
+        argv: vec![path.display().to_string(), verb.to_string()],
+        env,
+        cwd: cwd.to_path_buf(),
+        clean_env: true,
+        stdin: Some(serde_json::to_vec(doc).unwrap_or_default()),
+        capture_stdout: Some(cap),
+    };
+    let outcome = process::run(spec, log, cancel, grace).await?;
+    Ok(Reply { outcome })
+}
+
+/// Runs a quick call (describe, validate) with its own timeout.
+async fn quick(path: &Path, verb: &str, doc: &Value, pass: &[String]) -> Result<Reply, String> {
+    let cancel = CancellationToken::new();
+    let timer = cancel.clone();
+    let guard = tokio::spawn(async move {
+        tokio::time::sleep(QUICK_CALL).await;
+        timer.cancel();
+    });
+    let cwd = std::env::temp_dir();
+    let r =
+        run(path, verb, doc, env_for(pass, Vec::new()), &cwd, None, cancel, Duration::from_secs(1), QUICK_OUTPUT).await;
+    guard.abort();
+    let r = r?;
+    if r.outcome.stopped {
+        return Err(format!("{verb} did not answer within {}s", QUICK_CALL.as_secs()));
+    }
+    Ok(r)
+}
+
+/// Calls `<exe> describe` and checks what it says.
+pub async fn describe(path: &Path, pass: &[String]) -> Result<Value, String> {
+    let r = quick(path, "describe", &json!({}), pass).await?;
+    if r.outcome.code != Some(0) {
+        return Err(format!(
+            "describe ended with {}; stderr: {}",
+            process::describe_exit(&r.outcome),
+            quote(&r.reason())
+        ));
+    }
+    let m = r.object("describe", QUICK_OUTPUT)?;
+    let version = m
+        .get("version")
+        .and_then(Value::as_str)
+        .ok_or("describe: missing \"version\" (a semver string such as \"1.2.0\")")?;
+    semver::Version::parse(version).map_err(|e| format!("describe: version {version:?} is not semver: {e}"))?;
+    Ok(Value::Object(m))
+}
+
+impl External {
+    /// Registers an executable: checks it exists and is executable, and asks it to describe itself.
+    pub async fn load(
+        name: &str,
+        path: &Path,
+        pass_env: Vec<String>,
+        output_cap: usize,
+        kill_grace: Duration,
+    ) -> Result<External, String> {
+        use std::os::unix::fs::PermissionsExt;
+        // Calls run in the work dir, so the path must not depend on ours.
+        let path = &std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
+            return Err(format!("{}: not an executable file (chmod +x it)", path.display()));
+        }
+        let d = describe(path, &pass_env).await?;
+        Ok(External {
+            path: path.to_path_buf(),
+            name: name.to_string(),
+            version: semver::Version::parse(d["version"].as_str().unwrap_or_default()).map_err(|e| e.to_string())?,
+            description: d.get("description").and_then(Value::as_str).unwrap_or_default().to_string(),
+            idempotent: d.get("idempotent").and_then(Value::as_bool).unwrap_or(false),
+            describe: d,
+            pass_env,
+            output_cap,
+            kill_grace,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn call_env(&self, call: &Call<'_>, rollback: bool) -> Vec<(String, String)> {
+        let mut extra = vec![
+            ("APOLLO_IDEMPOTENCY_KEY".to_string(), call.idempotency_key.to_string()),
+            ("APOLLO_WORK_DIR".into(), call.work_dir.display().to_string()),
+            ("APOLLO_STEP".into(), call.step.into()),
+            ("APOLLO_ATTEMPT".into(), call.attempt.to_string()),
+            ("APOLLO_TASK_ID".into(), call.context["task_id"].as_str().unwrap_or_default().into()),
+            ("APOLLO_TRACE_ID".into(), call.context["trace_id"].as_str().unwrap_or_default().into()),
+        ];
+        if rollback {
+            extra.push(("APOLLO_ROLLBACK".into(), "1".into()));
+        }
+        extra.extend(call.env.iter().cloned());
+        env_for(&self.pass_env, extra)
+    }
+
+    async fn step_call(
+        &self,
+        verb: &str,
+        call: &Call<'_>,
+        output: Option<&Value>,
+    ) -> Result<Map<String, Value>, PluginError> {
+        let mut doc = json!({
+            "params": call.params,
+            "context": call.context,
+            "task_id": call.context["task_id"],
+            "step": call.step,
+            "attempt": call.attempt,
+            "idempotency_key": call.idempotency_key,
+            "work_dir": call.work_dir,
+            "dry_run": false,
+        });
+        if let Some(o) = output {
+            doc["output"] = o.clone();
+        }
+        let env = self.call_env(call, verb == "rollback");
+        let r = run(
+            &self.path,
+            verb,
+            &doc,
+            env,
+            call.work_dir,
+            Some(call.log),
+            call.cancel.clone(),
+            self.kill_grace,
+            self.output_cap,
+        )
+        .await
+        .map_err(PluginError::permanent)?;
+        let o = &r.outcome;
+        if o.stopped {
+            return Err(PluginError::retryable(format!("{verb} was stopped")));
+        }
+        match (o.code, o.signal) {
+            (Some(0), _) => r.object(verb, self.output_cap).map_err(PluginError::permanent),
+            (Some(EXIT_RETRYABLE), _) => Err(PluginError::retryable(format!(
+                "{verb} asked to be retried (exit {EXIT_RETRYABLE}): {}",
+                r.reason()
+            ))),
+            (Some(c), _) => Err(PluginError::permanent(format!("{verb} failed (exit {c}, permanent): {}", r.reason()))),
+            (None, Some(_)) => Err(PluginError::retryable(format!(
+                "{verb} {}; stderr: {}",
+                process::describe_exit(o),
+                quote(&r.reason())
+            ))),
+            _ => Err(PluginError::retryable(format!("{verb} ended without a status"))),
+        }
+    }
+}
+
+impl Plugin for External {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn version(&self) -> semver::Version {
+        self.version.clone()
+    }
+    fn description(&self) -> &str {
+        &self.description
+    }
+    fn params(&self) -> Vec<ParamDoc> {
+        Vec::new()
+    }
+    fn idempotent(&self) -> bool {
+        self.idempotent
+    }
+    fn describe(&self) -> Value {
+        let mut d = self.describe.clone();
+        d["command"] = json!(self.path);
+        d
+    }
+    fn validate<'a>(&'a self, params: &'a Map<String, Value>) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            let r = quick(&self.path, "validate", &json!({ "params": params }), &self.pass_env).await?;
+            let said = r.object("validate", QUICK_OUTPUT);
+            match (r.outcome.code, said) {
+                (Some(0), Ok(m)) if m.get("ok") != Some(&Value::Bool(false)) => Ok(()),
+                (Some(0), Err(_)) => Ok(()),
+                _ => Err(r.reason()),
+            }
+        })
+    }
+    fn execute<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Value, PluginError>> {
+        Box::pin(async move { self.step_call("execute", &call, None).await.map(Value::Object) })
+    }
+    fn rollback<'a>(&'a self, call: Call<'a>, output: Option<&'a Value>) -> BoxFuture<'a, Result<(), PluginError>> {
+        Box::pin(async move { self.step_call("rollback", &call, output).await.map(|_| ()) })
+    }
+}
