@@ -170,3 +170,19 @@ steps:
         String::from_utf8_lossy(&out.stderr).contains("only PENDING, RETRYING and RUNNING instances can be cancelled")
     );
 }
+
+#[test]
+fn a_chatty_shell_step_is_not_blocked_by_its_own_output() {
+    // More than a pipe's buffer on both streams: the agent must read while the command runs.
+    let agent = Agent::builder()
+        .config("logging:\n  step_log_bytes: 100000\n")
+        .task(
+            "chatty.yaml",
+            "task: chatty\nsteps:\n  - plugin: shell\n    timeout: 20\n    params:\n      command: |\n        seq 1 500000; seq 1 500000 >&2; echo '{\"ok\": true}'\n",
+        )
+        .start();
+    let (code, inst) = agent.cli_json(&["run", "chatty", "--wait"]);
+    assert_eq!(code, 0, "{inst:#}");
+    assert_eq!(inst["steps"][0]["output"]["result"]["ok"], true);
+    assert!(inst["steps"][0]["output"]["stdout_tail"].as_str().unwrap().len() <= 4096);
+}

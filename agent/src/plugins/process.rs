@@ -93,25 +93,37 @@ pub async fn run(
     };
     tokio::pin!(readers);
 
-    let mut stopped = false;
-    let status = tokio::select! {
-        s = child.wait() => s,
-        _ = cancel.cancelled() => {
-            stopped = true;
-            if let Some(g) = pgid { let _ = killpg(g, Signal::SIGTERM); }
-            match tokio::time::timeout(grace, child.wait()).await {
-                Ok(s) => s,
-                Err(_) => {
-                    if let Some(log) = log {
-                        log.line(&format!("[apollo: still running {}s after SIGTERM; sending SIGKILL]", grace.as_secs_f64()));
+    // Resolves to the exit status and whether the cancel token stopped the run.
+    let waiting = async {
+        tokio::select! {
+            s = child.wait() => (s, false),
+            _ = cancel.cancelled() => {
+                if let Some(g) = pgid { let _ = killpg(g, Signal::SIGTERM); }
+                let s = match tokio::time::timeout(grace, child.wait()).await {
+                    Ok(s) => s,
+                    Err(_) => {
+                        if let Some(log) = log {
+                            log.line(&format!("[apollo: still running {}s after SIGTERM; sending SIGKILL]", grace.as_secs_f64()));
+                        }
+                        if let Some(g) = pgid { let _ = killpg(g, Signal::SIGKILL); }
+                        child.wait().await
                     }
-                    if let Some(g) = pgid { let _ = killpg(g, Signal::SIGKILL); }
-                    child.wait().await
-                }
+                };
+                (s, true)
             }
         }
-    }
-    .map_err(|e| format!("waiting for {program:?}: {e}"))?;
+    };
+    tokio::pin!(waiting);
+    // The pipes are read while the process runs, or a chatty process would
+    // block on a full pipe.
+    let mut drained = false;
+    let (status, stopped) = loop {
+        tokio::select! {
+            s = &mut waiting => break s,
+            _ = &mut readers, if !drained => drained = true,
+        }
+    };
+    let status = status.map_err(|e| format!("waiting for {program:?}: {e}"))?;
     if stopped {
         // Whatever the command started dies with it.
         if let Some(g) = pgid {
@@ -120,7 +132,9 @@ pub async fn run(
     }
     guard.0 = None;
     // A background grandchild may hold the pipes open; don't wait for it long.
-    let _ = tokio::time::timeout(Duration::from_millis(500), &mut readers).await;
+    if !drained {
+        let _ = tokio::time::timeout(Duration::from_millis(500), &mut readers).await;
+    }
     use std::os::unix::process::ExitStatusExt;
     let out = out_buf.lock().expect("stdout");
     let err = err_buf.lock().expect("stderr");
