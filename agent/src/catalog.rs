@@ -27,6 +27,30 @@ pub struct Catalog {
     pub defs: BTreeMap<String, Loaded>,
     /// Files that did not load, with every error found in each.
     pub errors: BTreeMap<PathBuf, Vec<DefError>>,
+    /// Tasks whose file was deleted since the agent started, with that file.
+    pub removed: BTreeMap<String, PathBuf>,
+}
+
+impl Catalog {
+    /// The catalog after a reload: `fresh` as loaded from the directory,
+    /// except that a file that now fails keeps its previous version in force
+    /// (its errors are reported beside it), and tasks whose file is gone are
+    /// remembered as removed.
+    pub fn merge(old: &Catalog, mut fresh: Catalog) -> Catalog {
+        for (file, _) in fresh.errors.iter() {
+            if let Some(prev) = old.defs.values().find(|l| &l.file == file) {
+                fresh.defs.entry(prev.def.task.clone()).or_insert_with(|| prev.clone());
+            }
+        }
+        fresh.removed = old.removed.clone();
+        for (task, l) in &old.defs {
+            if !fresh.defs.contains_key(task) && !l.file.exists() {
+                fresh.removed.insert(task.clone(), l.file.clone());
+            }
+        }
+        fresh.removed.retain(|task, _| !fresh.defs.contains_key(task));
+        fresh
+    }
 }
 
 pub fn hash(source: &str) -> String {

@@ -97,6 +97,9 @@ pub struct Scheduler {
     pub step_output_bytes: usize,
     #[serde(default = "default_context_bytes")]
     pub context_bytes: usize,
+    /// Most missed fires a `catchup: all` schedule runs after downtime.
+    #[serde(default = "default_catchup_max")]
+    pub catchup_max: usize,
     /// Per-queue limits on running instances.
     #[serde(default)]
     pub queues: BTreeMap<String, QueueConf>,
@@ -104,6 +107,9 @@ pub struct Scheduler {
 
 fn default_concurrency() -> u32 {
     8
+}
+fn default_catchup_max() -> usize {
+    100
 }
 fn default_zombie() -> f64 {
     3.0

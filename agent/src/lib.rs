@@ -8,6 +8,8 @@
 //! - [`scheduler`]: claims, executes, retries, rolls back, reaps, recovers.
 //! - [`plugins`]: the plugin contract, the built-ins and their registry.
 //! - [`catalog`]: definitions loaded from the tasks directory.
+//! - [`reload`]: live definitions (file watcher, SIGHUP).
+//! - [`triggers`]: manual, scheduled and event triggers; the clock.
 //! - [`server`]: the socket server, the protocol methods, dial-stdio.
 //! - [`bus`]: change notifications for subscribers.
 //! - [`logs`]: per-step log files.
@@ -27,10 +29,12 @@ pub mod check;
 pub mod config;
 pub mod logs;
 pub mod plugins;
+pub mod reload;
 pub mod scheduler;
 pub mod server;
 pub mod store;
 pub mod telemetry;
+pub mod triggers;
 
 use anyhow::Context as _;
 use config::Config;
@@ -113,7 +117,23 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let listener = server::bind(&socket)?;
     let scheduler =
         scheduler::Scheduler::new(store.clone(), catalog.clone(), registry.clone(), config.clone(), shutdown.clone());
+    let triggers = Arc::new(triggers::Triggers { scheduler: scheduler.clone(), catalog: catalog.clone() });
+    let reloaded = Arc::new(tokio::sync::Notify::new());
+    let reloader = reload::Reloader {
+        dir: tasks_dir.clone(),
+        catalog: catalog.clone(),
+        registry: registry.clone(),
+        store: store.clone(),
+        reloaded: reloaded.clone(),
+    };
+    let cron = triggers::cron::CronRunner {
+        triggers: triggers.clone(),
+        clock: Arc::new(triggers::clock::SystemClock),
+        catchup_max: config.scheduler.catchup_max,
+        reloaded,
+    };
     let api = Arc::new(server::Api {
+        triggers,
         store: store.clone(),
         scheduler: scheduler.clone(),
         catalog,
@@ -125,8 +145,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let access = Arc::new(server::Access::new(&config.socket));
     tracing::info!(socket = %socket.display(), db = %store.path().display(), "agent ready");
     let server = tokio::spawn(server::serve(listener, api, access, shutdown.clone()));
+    let reload_task = tokio::spawn(reloader.run(shutdown.clone()));
+    let cron_task = tokio::spawn(cron.run(shutdown.clone()));
     scheduler.run().await;
     let _ = server.await;
+    let _ = reload_task.await;
+    let _ = cron_task.await;
     store.close();
     let _ = std::fs::remove_file(&socket);
     tracing::info!("agent stopped");

@@ -58,6 +58,19 @@ pub enum OnFailure {
     Stop,
 }
 
+/// What a schedule does about fires missed while the agent was down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Catchup {
+    /// Never run missed fires.
+    Skip,
+    /// Run the most recent missed fire once.
+    #[default]
+    Latest,
+    /// Run every missed fire, up to the agent's `scheduler.catchup_max`.
+    All,
+}
+
 /// A parameter the task declares, with its default.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub struct ParamSpec {
@@ -98,7 +111,10 @@ pub struct TaskDef {
     pub queue: String,
     pub schedule: Option<String>,
     pub timezone: Option<String>,
+    pub catchup: Catchup,
     pub on_event: Option<String>,
+    /// Equalities on the event's payload (dotted paths) that must all hold.
+    pub filter: Map<String, Value>,
     pub max_active: Option<u32>,
     pub on_failure: OnFailure,
     pub params: BTreeMap<String, ParamSpec>,
@@ -117,7 +133,9 @@ const TOP_FIELDS: &[&str] = &[
     "queue",
     "schedule",
     "timezone",
+    "catchup",
     "on_event",
+    "filter",
     "max_active",
     "on_failure",
     "params",
@@ -207,7 +225,36 @@ pub fn parse(src: &str, file: &str) -> Result<TaskDef, DefErrors> {
             at("timezone", format!("unknown time zone {tz:?} (expected an IANA name such as Europe/Berlin or UTC)"));
         }
     }
+    let catchup = match top.get("catchup") {
+        None | Some(Value::Null) => Catchup::Latest,
+        Some(Value::String(c)) if c == "skip" => Catchup::Skip,
+        Some(Value::String(c)) if c == "latest" => Catchup::Latest,
+        Some(Value::String(c)) if c == "all" => Catchup::All,
+        Some(v) => {
+            at("catchup", format!("expected skip, latest or all, found {}", show(v)));
+            Catchup::Latest
+        }
+    };
+    if top.contains_key("catchup") && schedule.is_none() {
+        at("catchup", "only applies with a schedule (add schedule: or remove catchup:)".into());
+    }
     let on_event = opt_string(&top, "on_event", &mut at);
+    let filter = match top.get("filter") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(f)) => {
+            if let Some((k, _)) = f.iter().find(|(_, v)| matches!(v, Value::Array(_) | Value::Object(_))) {
+                at("filter", format!("filter.{k}: expected a plain value to compare the payload field with"));
+            }
+            f.clone()
+        }
+        Some(v) => {
+            at("filter", format!("expected a mapping of payload fields to values, found {}", kind(v)));
+            Map::new()
+        }
+    };
+    if !filter.is_empty() && on_event.is_none() {
+        at("filter", "only applies with on_event (add on_event: or remove filter:)".into());
+    }
     let max_active = match top.get("max_active") {
         None | Some(Value::Null) => None,
         Some(Value::Number(n)) if n.as_u64().is_some_and(|v| (1..=100_000).contains(&v)) => {
@@ -292,7 +339,9 @@ pub fn parse(src: &str, file: &str) -> Result<TaskDef, DefErrors> {
         queue,
         schedule,
         timezone,
+        catchup,
         on_event,
+        filter,
         max_active,
         on_failure,
         params,

@@ -114,3 +114,19 @@ fn durations() {
     assert!(parse_duration(&json!(0)).is_err());
     assert!(parse_duration(&json!("5 parsecs")).is_err());
 }
+
+#[test]
+fn catchup_and_filter_need_their_trigger() {
+    let d = parse("task: x\nschedule: '0 6 * * *'\ncatchup: all\nsteps:\n  - plugin: shell\n", "t").unwrap();
+    assert_eq!(d.catchup, Catchup::All);
+    assert!(first_error("task: x\ncatchup: all\nsteps:\n  - plugin: shell\n")
+        .contains("line 2: catchup: only applies with a schedule"));
+    assert!(first_error("task: x\nschedule: '0 6 * * *'\ncatchup: often\nsteps:\n  - plugin: shell\n")
+        .contains("expected skip, latest or all"));
+    let d = parse("task: x\non_event: sales.uploaded\nfilter: {region: eu}\nsteps:\n  - plugin: shell\n", "t").unwrap();
+    assert_eq!(d.filter["region"], json!("eu"));
+    assert!(first_error("task: x\nfilter: {region: eu}\nsteps:\n  - plugin: shell\n")
+        .contains("only applies with on_event"));
+    assert!(first_error("task: x\non_event: e\nfilter: {region: [eu]}\nsteps:\n  - plugin: shell\n")
+        .contains("filter.region: expected a plain value"));
+}

@@ -48,6 +48,9 @@ async fn main() {
     let (ext_exec, ext_step) = measure(&agent.client().await, "ext", n).await;
     let (bi_exec, bi_step) = measure(&agent.client().await, "builtin", n).await;
     println!("external-plugin overhead, {n} instances × 3 steps each, one at a time");
-    println!("  execute median:   external {ext_exec:.2} ms, built-in {bi_exec:.3} ms, ratio {:.0}×", ext_exec / bi_exec.max(0.001));
+    println!(
+        "  execute median:   external {ext_exec:.2} ms, built-in {bi_exec:.3} ms, ratio {:.0}×",
+        ext_exec / bi_exec.max(0.001)
+    );
     println!("  whole step median (validate + execute + commits): external {ext_step:.2} ms, built-in {bi_step:.2} ms, ratio {:.1}×", ext_step / bi_step);
 }

@@ -203,8 +203,8 @@ impl Agent {
     }
 
     pub async fn client(&self) -> Client {
-        let c = Client::connect_unix(&self.socket).await.expect("connect");
-        c.hello("tests").await.expect("hello");
+        let c = Client::connect_unix(&self.socket).await.unwrap_or_else(|e| panic!("connect: {e}\n{}", self.log()));
+        c.hello("tests").await.unwrap_or_else(|e| panic!("hello: {e}\n{}", self.log()));
         c
     }
 }

@@ -5,9 +5,8 @@ use crate::bus::Bus;
 use crate::catalog::Catalog;
 use crate::plugins::Registry;
 use crate::scheduler::{Scheduler, StopReason};
-use crate::store::{ListFilter, NewInstance, Store, StoreError};
+use crate::store::{ListFilter, Store, StoreError};
 use apollo_shared::context::Context;
-use apollo_shared::def::TaskDef;
 use apollo_shared::protocol::*;
 use apollo_shared::state::TaskState;
 use serde::de::DeserializeOwned;
@@ -16,6 +15,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 pub struct Api {
+    pub triggers: Arc<crate::triggers::Triggers>,
     pub store: Store,
     pub scheduler: Arc<Scheduler>,
     pub catalog: Arc<RwLock<Catalog>>,
@@ -80,7 +80,16 @@ impl Api {
             }
             "agent.status" => self.status().await,
             "tasks.trigger" => {
-                self.trigger(params(method, p, "task, params?, dedup_key?")?, "manual", actor, None).await
+                let p: TriggerParams = params(method, p, "task, params?, dedup_key?")?;
+                let r = crate::triggers::Request {
+                    task: p.task,
+                    params: p.params,
+                    dedup_key: p.dedup_key,
+                    trigger: "manual".into(),
+                    actor: actor.into(),
+                    event: None,
+                };
+                to_value(self.triggers.create(r).await?)
             }
             "tasks.dry_run" => self.dry_run(params(method, p, "task, params?")?).await,
             "tasks.get" => {
@@ -120,7 +129,11 @@ impl Api {
                     task: String,
                 }
                 let p: P = params(method, p, "task")?;
-                let d = self.defs().into_iter().find(|d| d.task == p.task).ok_or_else(|| self.unknown_task(&p.task))?;
+                let d = self
+                    .defs()
+                    .into_iter()
+                    .find(|d| d.task == p.task)
+                    .ok_or_else(|| self.triggers.unknown_task(&p.task))?;
                 let source = self.catalog.read().expect("catalog").defs.get(&p.task).map(|l| l.source.to_string());
                 let mut v = to_value(d)?;
                 v["source"] = json!(source);
@@ -128,7 +141,7 @@ impl Api {
             }
             "plugins.list" => to_value(self.plugins()),
             "queues.stats" => self.queues().await,
-            "events.publish" => self.publish(params(method, p, "name, data?, dedup_key?")?, actor).await,
+            "events.publish" => self.triggers.publish(params(method, p, "name, data?, dedup_key?")?, actor).await,
             "alerts.list" => {
                 #[derive(serde::Deserialize)]
                 #[serde(deny_unknown_fields)]
@@ -145,102 +158,10 @@ impl Api {
         }
     }
 
-    fn unknown_task(&self, task: &str) -> RpcError {
-        let cat = self.catalog.read().expect("catalog");
-        let known: Vec<&str> = cat.defs.keys().map(String::as_str).collect();
-        let broken = cat.errors.iter().find(|(_, errs)| errs.iter().any(|e| e.file.contains(task)));
-        let mut e =
-            RpcError::new(code::NOT_FOUND, format!("no task {task:?} is defined (defined: {})", known.join(", ")));
-        if let Some((file, errs)) = broken {
-            e = e.with_hint(format!("{} did not load: {}", file.display(), errs[0]));
-        }
-        e
-    }
-
-    fn current(&self, task: &str) -> Result<crate::catalog::Loaded, RpcError> {
-        self.catalog.read().expect("catalog").defs.get(task).cloned().ok_or_else(|| self.unknown_task(task))
-    }
-
-    /// The instance's params: given ones over declared defaults; required ones must be given.
-    fn fill_params(def: &TaskDef, given: Map<String, Value>) -> Result<Map<String, Value>, RpcError> {
-        let invalid = |m: String| RpcError::new(code::VALIDATION_FAILED, m);
-        if !def.params.is_empty() {
-            if let Some(k) = given.keys().find(|k| !def.params.contains_key(*k)) {
-                let known: Vec<&str> = def.params.keys().map(String::as_str).collect();
-                return Err(invalid(format!(
-                    "task {:?} has no parameter {k:?} (declared: {})",
-                    def.task,
-                    known.join(", ")
-                )));
-            }
-        }
-        let mut out = Map::new();
-        for (k, spec) in &def.params {
-            match (given.get(k), &spec.default) {
-                (Some(v), _) => out.insert(k.clone(), v.clone()),
-                (None, Some(d)) => out.insert(k.clone(), d.clone()),
-                (None, None) if spec.required => {
-                    return Err(invalid(format!("task {:?} needs parameter {k:?} (pass -p {k}=VALUE)", def.task)))
-                }
-                (None, None) => None,
-            };
-        }
-        for (k, v) in given {
-            out.entry(k).or_insert(v);
-        }
-        Ok(out)
-    }
-
-    /// Creates a PENDING instance of the task's current definition.
-    pub async fn trigger(&self, p: TriggerParams, trigger: &str, actor: &str, event: Option<Value>) -> Reply {
-        let loaded = self.current(&p.task)?;
-        let def = &loaded.def;
-        let params = Self::fill_params(def, p.params)?;
-        let id = ulid::Ulid::new().to_string();
-        let trace_id = format!("{:032x}", rand::random::<u128>());
-        let work_dir = self.scheduler.data_dir.join("work").join(&id);
-        let work_dir = std::path::absolute(&work_dir).unwrap_or(work_dir);
-        let ctx = Context {
-            task: def.task.clone(),
-            task_id: id.clone(),
-            trace_id: trace_id.clone(),
-            params: params.clone(),
-            work_dir: work_dir.display().to_string(),
-            event,
-            attempt: 1,
-            steps: Map::new(),
-        };
-        self.store
-            .put_def(&loaded.hash, &def.task, &loaded.file.display().to_string(), &loaded.source)
-            .await
-            .map_err(store_err)?;
-        let n = NewInstance {
-            id,
-            task: def.task.clone(),
-            def_hash: loaded.hash.clone(),
-            queue: def.queue.clone(),
-            priority: def.priority,
-            max_active: def.max_active,
-            params,
-            context: ctx.to_value(),
-            trace_id,
-            trigger: format!("{trigger} by {actor}"),
-            dedup_key: p.dedup_key,
-            steps: def.steps.iter().map(|s| (s.name.clone(), s.plugin.clone())).collect(),
-            expected_secs: self.scheduler.expected_for(def),
-        };
-        let (id, created) = self.store.create(n, actor).await.map_err(store_err)?;
-        if created {
-            tracing::info!(task_id = %id, task = %def.task, "instance created");
-            self.scheduler.wake();
-        }
-        to_value(TriggerResult { id, created })
-    }
-
     async fn dry_run(&self, p: TriggerParams) -> Reply {
-        let loaded = self.current(&p.task)?;
+        let loaded = self.triggers.current(&p.task)?;
         let def = &loaded.def;
-        let params = Self::fill_params(def, p.params)?;
+        let params = crate::triggers::Triggers::fill_params(def, p.params)?;
         let ctx = Context {
             task: def.task.clone(),
             task_id: "dry-run".into(),
@@ -339,6 +260,10 @@ impl Api {
 
     pub fn defs(&self) -> Vec<DefInfo> {
         let cat = self.catalog.read().expect("catalog");
+        let now = chrono::Utc::now();
+        let errors_of = |file: &std::path::Path| -> Vec<String> {
+            cat.errors.get(file).map(|errs| errs.iter().map(|e| e.to_string()).collect()).unwrap_or_default()
+        };
         let mut out: Vec<DefInfo> = cat
             .defs
             .values()
@@ -349,14 +274,15 @@ impl Api {
                 queue: Some(l.def.queue.clone()),
                 priority: Some(l.def.priority),
                 schedule: l.def.schedule.clone(),
-                next_fire: None,
+                next_fire: crate::triggers::cron::next_fire(l, now),
                 on_event: l.def.on_event.clone(),
                 steps: l.def.steps.iter().map(|s| s.name.clone()).collect(),
                 params: serde_json::to_value(&l.def.params).unwrap_or_default(),
-                errors: Vec::new(),
+                // A version in force whose file now fails shows the file's errors.
+                errors: errors_of(&l.file),
             })
             .collect();
-        for (file, errs) in &cat.errors {
+        for file in cat.errors.keys().filter(|f| !cat.defs.values().any(|l| &l.file == *f)) {
             out.push(DefInfo {
                 task: file.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default(),
                 file: file.display().to_string(),
@@ -368,7 +294,7 @@ impl Api {
                 on_event: None,
                 steps: Vec::new(),
                 params: Value::Null,
-                errors: errs.iter().map(|e| e.to_string()).collect(),
+                errors: errors_of(file),
             });
         }
         out
@@ -426,37 +352,6 @@ impl Api {
         }
         stats.sort_by(|a, b| a.queue.cmp(&b.queue));
         to_value(stats)
-    }
-
-    /// Stores the event and creates one instance per definition listening to it.
-    async fn publish(&self, p: PublishParams, actor: &str) -> Reply {
-        let event_id = ulid::Ulid::new().to_string();
-        let key = p.dedup_key.clone().unwrap_or_else(|| event_id.clone());
-        let listeners: Vec<String> = self
-            .catalog
-            .read()
-            .expect("catalog")
-            .defs
-            .values()
-            .filter(|l| l.def.on_event.as_deref() == Some(p.name.as_str()))
-            .map(|l| l.def.task.clone())
-            .collect();
-        let mut created = Vec::new();
-        for task in listeners {
-            let t = TriggerParams { task, params: Map::new(), dedup_key: Some(format!("event:{key}:{}", p.name)) };
-            let r = self
-                .trigger(t, &format!("event {}", p.name), actor, Some(p.data.clone().unwrap_or(Value::Null)))
-                .await?;
-            if r["created"] == json!(true) {
-                created.push(r["id"].as_str().unwrap_or_default().to_string());
-            }
-        }
-        let stored = self
-            .store
-            .record_event(&event_id, &p.name, p.data, p.dedup_key, created.clone())
-            .await
-            .map_err(store_err)?;
-        Ok(json!({ "event_id": event_id, "duplicate": !stored, "instances": created }))
     }
 
     async fn status(&self) -> Reply {

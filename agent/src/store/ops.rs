@@ -171,6 +171,19 @@ impl Store {
         Ok(stored.is_some())
     }
 
+    /// Records the last fire of a task's schedule.
+    pub async fn set_cron_fire(&self, task: &str, at: DateTime<Utc>) -> Result<()> {
+        let (t, a) = (task.to_string(), super::rows::ts(at));
+        self.write(move |c| {
+            c.execute(
+                "INSERT INTO cron_state (task, last_fire) VALUES (?1, ?2) ON CONFLICT(task) DO UPDATE SET last_fire = ?2",
+                [&t, &a],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+
     pub async fn archive(&self, cutoff: DateTime<Utc>, max: usize) -> Result<usize> {
         self.write(move |c| write::archive(c, cutoff, max)).await
     }

@@ -148,6 +148,23 @@ impl Store {
         .await
     }
 
+    /// The last fire of every schedule.
+    pub async fn cron_state(&self) -> Result<std::collections::HashMap<String, DateTime<Utc>>> {
+        self.read(|c| {
+            let mut q = c.prepare_cached("SELECT task, last_fire FROM cron_state")?;
+            let rows = q.query_map([], |r| Ok((r.get::<_, String>(0)?, parse_ts(r.get(1)?))))?;
+            let mut out = std::collections::HashMap::new();
+            for row in rows {
+                let (task, at) = row?;
+                if let Some(at) = at {
+                    out.insert(task, at);
+                }
+            }
+            Ok(out)
+        })
+        .await
+    }
+
     /// Instances created since `since`, for throughput figures.
     pub async fn created_since(&self, since: DateTime<Utc>) -> Result<u64> {
         self.read(move |c| {

@@ -98,6 +98,13 @@ CREATE TABLE archive (
     doc         TEXT NOT NULL
 );
 "#,
+    // 2: the last fire of each schedule.
+    r#"
+CREATE TABLE cron_state (
+    task      TEXT PRIMARY KEY,
+    last_fire TEXT NOT NULL
+);
+"#,
 ];
 
 pub fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {

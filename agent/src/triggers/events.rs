@@ -1,0 +1,77 @@
+//! Events: every received event is stored (its dedup key unique); each
+//! definition whose `on_event` names it, and whose `filter` holds for its
+//! payload, gets one instance. An event that matches nothing is kept and
+//! visible, not an error.
+
+use super::{store_error, Request, Triggers};
+use apollo_shared::protocol::{PublishParams, RpcError};
+use serde_json::{json, Map, Value};
+
+/// The payload field at a dotted path (`order.region`).
+fn field<'a>(data: &'a Value, path: &str) -> Option<&'a Value> {
+    path.split('.').try_fold(data, |v, k| v.get(k))
+}
+
+/// Whether every `filter` equality holds for `data`.
+pub fn matches(filter: &Map<String, Value>, data: &Value) -> bool {
+    filter.iter().all(|(path, want)| field(data, path) == Some(want))
+}
+
+impl Triggers {
+    pub async fn publish(&self, p: PublishParams, actor: &str) -> Result<Value, RpcError> {
+        let event_id = ulid::Ulid::new().to_string();
+        let key = p.dedup_key.clone().unwrap_or_else(|| event_id.clone());
+        let data = p.data.clone().unwrap_or(Value::Null);
+        let listeners: Vec<String> = self
+            .catalog
+            .read()
+            .expect("catalog")
+            .defs
+            .values()
+            .filter(|l| l.def.on_event.as_deref() == Some(p.name.as_str()) && matches(&l.def.filter, &data))
+            .map(|l| l.def.task.clone())
+            .collect();
+        let mut created = Vec::new();
+        for task in listeners {
+            let r = self
+                .create(Request {
+                    dedup_key: Some(format!("event:{}:{key}:{task}", p.name)),
+                    task,
+                    params: Map::new(),
+                    trigger: format!("event {}", p.name),
+                    actor: actor.to_string(),
+                    event: Some(data.clone()),
+                })
+                .await?;
+            if r.created {
+                created.push(r.id);
+            }
+        }
+        let stored = self
+            .scheduler
+            .store
+            .record_event(&event_id, &p.name, p.data, p.dedup_key, created.clone())
+            .await
+            .map_err(store_error)?;
+        if stored && created.is_empty() {
+            tracing::info!(event = %p.name, "event matched no definition; kept");
+        }
+        Ok(json!({ "event_id": event_id, "duplicate": !stored, "instances": created }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filters_compare_dotted_fields_exactly() {
+        let data = json!({"region": "eu", "order": {"total": 10, "vip": true}});
+        let f = |v: Value| v.as_object().unwrap().clone();
+        assert!(matches(&f(json!({})), &data));
+        assert!(matches(&f(json!({"region": "eu", "order.vip": true})), &data));
+        assert!(!matches(&f(json!({"region": "us"})), &data));
+        assert!(!matches(&f(json!({"order.total": "10"})), &data), "no loose typing");
+        assert!(!matches(&f(json!({"missing.field": null})), &data));
+    }
+}

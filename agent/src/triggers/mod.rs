@@ -1,0 +1,150 @@
+//! Triggers: the three ways work starts — manual (the protocol), scheduled
+//! (`cron`), event (`events`) — all end here, as one PENDING instance of the
+//! task's current definition.
+//!
+//! Layout:
+//! - `clock`: the wall clock, injectable for tests.
+//! - `cron`: schedules, catch-up after downtime, dedup per fire.
+//! - `events`: received events and the definitions listening to them.
+
+pub mod clock;
+pub mod cron;
+pub mod events;
+
+use crate::catalog::{Catalog, Loaded};
+use crate::scheduler::Scheduler;
+use crate::store::{NewInstance, StoreError};
+use apollo_shared::context::Context;
+use apollo_shared::def::TaskDef;
+use apollo_shared::protocol::{code, RpcError, TriggerResult};
+use serde_json::{Map, Value};
+use std::sync::{Arc, RwLock};
+
+pub struct Triggers {
+    pub scheduler: Arc<Scheduler>,
+    pub catalog: Arc<RwLock<Catalog>>,
+}
+
+/// What a trigger asks for.
+pub struct Request {
+    pub task: String,
+    pub params: Map<String, Value>,
+    pub dedup_key: Option<String>,
+    /// `manual`, `cron`, `event <name>`.
+    pub trigger: String,
+    pub actor: String,
+    pub event: Option<Value>,
+}
+
+pub fn store_error(e: StoreError) -> RpcError {
+    match e {
+        StoreError::NotFound(m) => RpcError::new(code::NOT_FOUND, m).with_hint("list instances with `apollo ls`"),
+        StoreError::Illegal(t) => RpcError::new(code::ILLEGAL_TRANSITION, t.to_string()),
+        StoreError::Invalid(m) => RpcError::new(code::ILLEGAL_TRANSITION, m),
+        other => RpcError::new(code::INTERNAL, other.to_string()),
+    }
+}
+
+impl Triggers {
+    /// Why `task` cannot be triggered: unknown, removed, or its file broken.
+    pub fn unknown_task(&self, task: &str) -> RpcError {
+        let cat = self.catalog.read().expect("catalog");
+        if let Some(file) = cat.removed.get(task) {
+            return RpcError::new(
+                code::NOT_FOUND,
+                format!("task {task:?} is disabled: its file {} was deleted", file.display()),
+            )
+            .with_hint("restore the file to enable it again; instances already created keep running");
+        }
+        let known: Vec<&str> = cat.defs.keys().map(String::as_str).collect();
+        let broken = cat.errors.iter().find(|(_, errs)| errs.iter().any(|e| e.file.contains(task)));
+        let mut e =
+            RpcError::new(code::NOT_FOUND, format!("no task {task:?} is defined (defined: {})", known.join(", ")));
+        if let Some((file, errs)) = broken {
+            e = e.with_hint(format!("{} did not load: {}", file.display(), errs[0]));
+        }
+        e
+    }
+
+    /// The definition in force for `task`.
+    pub fn current(&self, task: &str) -> Result<Loaded, RpcError> {
+        self.catalog.read().expect("catalog").defs.get(task).cloned().ok_or_else(|| self.unknown_task(task))
+    }
+
+    /// The instance's params: given ones over declared defaults; required ones must be given.
+    pub fn fill_params(def: &TaskDef, given: Map<String, Value>) -> Result<Map<String, Value>, RpcError> {
+        let invalid = |m: String| RpcError::new(code::VALIDATION_FAILED, m);
+        if !def.params.is_empty() {
+            if let Some(k) = given.keys().find(|k| !def.params.contains_key(*k)) {
+                let known: Vec<&str> = def.params.keys().map(String::as_str).collect();
+                return Err(invalid(format!(
+                    "task {:?} has no parameter {k:?} (declared: {})",
+                    def.task,
+                    known.join(", ")
+                )));
+            }
+        }
+        let mut out = Map::new();
+        for (k, spec) in &def.params {
+            match (given.get(k), &spec.default) {
+                (Some(v), _) => out.insert(k.clone(), v.clone()),
+                (None, Some(d)) => out.insert(k.clone(), d.clone()),
+                (None, None) if spec.required => {
+                    return Err(invalid(format!("task {:?} needs parameter {k:?} (pass -p {k}=VALUE)", def.task)))
+                }
+                (None, None) => None,
+            };
+        }
+        for (k, v) in given {
+            out.entry(k).or_insert(v);
+        }
+        Ok(out)
+    }
+
+    /// Creates a PENDING instance of the task's current definition.
+    pub async fn create(&self, r: Request) -> Result<TriggerResult, RpcError> {
+        let loaded = self.current(&r.task)?;
+        let def = &loaded.def;
+        let params = Self::fill_params(def, r.params)?;
+        let id = ulid::Ulid::new().to_string();
+        let trace_id = format!("{:032x}", rand::random::<u128>());
+        let work_dir = self.scheduler.data_dir.join("work").join(&id);
+        let work_dir = std::path::absolute(&work_dir).unwrap_or(work_dir);
+        let ctx = Context {
+            task: def.task.clone(),
+            task_id: id.clone(),
+            trace_id: trace_id.clone(),
+            params: params.clone(),
+            work_dir: work_dir.display().to_string(),
+            event: r.event,
+            attempt: 1,
+            steps: Map::new(),
+        };
+        let store = &self.scheduler.store;
+        store
+            .put_def(&loaded.hash, &def.task, &loaded.file.display().to_string(), &loaded.source)
+            .await
+            .map_err(store_error)?;
+        let n = NewInstance {
+            id,
+            task: def.task.clone(),
+            def_hash: loaded.hash.clone(),
+            queue: def.queue.clone(),
+            priority: def.priority,
+            max_active: def.max_active,
+            params,
+            context: ctx.to_value(),
+            trace_id,
+            trigger: format!("{} by {}", r.trigger, r.actor),
+            dedup_key: r.dedup_key,
+            steps: def.steps.iter().map(|s| (s.name.clone(), s.plugin.clone())).collect(),
+            expected_secs: self.scheduler.expected_for(def),
+        };
+        let (id, created) = store.create(n, &r.actor).await.map_err(store_error)?;
+        if created {
+            tracing::info!(task_id = %id, task = %def.task, trigger = %r.trigger, "instance created");
+            self.scheduler.wake();
+        }
+        Ok(TriggerResult { id, created })
+    }
+}
