@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-#[derive(Debug, Clone, Deserialize, Default)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     #[serde(default)]
@@ -25,6 +25,9 @@ pub struct Config {
     /// The definitions directory.
     #[serde(default)]
     pub tasks: Option<PathBuf>,
+    /// Watch the definitions directory and reload on changes (SIGHUP reloads either way).
+    #[serde(default = "yes")]
+    pub watch_tasks: bool,
     /// Database, logs and work dirs live here.
     #[serde(default)]
     pub data_dir: Option<PathBuf>,
@@ -105,6 +108,9 @@ pub struct Scheduler {
     pub queues: BTreeMap<String, QueueConf>,
 }
 
+fn yes() -> bool {
+    true
+}
 fn default_concurrency() -> u32 {
     8
 }
@@ -251,6 +257,12 @@ pub fn resolve_path(flag: Option<&Path>) -> Option<PathBuf> {
     }
     let local = PathBuf::from("apollo.yaml");
     local.exists().then_some(local)
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        serde_json::from_value(serde_json::json!({})).expect("config defaults")
+    }
 }
 
 impl Config {

@@ -125,6 +125,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         registry: registry.clone(),
         store: store.clone(),
         reloaded: reloaded.clone(),
+        watch: config.watch_tasks,
     };
     let cron = triggers::cron::CronRunner {
         triggers: triggers.clone(),

@@ -25,6 +25,8 @@ pub struct Reloader {
     pub store: Store,
     /// Woken after each reload (the cron runner re-plans).
     pub reloaded: Arc<Notify>,
+    /// Watch the directory (else only SIGHUP reloads).
+    pub watch: bool,
 }
 
 /// What a reload changed.
@@ -104,6 +106,7 @@ impl Reloader {
             })
         };
         let _watcher = match watcher {
+            _ if !self.watch => None,
             Ok(mut w) => match w.watch(&self.dir, RecursiveMode::NonRecursive) {
                 Ok(()) => Some(w),
                 Err(e) => {

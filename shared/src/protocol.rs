@@ -37,6 +37,7 @@ pub const METHODS: &[&str] = &[
     "plugins.list",
     "queues.stats",
     "events.publish",
+    "events.list",
     "alerts.list",
     "subscribe",
 ];

@@ -73,6 +73,11 @@ pub struct AgentBuilder {
 }
 
 impl AgentBuilder {
+    /// The agent's directory (its config, tasks/ and data/ live here).
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
     /// Copies the repository's tasks/ into the agent's dir.
     pub fn bundled_tasks(mut self) -> Self {
         self.bundled = true;

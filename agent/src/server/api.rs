@@ -142,6 +142,15 @@ impl Api {
             "plugins.list" => to_value(self.plugins()),
             "queues.stats" => self.queues().await,
             "events.publish" => self.triggers.publish(params(method, p, "name, data?, dedup_key?")?, actor).await,
+            "events.list" => {
+                #[derive(serde::Deserialize)]
+                #[serde(deny_unknown_fields)]
+                struct P {
+                    limit: Option<u32>,
+                }
+                let p: P = params(method, p, "limit?")?;
+                to_value(self.store.events(p.limit.unwrap_or(100).min(1000)).await.map_err(store_err)?)
+            }
             "alerts.list" => {
                 #[derive(serde::Deserialize)]
                 #[serde(deny_unknown_fields)]

@@ -148,6 +148,29 @@ impl Store {
         .await
     }
 
+    /// Received events, newest first: id, name, data, dedup key, time, instances created.
+    pub async fn events(&self, limit: u32) -> Result<Vec<serde_json::Value>> {
+        self.read(move |c| {
+            let mut q = c.prepare_cached(
+                "SELECT id, name, data, dedup_key, received_at, instances FROM events ORDER BY id DESC LIMIT ?1",
+            )?;
+            let rows = q.query_map([limit as i64], |r| {
+                let data: Option<String> = r.get(2)?;
+                let instances: String = r.get(5)?;
+                Ok(serde_json::json!({
+                    "id": r.get::<_, String>(0)?,
+                    "name": r.get::<_, String>(1)?,
+                    "data": data.and_then(|d| serde_json::from_str::<serde_json::Value>(&d).ok()),
+                    "dedup_key": r.get::<_, Option<String>>(3)?,
+                    "received_at": r.get::<_, String>(4)?,
+                    "instances": serde_json::from_str::<serde_json::Value>(&instances).unwrap_or_default(),
+                }))
+            })?;
+            Ok(rows.collect::<rusqlite::Result<_>>()?)
+        })
+        .await
+    }
+
     /// The last fire of every schedule.
     pub async fn cron_state(&self) -> Result<std::collections::HashMap<String, DateTime<Utc>>> {
         self.read(|c| {

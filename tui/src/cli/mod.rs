@@ -107,6 +107,11 @@ enum Cmd {
         #[arg(long)]
         dedup_key: Option<String>,
     },
+    /// Received events, newest first, with the instances each created.
+    Events {
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+    },
     /// Loaded definitions and load errors.
     Defs,
     /// Registered plugins.
@@ -281,6 +286,15 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
         Cmd::Plugins => simple(&client, "plugins.list", json, |v| render::plugins(&out, v)).await,
         Cmd::Queues => simple(&client, "queues.stats", json, |v| render::queues(&out, v)).await,
         Cmd::Status => simple(&client, "agent.status", json, |v| render::status(&out, v)).await,
+        Cmd::Events { limit } => {
+            let v = client.call("events.list", json!({"limit": limit})).await?;
+            if json {
+                print_json(&v);
+            } else {
+                render::events(&out, &v);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Cmd::Alerts { limit } => {
             let v = client.call("alerts.list", json!({"limit": limit})).await?;
             if json {

@@ -140,9 +140,10 @@ pub fn dry_run(out: &Out, r: &DryRunResult) {
 pub fn defs(out: &Out, v: &Value) {
     for d in v.as_array().into_iter().flatten() {
         let errors = d["errors"].as_array().cloned().unwrap_or_default();
-        if errors.is_empty() {
+        if d["hash"].is_string() {
+            let next = d["next_fire"].as_str().map(|n| format!("   next fire {n}")).unwrap_or_default();
             println!(
-                "{:<20} {:<10} steps: {}   {}",
+                "{:<20} {:<10} steps: {}   {}{next}",
                 d["task"].as_str().unwrap_or(""),
                 d["queue"].as_str().unwrap_or(""),
                 d["steps"]
@@ -151,10 +152,9 @@ pub fn defs(out: &Out, v: &Value) {
                     .unwrap_or_default(),
                 d["file"].as_str().unwrap_or("")
             );
-        } else {
-            for e in errors {
-                println!("{} {}", out.paint("error", "FAILED"), e.as_str().unwrap_or(""));
-            }
+        }
+        for e in errors {
+            println!("{} {}", out.paint("error", "FAILED"), e.as_str().unwrap_or(""));
         }
     }
 }
@@ -230,4 +230,20 @@ pub fn status(out: &Out, v: &Value) {
         .map(|m| m.iter().map(|(k, n)| format!("{} {n}", out.paint(k, k))).collect())
         .unwrap_or_default();
     println!("  {}", counts.join("   "));
+}
+
+pub fn events(_out: &Out, v: &Value) {
+    let items = v.as_array().cloned().unwrap_or_default();
+    if items.is_empty() {
+        println!("no events");
+    }
+    for e in items {
+        let created = e["instances"].as_array().map(|a| a.len()).unwrap_or(0);
+        println!(
+            "{}  {:<24} created {created}  data {}",
+            e["received_at"].as_str().unwrap_or(""),
+            e["name"].as_str().unwrap_or(""),
+            e["data"]
+        );
+    }
 }
