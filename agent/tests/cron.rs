@@ -44,7 +44,7 @@ fn rig(dir: tempfile::TempDir, defs: &[(&str, &str)], start: DateTime<Utc>) -> R
     let catalog = Arc::new(RwLock::new(cat));
     let scheduler =
         Scheduler::new(store.clone(), catalog.clone(), registry, Arc::new(config), CancellationToken::new());
-    let triggers = Arc::new(Triggers { scheduler, catalog });
+    let triggers = Arc::new(Triggers::new(scheduler, catalog));
     let clock = Arc::new(ManualClock::new(start));
     let runner = CronRunner { triggers, clock: clock.clone(), catchup_max: 100, reloaded: Default::default() };
     Rig { _dir: dir, store, clock, runner }

@@ -16,6 +16,15 @@ use tokio_util::sync::CancellationToken;
 
 /// Lines queued for one client; past this a subscriber is behind and gets a resync.
 const OUTBOX: usize = 1024;
+/// Calls of one connection running at once; more wait to be read.
+const IN_FLIGHT: usize = 32;
+
+fn reply(id: Value, result: Result<Value, RpcError>) -> Response {
+    match result {
+        Ok(v) => Response::ok(id, v),
+        Err(e) => Response::err(id, e),
+    }
+}
 
 pub async fn handle(stream: UnixStream, api: Arc<Api>, access: Arc<Access>, shutdown: CancellationToken) {
     let uid = stream.peer_cred().ok().map(|c| c.uid());
@@ -48,6 +57,7 @@ pub async fn handle(stream: UnixStream, api: Arc<Api>, access: Arc<Access>, shut
         return;
     };
     let mut frames = FramedRead::new(rd, FrameCodec::default());
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
     let mut subscription: Option<tokio::task::JoinHandle<()>> = None;
     loop {
         let frame = tokio::select! {
@@ -73,16 +83,24 @@ pub async fn handle(stream: UnixStream, api: Arc<Api>, access: Arc<Access>, shut
                     }
                 };
                 let Some(req) = req else { continue };
-                let result = if req.method == "subscribe" {
-                    subscribe(&api, req.params.clone(), &tx, &mut subscription)
+                if req.method == "subscribe" {
+                    let result = subscribe(&api, req.params.clone(), &tx, &mut subscription);
+                    req.id.as_ref().map(|_| reply(id, result))
                 } else {
-                    api.call(&req.method, req.params.clone().unwrap_or(Value::Null), role, &actor).await
-                };
-                // A request without an id is a notification: no reply.
-                req.id.as_ref().map(|_| match result {
-                    Ok(v) => Response::ok(id.clone(), v),
-                    Err(e) => Response::err(id.clone(), e),
-                })
+                    // Calls run concurrently (a slow one does not hold up the
+                    // others); answers carry their id and may come out of order.
+                    let Ok(permit) = in_flight.clone().acquire_owned().await else { break };
+                    let (api, actor, tx) = (api.clone(), actor.clone(), tx.clone());
+                    tokio::spawn(async move {
+                        let result = api.call(&req.method, req.params.unwrap_or(Value::Null), role, &actor).await;
+                        // A request without an id is a notification: no reply.
+                        if req.id.is_some() {
+                            let _ = tx.send(to_line(&reply(id, result))).await;
+                        }
+                        drop(permit);
+                    });
+                    None
+                }
             }
         };
         if let Some(r) = reply {

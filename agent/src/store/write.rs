@@ -176,8 +176,10 @@ pub fn claim(
     let mut per_task: HashMap<String, u32> = HashMap::new();
     {
         let mut q = c.prepare_cached(
-            "SELECT queue, task, COUNT(*) FROM task_instances \
-             WHERE state = 'RUNNING' OR (state = 'FAILED' AND rollback_pending = 1) GROUP BY queue, task",
+            // Two indexed lookups rather than an OR that scans the table.
+            "SELECT queue, task, COUNT(*) FROM task_instances WHERE state = 'RUNNING' GROUP BY queue, task \
+             UNION ALL \
+             SELECT queue, task, COUNT(*) FROM task_instances WHERE state = 'FAILED' AND rollback_pending = 1 GROUP BY queue, task",
         )?;
         let mut rows = q.query([])?;
         while let Some(r) = rows.next()? {

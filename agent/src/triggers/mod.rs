@@ -23,6 +23,15 @@ use std::sync::{Arc, RwLock};
 pub struct Triggers {
     pub scheduler: Arc<Scheduler>,
     pub catalog: Arc<RwLock<Catalog>>,
+    /// Definition versions known to be in the store, so a trigger writes a
+    /// version once rather than on every instance.
+    pub stored: std::sync::Mutex<std::collections::HashSet<String>>,
+}
+
+impl Triggers {
+    pub fn new(scheduler: Arc<Scheduler>, catalog: Arc<RwLock<Catalog>>) -> Triggers {
+        Triggers { scheduler, catalog, stored: Default::default() }
+    }
 }
 
 /// What a trigger asks for.
