@@ -103,26 +103,27 @@ fn env_for(pass: &[String], extra: Vec<(String, String)>) -> Vec<(String, String
     env
 }
 
-async fn run(
-    path: &Path,
-    verb: &str,
-    doc: &Value,
+/// Where and how one call runs.
+struct Io<'a> {
     env: Vec<(String, String)>,
-    cwd: &Path,
-    log: Option<&StepLog>,
+    cwd: &'a Path,
+    log: Option<&'a StepLog>,
     cancel: CancellationToken,
     grace: Duration,
+    /// Result cap.
     cap: usize,
-) -> Result<Reply, String> {
+}
+
+async fn run(path: &Path, verb: &str, doc: &Value, io: Io<'_>) -> Result<Reply, String> {
     let spec = Spec {
         argv: vec![path.display().to_string(), verb.to_string()],
-        env,
-        cwd: cwd.to_path_buf(),
+        env: io.env,
+        cwd: io.cwd.to_path_buf(),
         clean_env: true,
         stdin: Some(serde_json::to_vec(doc).unwrap_or_default()),
-        capture_stdout: Some(cap),
+        capture_stdout: Some(io.cap),
     };
-    let outcome = process::run(spec, log, cancel, grace).await?;
+    let outcome = process::run(spec, io.log, io.cancel, io.grace).await?;
     Ok(Reply { outcome })
 }
 
@@ -135,8 +136,15 @@ async fn quick(path: &Path, verb: &str, doc: &Value, pass: &[String]) -> Result<
         timer.cancel();
     });
     let cwd = std::env::temp_dir();
-    let r =
-        run(path, verb, doc, env_for(pass, Vec::new()), &cwd, None, cancel, Duration::from_secs(1), QUICK_OUTPUT).await;
+    let io = Io {
+        env: env_for(pass, Vec::new()),
+        cwd: &cwd,
+        log: None,
+        cancel,
+        grace: Duration::from_secs(1),
+        cap: QUICK_OUTPUT,
+    };
+    let r = run(path, verb, doc, io).await;
     guard.abort();
     let r = r?;
     if r.outcome.stopped {
@@ -234,19 +242,15 @@ impl External {
             doc["output"] = o.clone();
         }
         let env = self.call_env(call, verb == "rollback");
-        let r = run(
-            &self.path,
-            verb,
-            &doc,
+        let io = Io {
             env,
-            call.work_dir,
-            Some(call.log),
-            call.cancel.clone(),
-            self.kill_grace,
-            self.output_cap,
-        )
-        .await
-        .map_err(PluginError::permanent)?;
+            cwd: call.work_dir,
+            log: Some(call.log),
+            cancel: call.cancel.clone(),
+            grace: self.kill_grace,
+            cap: self.output_cap,
+        };
+        let r = run(&self.path, verb, &doc, io).await.map_err(PluginError::permanent)?;
         let o = &r.outcome;
         if o.stopped {
             return Err(PluginError::retryable(format!("{verb} was stopped")));

@@ -264,12 +264,25 @@ pub async fn load(config: &crate::config::Config) -> Registry {
     let cap = config.scheduler.step_output_bytes;
     let grace = config.scheduler.kill_grace;
     let mut named: Vec<String> = Vec::new();
-    let mut externals: Vec<(String, PathBuf, Vec<String>, Option<Duration>, Option<u32>)> = config
+    struct Wanted {
+        name: String,
+        path: PathBuf,
+        env: Vec<String>,
+        timeout: Option<Duration>,
+        retry: Option<u32>,
+    }
+    let mut externals: Vec<Wanted> = config
         .plugins
         .iter()
         .filter_map(|p| {
             let cmd = p.command.as_deref()?;
-            Some((p.name.clone(), config.command_path(cmd), p.env.clone(), p.timeout, p.retry))
+            Some(Wanted {
+                name: p.name.clone(),
+                path: config.command_path(cmd),
+                env: p.env.clone(),
+                timeout: p.timeout,
+                retry: p.retry,
+            })
         })
         .collect();
     let dir = config.tasks_dir().join("plugins");
@@ -280,11 +293,11 @@ pub async fn load(config: &crate::config::Config) -> Registry {
         use std::os::unix::fs::PermissionsExt;
         let executable = std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
         let Some(stem) = path.file_stem().and_then(|s| s.to_str()).map(str::to_string) else { continue };
-        if executable && !externals.iter().any(|e| e.0 == stem) {
-            externals.push((stem, path, Vec::new(), None, None));
+        if executable && !externals.iter().any(|e| e.name == stem) {
+            externals.push(Wanted { name: stem, path, env: Vec::new(), timeout: None, retry: None });
         }
     }
-    for (name, path, env, timeout, retry) in externals {
+    for Wanted { name, path, env, timeout, retry } in externals {
         match external::External::load(&name, &path, env, cap, grace).await {
             Ok(plugin) => {
                 let replace = !named.contains(&name);
