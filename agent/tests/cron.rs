@@ -34,9 +34,7 @@ fn rig(dir: tempfile::TempDir, defs: &[(&str, &str)], start: DateTime<Utc>) -> R
     for (file, yaml) in defs {
         std::fs::write(tasks.join(file), yaml).unwrap();
     }
-    let mut config = Config::default();
-    config.tasks = Some(tasks.clone());
-    config.data_dir = Some(dir.path().join("data"));
+    let config = Config { tasks: Some(tasks.clone()), data_dir: Some(dir.path().join("data")), ..Default::default() };
     let store = Store::open(&dir.path().join("data/apollo.db"), true, Bus::default(), "agent:test".into()).unwrap();
     let registry = Arc::new(Registry::new(&[]));
     let cat: Catalog = catalog::load_dir(&tasks, &registry);
