@@ -13,6 +13,7 @@
 
 mod ops;
 mod read;
+mod records;
 mod rows;
 mod schema;
 mod write;
@@ -161,7 +162,7 @@ impl Store {
             // of its own, durable before the caller hears of the refusal.
             let (tx, rx) = oneshot::channel();
             let alert = self.submit(
-                move |c| write::insert_alert(c, "illegal_transition", &message, None),
+                move |c| records::insert_alert(c, "illegal_transition", &message, None),
                 move |r| {
                     let _ = tx.send(r);
                 },

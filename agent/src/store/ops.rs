@@ -1,6 +1,7 @@
 //! The store's operations as the scheduler and the server call them: each
 //! one write (group-committed), followed by a notice on the bus.
 
+use super::records;
 use super::write::{self, Claimed, FailurePlan, NewInstance};
 use super::{Result, Store};
 use chrono::{DateTime, Utc};
@@ -150,7 +151,7 @@ impl Store {
 
     pub async fn alert(&self, kind: &str, message: &str, instance: Option<&str>) -> Result<()> {
         let (k, m, i) = (kind.to_string(), message.to_string(), instance.map(str::to_string));
-        self.write(move |c| write::insert_alert(c, &k, &m, i.as_deref())).await?;
+        self.write(move |c| records::insert_alert(c, &k, &m, i.as_deref())).await?;
         self.bus().publish("alerts", "alert.raised", json!({ "kind": kind, "instance": instance, "message": message }));
         Ok(())
     }
@@ -166,7 +167,7 @@ impl Store {
     ) -> Result<bool> {
         let (i, n) = (id.to_string(), name.to_string());
         let stored = self
-            .write(move |c| write::insert_event(c, &i, &n, data.as_ref(), dedup_key.as_deref(), &instances))
+            .write(move |c| records::insert_event(c, &i, &n, data.as_ref(), dedup_key.as_deref(), &instances))
             .await?;
         Ok(stored.is_some())
     }
@@ -185,6 +186,6 @@ impl Store {
     }
 
     pub async fn archive(&self, cutoff: DateTime<Utc>, max: usize) -> Result<usize> {
-        self.write(move |c| write::archive(c, cutoff, max)).await
+        self.write(move |c| records::archive(c, cutoff, max)).await
     }
 }

@@ -6,8 +6,13 @@
 //! exist, does a version pin match) are the agent's too: they use the line
 //! numbers recorded here on every step.
 
-use crate::template;
 use crate::yaml;
+use lines::Lines;
+pub use steps::parse_duration;
+use steps::parse_steps;
+
+mod lines;
+mod steps;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
@@ -141,7 +146,7 @@ const TOP_FIELDS: &[&str] = &[
     "params",
     "steps",
 ];
-const STEP_FIELDS: &[&str] = &["name", "plugin", "version", "timeout", "retry", "env", "params"];
+pub(crate) const STEP_FIELDS: &[&str] = &["name", "plugin", "version", "timeout", "retry", "env", "params"];
 
 /// Parses and validates a definition. `file` is only used in messages.
 pub fn parse(src: &str, file: &str) -> Result<TaskDef, DefErrors> {
@@ -349,144 +354,7 @@ pub fn parse(src: &str, file: &str) -> Result<TaskDef, DefErrors> {
     })
 }
 
-fn parse_steps(items: &[Value], lines: &Lines, file: &str, errors: &mut Vec<DefError>) -> Vec<StepDef> {
-    let starts = lines.list_items("steps");
-    let mut steps: Vec<StepDef> = Vec::new();
-    for (i, item) in items.iter().enumerate() {
-        let start = starts.get(i).copied().or_else(|| lines.key("steps", 0, usize::MAX));
-        let end = starts.get(i + 1).copied().unwrap_or(usize::MAX);
-        let mut at = |field: &str, message: String| {
-            let line = lines.key(field, start.unwrap_or(1).saturating_sub(1), end).or(start);
-            let field = if field.is_empty() { format!("steps[{i}]") } else { format!("steps[{i}].{field}") };
-            errors.push(DefError { file: file.into(), line, field, message });
-        };
-        let Value::Object(m) = item else {
-            at("", format!("expected a mapping with `plugin:` and `params:`, found {}", kind(item)));
-            continue;
-        };
-        for key in m.keys() {
-            if !STEP_FIELDS.contains(&key.as_str()) {
-                at(key, unknown_field(key, STEP_FIELDS));
-            }
-        }
-        let plugin = match m.get("plugin") {
-            Some(Value::String(s)) if !s.trim().is_empty() => s.clone(),
-            Some(v) => {
-                at("plugin", format!("expected a plugin name, found {}", show(v)));
-                continue;
-            }
-            None => {
-                at("", "missing field `plugin` (e.g. plugin: shell)".into());
-                continue;
-            }
-        };
-        let mut name = match opt_string(m, "name", &mut at) {
-            Some(n) => {
-                if !valid_name(&n) {
-                    at("name", format!("{n:?} is not a valid step name (letters, digits, '_', '-', '.')"));
-                }
-                if steps.iter().any(|s| s.name == n) {
-                    at("name", format!("duplicate step name {n:?} (step names must be unique)"));
-                }
-                n
-            }
-            None => plugin.clone(),
-        };
-        if !m.contains_key("name") {
-            // An unnamed step is named after its plugin, numbered when the plugin repeats.
-            let mut n = 2;
-            while steps.iter().any(|s| s.name == name) {
-                name = format!("{plugin}_{n}");
-                n += 1;
-            }
-        }
-        let version = opt_string(m, "version", &mut at);
-        if let Some(v) = &version {
-            if let Err(e) = semver::VersionReq::parse(v) {
-                at("version", format!("{v:?} is not a semver requirement ({e}); e.g. \"^1\" or \">=1.2, <2\""));
-            }
-        }
-        let timeout = match m.get("timeout") {
-            None | Some(Value::Null) => None,
-            Some(v) => match parse_duration(v) {
-                Ok(secs) if secs <= 7.0 * 86400.0 => Some(secs),
-                Ok(secs) => {
-                    at("timeout", format!("{secs} seconds is out of range (at most a week)"));
-                    None
-                }
-                Err(e) => {
-                    at("timeout", e);
-                    None
-                }
-            },
-        };
-        let retry = match m.get("retry") {
-            None | Some(Value::Null) => None,
-            Some(Value::Number(n)) if n.as_u64().is_some_and(|r| r <= 100) => n.as_u64().map(|r| r as u32),
-            Some(v) => {
-                at("retry", format!("expected a whole number of retries from 0 to 100, found {}", show(v)));
-                None
-            }
-        };
-        let params = match m.get("params") {
-            None | Some(Value::Null) => Map::new(),
-            Some(Value::Object(p)) => p.clone(),
-            Some(v) => {
-                at("params", format!("expected a mapping of parameters, found {}", kind(v)));
-                Map::new()
-            }
-        };
-        let env = match m.get("env") {
-            None | Some(Value::Null) => Map::new(),
-            Some(Value::Object(e))
-                if e.values().all(|v| matches!(v, Value::String(_) | Value::Number(_) | Value::Bool(_))) =>
-            {
-                e.clone()
-            }
-            Some(v) => {
-                at("env", format!("expected a mapping of variable names to text, found {}", kind(v)));
-                Map::new()
-            }
-        };
-        for (path, text) in template::strings(&Value::Object(params.clone()), "params") {
-            if let Err(e) = template::compile_check(text) {
-                at(&path, format!("bad template: {e}"));
-            }
-        }
-        steps.push(StepDef { name, plugin, version, timeout, retry, params, env, line: start });
-    }
-    steps
-}
-
-/// Reads a duration: a number of seconds, or a string like `90s`, `5m`, `1h`, `2d`, `250ms`.
-pub fn parse_duration(v: &Value) -> Result<f64, String> {
-    let bad = || {
-        format!("expected seconds (a positive number) or a duration like \"30s\", \"5m\", \"1h\", found {}", show(v))
-    };
-    let secs = match v {
-        Value::Number(n) => n.as_f64().ok_or_else(bad)?,
-        Value::String(s) => {
-            let s = s.trim();
-            let (num, unit) = s.split_at(s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len()));
-            let n: f64 = num.parse().map_err(|_| bad())?;
-            match unit.trim() {
-                "" | "s" => n,
-                "ms" => n / 1000.0,
-                "m" => n * 60.0,
-                "h" => n * 3600.0,
-                "d" => n * 86400.0,
-                _ => return Err(bad()),
-            }
-        }
-        _ => return Err(bad()),
-    };
-    if !(secs > 0.0 && secs.is_finite()) {
-        return Err(format!("{secs} seconds is out of range (expected more than 0)"));
-    }
-    Ok(secs)
-}
-
-fn opt_string(m: &Map<String, Value>, key: &str, at: &mut impl FnMut(&str, String)) -> Option<String> {
+pub(crate) fn opt_string(m: &Map<String, Value>, key: &str, at: &mut impl FnMut(&str, String)) -> Option<String> {
     match m.get(key) {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(s.clone()),
@@ -497,11 +365,11 @@ fn opt_string(m: &Map<String, Value>, key: &str, at: &mut impl FnMut(&str, Strin
     }
 }
 
-fn valid_name(s: &str) -> bool {
+pub(crate) fn valid_name(s: &str) -> bool {
     !s.is_empty() && s.len() <= 64 && s.chars().all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
 }
 
-fn unknown_field(key: &str, known: &[&str]) -> String {
+pub(crate) fn unknown_field(key: &str, known: &[&str]) -> String {
     format!("unknown field {key:?} (expected one of: {})", known.join(", "))
 }
 
@@ -517,7 +385,7 @@ pub fn kind(v: &Value) -> &'static str {
     }
 }
 
-fn show(v: &Value) -> String {
+pub(crate) fn show(v: &Value) -> String {
     match v {
         Value::String(s) => format!("{s:?}"),
         Value::Number(n) => n.to_string(),
@@ -526,62 +394,5 @@ fn show(v: &Value) -> String {
     }
 }
 
-/// Finds the lines of keys in the source, for messages about semantic errors
-/// that serde_yaml cannot place.
-struct Lines<'a> {
-    lines: Vec<&'a str>,
-}
-
-impl<'a> Lines<'a> {
-    fn new(src: &'a str) -> Self {
-        Lines { lines: src.lines().collect() }
-    }
-
-    /// 1-based line of the first `key:` between lines `from` (0-based) and `to`.
-    fn key(&self, key: &str, from: usize, to: usize) -> Option<usize> {
-        let key = key.rsplit('.').next().unwrap_or(key);
-        if key.is_empty() {
-            return None;
-        }
-        let end = to.min(self.lines.len());
-        (from.min(end)..end)
-            .find(|&i| {
-                let t = self.lines[i].trim_start().trim_start_matches("- ").trim_start();
-                t.strip_prefix(key).is_some_and(|rest| rest.trim_start().starts_with(':'))
-                    || t.strip_prefix(&format!("\"{key}\"")).is_some_and(|r| r.trim_start().starts_with(':'))
-            })
-            .map(|i| i + 1)
-    }
-
-    /// 1-based lines where the items of the top-level list `key` start.
-    fn list_items(&self, key: &str) -> Vec<usize> {
-        let Some(at) = self.key(key, 0, usize::MAX) else { return Vec::new() };
-        let mut out = Vec::new();
-        let mut indent = None;
-        for (i, line) in self.lines.iter().enumerate().skip(at) {
-            let t = line.trim_start();
-            if t.is_empty() || t.starts_with('#') {
-                continue;
-            }
-            let ind = line.len() - t.len();
-            if ind == 0 && !t.starts_with('-') {
-                break;
-            }
-            if t.starts_with("- ") || t == "-" {
-                match indent {
-                    None => {
-                        indent = Some(ind);
-                        out.push(i + 1);
-                    }
-                    Some(x) if x == ind => out.push(i + 1),
-                    _ => {}
-                }
-            }
-        }
-        out
-    }
-}
-
 #[cfg(test)]
-#[path = "def_tests.rs"]
 mod tests;
