@@ -5,6 +5,7 @@
 //!   the CLI, the console and the end-to-end tests.
 //! - [`local`]: `--local`, an agent started for the current directory.
 //! - [`cli`]: the `apollo` command line: arguments, human and JSON output.
+//! - [`console`]: `apollo-tui`, the terminal console (ratatui).
 //!
 //! This crate never imports the agent crate; the two meet only in the
 //! protocol types of `apollo-shared`.
@@ -15,4 +16,5 @@
 
 pub mod cli;
 pub mod client;
+pub mod console;
 pub mod local;

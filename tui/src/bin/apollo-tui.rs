@@ -1,0 +1,67 @@
+//! The `apollo-tui` binary: the console. See `apollo_tui::console`.
+
+use apollo_tui::console::{self, worker::Target};
+use clap::Parser;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "apollo-tui", version, about = "Apollo-11 console: live queues, timelines, step context and control")]
+struct Args {
+    /// The agent's socket (default: $APOLLO_SOCKET, ./.apollo/agent.sock, /run/apollo/agent.sock).
+    #[arg(long)]
+    socket: Option<PathBuf>,
+    /// Attach to an agent on another host through SSH: [user@]host[:port].
+    #[arg(long, conflicts_with = "local")]
+    ssh: Option<String>,
+    /// Start an agent for the current directory (or reuse one), and stop the one started on exit.
+    #[arg(long)]
+    local: bool,
+    /// Hide and refuse actions that change state.
+    #[arg(long)]
+    readonly: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("apollo-tui: cannot start the runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    rt.block_on(async move {
+        let mut started = None;
+        let target = if let Some(t) = args.ssh {
+            Target::Ssh { target: t, socket: args.socket.map(|p| p.display().to_string()) }
+        } else if args.local {
+            let dir = std::env::current_dir().unwrap_or_default();
+            match apollo_tui::local::attach(&dir).await {
+                Ok((_, agent)) => {
+                    started = agent;
+                    Target::Socket(dir.join(".apollo/agent.sock"))
+                }
+                Err(e) => {
+                    eprintln!("apollo-tui: {e}");
+                    return ExitCode::from(2);
+                }
+            }
+        } else {
+            let candidates = apollo_tui::client::socket_candidates(args.socket.as_deref());
+            let found = candidates.iter().find(|p| p.exists()).cloned();
+            Target::Socket(found.unwrap_or_else(|| candidates[0].clone()))
+        };
+        let result = console::run(target, args.readonly).await;
+        if let Some(a) = started {
+            a.stop().await;
+        }
+        match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("apollo-tui: {e:#}");
+                ExitCode::from(2)
+            }
+        }
+    })
+}

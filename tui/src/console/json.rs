@@ -1,0 +1,75 @@
+//! JSON shown as a tree that folds: one line per value, children indented.
+//! Folded objects and arrays show a one-line summary. The lines are plain
+//! text, so what is on screen can be copied as it is.
+
+use serde_json::Value;
+use std::collections::BTreeSet;
+
+/// (path, text) for each line of `v` rendered under `folds`.
+pub fn lines(v: &Value, folds: &BTreeSet<String>) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    walk(None, v, "$", 0, folds, &mut out);
+    out
+}
+
+fn scalar(v: &Value) -> String {
+    match v {
+        Value::String(s) => format!("{s:?}"),
+        other => other.to_string(),
+    }
+}
+
+fn walk(
+    key: Option<&str>,
+    v: &Value,
+    path: &str,
+    depth: usize,
+    folds: &BTreeSet<String>,
+    out: &mut Vec<(String, String)>,
+) {
+    let indent = "  ".repeat(depth);
+    let label = key.map(|k| format!("{k}: ")).unwrap_or_default();
+    match v {
+        Value::Object(m) if !m.is_empty() => {
+            if folds.contains(path) {
+                out.push((path.into(), format!("{indent}▸ {label}{{…{} keys}}", m.len())));
+                return;
+            }
+            out.push((path.into(), format!("{indent}▾ {label}{{")));
+            for (k, x) in m {
+                walk(Some(k), x, &format!("{path}.{k}"), depth + 1, folds, out);
+            }
+            out.push((format!("{path}}}"), format!("{indent}  }}")));
+        }
+        Value::Array(a) if !a.is_empty() => {
+            if folds.contains(path) {
+                out.push((path.into(), format!("{indent}▸ {label}[…{} items]", a.len())));
+                return;
+            }
+            out.push((path.into(), format!("{indent}▾ {label}[")));
+            for (i, x) in a.iter().enumerate() {
+                walk(None, x, &format!("{path}[{i}]"), depth + 1, folds, out);
+            }
+            out.push((format!("{path}]"), format!("{indent}  ]")));
+        }
+        other => out.push((path.into(), format!("{indent}  {label}{}", scalar(other)))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn folds_and_unfolds() {
+        let v = json!({"rows": 12, "columns": ["a", "b"], "summary": {"x": {"sum": 1.5}}});
+        let open: Vec<String> = lines(&v, &BTreeSet::new()).into_iter().map(|l| l.1).collect();
+        assert_eq!(open[0], "▾ {");
+        assert!(open.contains(&"    \"a\"".to_string()), "{open:?}");
+        let folds: BTreeSet<String> = ["$.summary".to_string()].into();
+        let folded: Vec<String> = lines(&v, &folds).into_iter().map(|l| l.1).collect();
+        assert!(folded.contains(&"  ▸ summary: {…1 keys}".to_string()), "{folded:?}");
+        assert!(folded.len() < open.len());
+    }
+}

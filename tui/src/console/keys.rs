@@ -1,0 +1,72 @@
+//! The one keymap: a key, in the current mode, becomes an [`Action`].
+
+use super::app::{Action, Mode};
+use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+
+/// The keys of the normal mode, for the help overlay: (keys, what they do).
+pub const HELP: &[(&str, &str)] = &[
+    (":", "switch view (queues, tasks, defs, plugins, alerts; Tab completes)"),
+    ("/", "filter: text, state:failed, task:NAME, queue:NAME"),
+    ("Enter", "drill down (queue → tasks, task → timeline, step → details)"),
+    ("Esc", "back"),
+    ("j k ↑ ↓", "move"),
+    ("PgUp PgDn g G Home End", "page, first, last"),
+    ("Tab", "next pane in the step view"),
+    ("r", "run the selected task (a form for its params)"),
+    ("d", "dry-run the selected task (nothing is executed)"),
+    ("t", "retry the selected instance"),
+    ("b", "roll back the selected instance (asks first)"),
+    ("c", "cancel the selected instance (asks first)"),
+    ("?", "this help"),
+    ("q Ctrl-C", "quit"),
+];
+
+pub fn action(mode: &Mode, key: KeyEvent) -> Option<Action> {
+    if key.modifiers.contains(KeyModifiers::CONTROL) && key.code == KeyCode::Char('c') {
+        return Some(Action::Quit);
+    }
+    let typing = matches!(mode, Mode::Command(_) | Mode::Filter(_) | Mode::Form(_));
+    if typing {
+        return match key.code {
+            KeyCode::Esc => Some(Action::Back),
+            KeyCode::Enter => Some(Action::Enter),
+            KeyCode::Backspace => Some(Action::Backspace),
+            KeyCode::Tab => Some(Action::Tab),
+            KeyCode::Up => Some(Action::Up),
+            KeyCode::Down => Some(Action::Down),
+            KeyCode::Char(c) => Some(Action::Input(c)),
+            _ => None,
+        };
+    }
+    if let Mode::Confirm(_) = mode {
+        return match key.code {
+            KeyCode::Char('y') | KeyCode::Char('Y') => Some(Action::Yes),
+            KeyCode::Enter => Some(Action::Yes),
+            _ => Some(Action::No),
+        };
+    }
+    if matches!(mode, Mode::Help) {
+        return Some(Action::Back);
+    }
+    Some(match key.code {
+        KeyCode::Char('q') => Action::Quit,
+        KeyCode::Char('j') | KeyCode::Down => Action::Down,
+        KeyCode::Char('k') | KeyCode::Up => Action::Up,
+        KeyCode::PageDown => Action::PageDown,
+        KeyCode::PageUp => Action::PageUp,
+        KeyCode::Char('g') | KeyCode::Home => Action::Home,
+        KeyCode::Char('G') | KeyCode::End => Action::End,
+        KeyCode::Enter => Action::Enter,
+        KeyCode::Esc => Action::Back,
+        KeyCode::Char(':') => Action::Command,
+        KeyCode::Char('/') => Action::Filter,
+        KeyCode::Char('?') => Action::Help,
+        KeyCode::Tab => Action::NextPane,
+        KeyCode::Char('r') => Action::Run,
+        KeyCode::Char('d') => Action::DryRun,
+        KeyCode::Char('t') => Action::Retry,
+        KeyCode::Char('b') => Action::Rollback,
+        KeyCode::Char('c') => Action::Cancel,
+        _ => return None,
+    })
+}

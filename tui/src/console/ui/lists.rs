@@ -1,0 +1,260 @@
+//! The list views. Only the rows that fit are built (the tasks view holds
+//! one page at a time and asks the agent for the next as you scroll).
+
+use super::super::app::{App, View};
+use super::Theme;
+use ratatui::layout::{Constraint, Rect};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Borders, Cell, Paragraph, Row, Table};
+use ratatui::Frame;
+
+/// The first row shown so that `sel` is visible in `height` rows.
+fn offset(sel: usize, height: usize) -> usize {
+    if height == 0 || sel < height {
+        0
+    } else {
+        sel + 1 - height
+    }
+}
+
+fn table(
+    f: &mut Frame,
+    area: Rect,
+    app: &App,
+    theme: &Theme,
+    view: View,
+    title: String,
+    header: Vec<&str>,
+    widths: Vec<Constraint>,
+    rows: Vec<Vec<Cell>>,
+    empty: &str,
+) {
+    let block = Block::default().borders(Borders::ALL).title(title);
+    if rows.is_empty() {
+        f.render_widget(Paragraph::new(Line::styled(empty.to_string(), theme.dim())).block(block), area);
+        return;
+    }
+    let height = area.height.saturating_sub(3) as usize;
+    let sel = app.sel(view).min(rows.len() - 1);
+    let first = offset(sel, height);
+    let shown: Vec<Row> = rows
+        .into_iter()
+        .enumerate()
+        .skip(first)
+        .take(height)
+        .map(|(i, cells)| {
+            let r = Row::new(cells);
+            if i == sel {
+                r.style(theme.selected())
+            } else {
+                r
+            }
+        })
+        .collect();
+    let t = Table::new(shown, widths).header(Row::new(header).style(theme.dim())).block(block);
+    f.render_widget(t, area);
+}
+
+fn ago(secs: Option<f64>) -> String {
+    match secs {
+        None => "-".into(),
+        Some(s) if s < 120.0 => format!("{s:.0}s"),
+        Some(s) if s < 7200.0 => format!("{:.0}m", s / 60.0),
+        Some(s) => format!("{:.0}h", s / 3600.0),
+    }
+}
+
+pub fn queues(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    let rows = app
+        .visible_queues()
+        .iter()
+        .map(|q| {
+            vec![
+                Cell::from(q.queue.clone()),
+                Cell::from(format!("{}/{}", q.running, q.limit.map(|l| l.to_string()).unwrap_or_else(|| "-".into()))),
+                Cell::from(q.pending.to_string()),
+                Cell::from(q.retrying.to_string()),
+                Cell::from(ago(q.oldest_pending_secs)),
+            ]
+        })
+        .collect();
+    let widths = vec![
+        Constraint::Min(12),
+        Constraint::Length(12),
+        Constraint::Length(9),
+        Constraint::Length(9),
+        Constraint::Length(15),
+    ];
+    table(
+        f,
+        area,
+        app,
+        theme,
+        View::Queues,
+        " queues ".into(),
+        vec!["QUEUE", "RUNNING", "PENDING", "RETRYING", "OLDEST PENDING"],
+        widths,
+        rows,
+        "no queues yet",
+    );
+}
+
+pub fn tasks(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    let visible = app.visible_tasks();
+    let more = if app.next_cursor.is_some() { "+" } else { "" };
+    let title = format!(" tasks ({}{more}) ", visible.len());
+    let rows = visible
+        .iter()
+        .map(|i| {
+            vec![
+                Cell::from(i.id.clone()),
+                Cell::from(i.task.clone()),
+                Cell::from(Span::styled(i.state.as_str(), theme.state(i.state.as_str()))),
+                Cell::from(i.attempt.to_string()),
+                Cell::from(i.queue.clone()),
+                Cell::from(i.created_at.format("%m-%d %H:%M:%S").to_string()),
+                Cell::from(i.error.clone().unwrap_or_default()),
+            ]
+        })
+        .collect();
+    let widths = vec![
+        Constraint::Length(26),
+        Constraint::Length(16),
+        Constraint::Length(11),
+        Constraint::Length(3),
+        Constraint::Length(8),
+        Constraint::Length(14),
+        Constraint::Min(10),
+    ];
+    table(
+        f,
+        area,
+        app,
+        theme,
+        View::Tasks,
+        title,
+        vec!["ID", "TASK", "STATE", "ATT", "QUEUE", "CREATED", "ERROR"],
+        widths,
+        rows,
+        "no instances (press : then defs, pick one, r to run it)",
+    );
+}
+
+pub fn defs(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    let rows = app
+        .visible_defs()
+        .iter()
+        .map(|d| {
+            let detail = if let Some(e) = d.errors.first() {
+                Cell::from(Span::styled(e.clone(), theme.error()))
+            } else {
+                Cell::from(d.steps.join(" → "))
+            };
+            let next = d
+                .next_fire
+                .map(|t| t.format("%m-%d %H:%M").to_string())
+                .or(d.on_event.as_ref().map(|e| format!("on {e}")));
+            vec![
+                Cell::from(d.task.clone()),
+                Cell::from(d.queue.clone().unwrap_or_default()),
+                Cell::from(d.hash.as_deref().map(|h| h[..8.min(h.len())].to_string()).unwrap_or_else(|| "-".into())),
+                Cell::from(d.schedule.clone().unwrap_or_default()),
+                Cell::from(next.unwrap_or_default()),
+                detail,
+            ]
+        })
+        .collect();
+    let widths = vec![
+        Constraint::Length(16),
+        Constraint::Length(8),
+        Constraint::Length(9),
+        Constraint::Length(12),
+        Constraint::Length(14),
+        Constraint::Min(20),
+    ];
+    table(
+        f,
+        area,
+        app,
+        theme,
+        View::Defs,
+        " defs ".into(),
+        vec!["TASK", "QUEUE", "VERSION", "SCHEDULE", "NEXT", "STEPS / ERRORS"],
+        widths,
+        rows,
+        "no definitions loaded",
+    );
+}
+
+pub fn plugins(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    let rows = app
+        .visible_plugins()
+        .iter()
+        .map(|p| {
+            let params: Vec<String> = p.describe["params"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|x| x["name"].as_str().map(str::to_string)).collect())
+                .unwrap_or_default();
+            let last = match &p.error {
+                Some(e) => Cell::from(Span::styled(e.clone(), theme.error())),
+                None => Cell::from(params.join(", ")),
+            };
+            vec![
+                Cell::from(p.name.clone()),
+                Cell::from(p.version.clone()),
+                Cell::from(format!("{}s", p.timeout_secs)),
+                Cell::from(p.retry.to_string()),
+                Cell::from(if p.idempotent { "yes" } else { "no" }),
+                last,
+            ]
+        })
+        .collect();
+    let widths = vec![
+        Constraint::Length(18),
+        Constraint::Length(8),
+        Constraint::Length(8),
+        Constraint::Length(5),
+        Constraint::Length(5),
+        Constraint::Min(20),
+    ];
+    table(
+        f,
+        area,
+        app,
+        theme,
+        View::Plugins,
+        " plugins ".into(),
+        vec!["NAME", "VERSION", "TIMEOUT", "RETRY", "IDEM", "PARAMS / ERROR"],
+        widths,
+        rows,
+        "no plugins",
+    );
+}
+
+pub fn alerts(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    let rows = app
+        .visible_alerts()
+        .iter()
+        .map(|a| {
+            vec![
+                Cell::from(a.at.format("%m-%d %H:%M:%S").to_string()),
+                Cell::from(Span::styled(a.kind.clone(), theme.error())),
+                Cell::from(a.instance.clone().unwrap_or_default()),
+                Cell::from(a.message.clone()),
+            ]
+        })
+        .collect();
+    let widths = vec![Constraint::Length(14), Constraint::Length(18), Constraint::Length(26), Constraint::Min(20)];
+    table(
+        f,
+        area,
+        app,
+        theme,
+        View::Alerts,
+        " alerts ".into(),
+        vec!["AT", "KIND", "INSTANCE", "MESSAGE"],
+        widths,
+        rows,
+        "no alerts",
+    );
+}

@@ -1,0 +1,137 @@
+//! Drawing: pure functions of `&App`. A header (agent, transport,
+//! connection, counts, throughput), the current view, a status line, and the
+//! overlay of the current mode.
+
+mod lists;
+mod overlay;
+mod step;
+mod timeline;
+
+use super::app::{App, Conn, Mode, View};
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Color, Modifier, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Paragraph, Sparkline};
+use ratatui::Frame;
+pub use step::pane_value as step_pane_value;
+
+/// Colours are dropped when NO_COLOR is set.
+pub struct Theme {
+    pub color: bool,
+}
+
+impl Theme {
+    pub fn state(&self, s: &str) -> Style {
+        if !self.color {
+            return Style::default();
+        }
+        let c = match s {
+            "SUCCESS" => Color::Green,
+            "FAILED" => Color::Red,
+            "RUNNING" => Color::Cyan,
+            "RETRYING" => Color::Yellow,
+            "ROLLED_BACK" => Color::Magenta,
+            "PENDING" | "SKIPPED" => Color::DarkGray,
+            _ => Color::Reset,
+        };
+        Style::default().fg(c)
+    }
+    pub fn selected(&self) -> Style {
+        if self.color {
+            Style::default().add_modifier(Modifier::REVERSED)
+        } else {
+            Style::default().add_modifier(Modifier::REVERSED | Modifier::BOLD)
+        }
+    }
+    pub fn dim(&self) -> Style {
+        if self.color {
+            Style::default().fg(Color::DarkGray)
+        } else {
+            Style::default()
+        }
+    }
+    pub fn error(&self) -> Style {
+        if self.color {
+            Style::default().fg(Color::Red)
+        } else {
+            Style::default().add_modifier(Modifier::BOLD)
+        }
+    }
+}
+
+pub fn draw(f: &mut Frame, app: &App, theme: &Theme) {
+    let [header, body, status] =
+        Layout::vertical([Constraint::Length(3), Constraint::Min(3), Constraint::Length(1)]).areas(f.area());
+    draw_header(f, header, app, theme);
+    match app.view {
+        View::Queues => lists::queues(f, body, app, theme),
+        View::Tasks => lists::tasks(f, body, app, theme),
+        View::Defs => lists::defs(f, body, app, theme),
+        View::Plugins => lists::plugins(f, body, app, theme),
+        View::Alerts => lists::alerts(f, body, app, theme),
+        View::Timeline => timeline::draw(f, body, app, theme),
+        View::Step => step::draw(f, body, app, theme),
+    }
+    draw_status(f, status, app, theme);
+    overlay::draw(f, app, theme);
+}
+
+fn uptime(secs: f64) -> String {
+    let s = secs as u64;
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3599 => format!("{}m{}s", s / 60, s % 60),
+        _ => format!("{}h{}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+fn draw_header(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    let [text, spark] = Layout::horizontal([Constraint::Min(40), Constraint::Length(32)]).areas(area);
+    let conn = match &app.conn {
+        Conn::Connecting => Span::styled("● connecting", theme.state("RETRYING")),
+        Conn::Connected => Span::styled("● connected", theme.state("SUCCESS")),
+        Conn::Lost { attempt, reason } => {
+            Span::styled(format!("● disconnected (retry {attempt}): {reason}"), theme.state("FAILED"))
+        }
+    };
+    let agent = match (&app.hello, &app.status) {
+        (Some(h), Some(s)) => format!("agent {} v{} up {}", h.agent, h.version, uptime(s.uptime_secs)),
+        (Some(h), None) => format!("agent {} v{}", h.agent, h.version),
+        _ => "agent ?".into(),
+    };
+    let role = if app.readonly() { "  [read-only]" } else { "" };
+    let line1 = Line::from(vec![
+        Span::styled("Apollo-11 ", Style::default().add_modifier(Modifier::BOLD)),
+        Span::raw(format!("{agent}  via {}  ", app.transport)),
+        conn,
+        Span::raw(role),
+    ]);
+    let mut counts = Vec::new();
+    if let Some(s) = &app.status {
+        for (k, v) in &s.counts {
+            counts.push(Span::styled(format!("{k} {v}"), theme.state(k)));
+            counts.push(Span::raw("  "));
+        }
+    }
+    let view = Line::from(vec![
+        Span::styled(format!("<{}>", app.view.name()), Style::default().add_modifier(Modifier::BOLD)),
+        Span::raw(format!("  filter: {}", app.filter(app.view))),
+    ]);
+    f.render_widget(Paragraph::new(vec![line1, Line::from(counts), view]), text);
+    let data: Vec<u64> = app.throughput.iter().copied().collect();
+    let title = Paragraph::new("ended/min, 30 min").style(theme.dim());
+    let [t, s] = Layout::vertical([Constraint::Length(1), Constraint::Length(2)]).areas(spark);
+    f.render_widget(title, t);
+    f.render_widget(Sparkline::default().data(&data).style(theme.state("RUNNING")), s);
+}
+
+fn draw_status(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    let line = match (&app.mode, &app.message) {
+        (Mode::Command(t), _) => Line::from(format!(":{t}")),
+        (Mode::Filter(t), _) => Line::from(format!("/{t}")),
+        (_, Some((m, true))) => Line::styled(m.clone(), theme.error()),
+        (_, Some((m, false))) => Line::from(m.clone()),
+        _ => Line::styled("? keys  : views  / filter  Enter open  Esc back  q quit", theme.dim()),
+    };
+    f.render_widget(Paragraph::new(line), area);
+}

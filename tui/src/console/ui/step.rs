@@ -1,0 +1,88 @@
+//! One step: params as resolved, context before and after, output and error,
+//! plugin and version, logs. JSON panes are folding trees.
+
+use super::super::app::{App, Pane, View};
+use super::super::json;
+use super::Theme;
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Borders, Paragraph, Tabs};
+use ratatui::Frame;
+use serde_json::{json, Value};
+
+/// The JSON a pane shows, or `None` for the logs pane.
+pub fn pane_value(app: &App) -> Option<Value> {
+    let i = app.instance.as_ref()?;
+    let steps = i.steps.as_ref()?;
+    let s = steps.iter().find(|s| s.seq == app.step)?;
+    // The context as it was before and after this step: the outputs of the
+    // steps up to it.
+    let upto = |last: u32| {
+        let mut c = i.context.clone();
+        if let Some(Value::Object(outs)) = c.get_mut("steps") {
+            let keep: Vec<&str> = steps.iter().filter(|x| x.seq <= last).map(|x| x.name.as_str()).collect();
+            outs.retain(|k, _| keep.contains(&k.as_str()));
+        }
+        c
+    };
+    match app.pane {
+        Pane::Params => Some(s.params.clone().unwrap_or(Value::Null)),
+        Pane::Before => Some(if app.step == 0 { strip_all(i.context.clone()) } else { upto(app.step - 1) }),
+        Pane::After => Some(upto(app.step)),
+        Pane::Output => Some(json!({"output": s.output, "error": s.error})),
+        Pane::Logs => None,
+    }
+}
+
+fn strip_all(mut c: Value) -> Value {
+    if let Some(Value::Object(o)) = c.get_mut("steps") {
+        o.clear();
+    }
+    c
+}
+
+pub fn draw(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    let Some(i) = &app.instance else { return };
+    let Some(s) = i.steps.as_ref().and_then(|st| st.iter().find(|s| s.seq == app.step)) else {
+        f.render_widget(Paragraph::new("no such step").block(Block::default().borders(Borders::ALL)), area);
+        return;
+    };
+    let [tabs, body] = Layout::vertical([Constraint::Length(3), Constraint::Min(3)]).areas(area);
+    let title = Line::from(vec![
+        Span::raw(format!(" step {} {} — {}@{} ", s.seq, s.name, s.plugin, s.plugin_version.as_deref().unwrap_or("?"))),
+        Span::styled(format!("{} ", s.state.as_str()), theme.state(s.state.as_str())),
+        Span::raw(format!("attempts {} ", s.attempts)),
+    ]);
+    let sel = Pane::ALL.iter().position(|p| *p == app.pane).unwrap_or(0);
+    let t = Tabs::new(Pane::ALL.iter().map(|p| p.title()))
+        .select(sel)
+        .highlight_style(theme.selected())
+        .block(Block::default().borders(Borders::ALL).title(title));
+    f.render_widget(t, tabs);
+    let block =
+        Block::default().borders(Borders::ALL).title(format!(" {} (Tab: next pane, Enter: fold) ", app.pane.title()));
+    let height = body.height.saturating_sub(2) as usize;
+    let lines: Vec<Line> = match pane_value(app) {
+        Some(v) => {
+            let rows = json::lines(&v, &app.folds);
+            let cur = app.sel(View::Step).min(rows.len().saturating_sub(1));
+            let first = if cur < height { 0 } else { cur + 1 - height };
+            rows.into_iter()
+                .enumerate()
+                .skip(first)
+                .take(height)
+                .map(|(n, (_, text))| if n == cur { Line::styled(text, theme.selected()) } else { Line::from(text) })
+                .collect()
+        }
+        None => {
+            let text: Vec<&str> = app.logs.lines().collect();
+            let first = text.len().saturating_sub(height);
+            if text.is_empty() {
+                vec![Line::styled("(no log lines)", theme.dim())]
+            } else {
+                text[first..].iter().map(|l| Line::from(l.to_string())).collect()
+            }
+        }
+    };
+    f.render_widget(Paragraph::new(lines).block(block), body);
+}

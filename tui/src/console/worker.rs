@@ -1,0 +1,256 @@
+//! The agent worker: owns the connection, off the UI's path. It connects
+//! (reconnecting with backoff and saying so), subscribes, loads what the
+//! views show, refreshes it when the agent pushes a change (debounced — no
+//! polling loop), and runs the console's actions. It reports through
+//! [`News`] values; the UI reads the latest.
+
+use super::app::{Cmd, News};
+use crate::client::{Client, ClientError};
+use apollo_shared::protocol::{Instance, ListResult, LogsResult};
+use serde_json::{json, Map, Value};
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// How to reach the agent.
+#[derive(Debug, Clone)]
+pub enum Target {
+    Socket(PathBuf),
+    Ssh { target: String, socket: Option<String> },
+}
+
+impl Target {
+    pub fn describe(&self) -> String {
+        match self {
+            Target::Socket(p) => p.display().to_string(),
+            Target::Ssh { target, .. } => format!("ssh {target}"),
+        }
+    }
+
+    async fn connect(&self) -> Result<Client, ClientError> {
+        match self {
+            Target::Socket(p) => Client::connect_unix(p).await,
+            Target::Ssh { target, socket } => Client::connect_ssh(target, socket.as_deref()).await,
+        }
+    }
+}
+
+/// Changes are coalesced for this long before the views are refreshed.
+const DEBOUNCE: Duration = Duration::from_millis(150);
+
+#[derive(Default)]
+struct Watch {
+    query: Map<String, Value>,
+    instance: Option<String>,
+    logs: Option<u32>,
+}
+
+pub async fn run(target: Target, mut cmds: mpsc::Receiver<Cmd>, news: mpsc::Sender<News>) {
+    let mut watch =
+        Watch { query: json!({"limit": 200}).as_object().cloned().unwrap_or_default(), ..Default::default() };
+    let mut attempt = 0u32;
+    loop {
+        let _ = news.send(News::Connecting).await;
+        let client = match target.connect().await {
+            Ok(c) => c,
+            Err(e) => {
+                attempt += 1;
+                let _ = news.send(News::Lost { attempt, reason: e.to_string() }).await;
+                if !wait_backoff(attempt, &mut cmds, &news, &mut watch).await {
+                    return;
+                }
+                continue;
+            }
+        };
+        match session(&client, &mut cmds, &news, &mut watch).await {
+            Ended::Quit => return,
+            Ended::Lost(reason) => {
+                attempt = 1;
+                let _ = news.send(News::Lost { attempt, reason }).await;
+                if !wait_backoff(attempt, &mut cmds, &news, &mut watch).await {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Waits before the next connection attempt, answering commands meanwhile.
+/// Returns false when the console quit.
+async fn wait_backoff(
+    attempt: u32,
+    cmds: &mut mpsc::Receiver<Cmd>,
+    news: &mpsc::Sender<News>,
+    watch: &mut Watch,
+) -> bool {
+    let delay = Duration::from_millis(200 * 2u64.pow(attempt.min(5))).min(Duration::from_secs(5));
+    let sleep = tokio::time::sleep(delay);
+    tokio::pin!(sleep);
+    loop {
+        tokio::select! {
+            _ = &mut sleep => return true,
+            cmd = cmds.recv() => match cmd {
+                None | Some(Cmd::Quit) => return false,
+                Some(Cmd::Watch { query, instance, logs }) => *watch = Watch { query, instance, logs },
+                Some(_) => {
+                    let _ = news.send(News::Done(Err("not connected to the agent; reconnecting".into()))).await;
+                }
+            },
+        }
+    }
+}
+
+enum Ended {
+    Quit,
+    Lost(String),
+}
+
+fn lost(e: ClientError) -> Ended {
+    Ended::Lost(e.to_string())
+}
+
+async fn session(
+    client: &Client,
+    cmds: &mut mpsc::Receiver<Cmd>,
+    news: &mpsc::Sender<News>,
+    watch: &mut Watch,
+) -> Ended {
+    let hello = match client.hello("apollo-tui").await {
+        Ok(h) => h,
+        Err(e) => return lost(e),
+    };
+    if let Err(e) = client.subscribe(&["tasks", "defs", "alerts", "queues"]).await {
+        return lost(e);
+    }
+    let Some(mut events) = client.take_events() else { return Ended::Lost("no event stream".into()) };
+    let _ = news.send(News::Connected(hello)).await;
+    if let Err(e) = refresh(client, news, watch, true).await {
+        return lost(e);
+    }
+    let mut due: Option<tokio::time::Instant> = None;
+    let mut defs_changed = false;
+    loop {
+        let timer = async {
+            match due {
+                Some(t) => tokio::time::sleep_until(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            ev = events.recv() => match ev {
+                None => return Ended::Lost("the agent closed the connection".into()),
+                Some(ev) => {
+                    defs_changed |= ev.topic == "defs" || ev.topic == "alerts" || ev.kind == "resync";
+                    due.get_or_insert(tokio::time::Instant::now() + DEBOUNCE);
+                    let _ = news.send(News::Event(ev)).await;
+                }
+            },
+            _ = timer => {
+                due = None;
+                if let Err(e) = refresh(client, news, watch, std::mem::take(&mut defs_changed)).await {
+                    return lost(e);
+                }
+            }
+            cmd = cmds.recv() => {
+                let Some(cmd) = cmd else { return Ended::Quit };
+                match cmd {
+                    Cmd::Quit => return Ended::Quit,
+                    Cmd::Watch { query, instance, logs } => {
+                        *watch = Watch { query, instance, logs };
+                        if let Err(e) = refresh(client, news, watch, false).await {
+                            return lost(e);
+                        }
+                    }
+                    other => {
+                        if let Err(Ended::Lost(r)) = act(client, other, news).await {
+                            return Ended::Lost(r);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Reloads what the views show. The tasks view gets one page; more pages
+/// come when the user scrolls to them.
+async fn refresh(
+    client: &Client,
+    news: &mpsc::Sender<News>,
+    watch: &Watch,
+    everything: bool,
+) -> Result<(), ClientError> {
+    let status = client.call_as("agent.status", json!({})).await?;
+    let _ = news.send(News::Status(status)).await;
+    let _ = news.send(News::Queues(client.call_as("queues.stats", json!({})).await?)).await;
+    let page: ListResult = client.call_as("tasks.list", Value::Object(watch.query.clone())).await?;
+    let _ = news.send(News::Tasks { items: page.items, next_cursor: page.next_cursor, append: false }).await;
+    if let Some(id) = &watch.instance {
+        if let Ok(i) = client.call_as::<Instance>("tasks.get", json!({"id": id})).await {
+            let _ = news.send(News::Instance(i)).await;
+        }
+        if let Some(step) = watch.logs {
+            if let Ok(l) = client.call_as::<LogsResult>("steps.logs", json!({"id": id, "step": step})).await {
+                let _ = news.send(News::Logs(l.text)).await;
+            }
+        }
+    }
+    if everything {
+        let _ = news.send(News::Defs(client.call_as("defs.list", json!({})).await?)).await;
+        let _ = news.send(News::Plugins(client.call_as("plugins.list", json!({})).await?)).await;
+        let _ = news.send(News::Alerts(client.call_as("alerts.list", json!({"limit": 200})).await?)).await;
+    }
+    Ok(())
+}
+
+/// Runs one action; the agent's refusal is shown as the agent worded it.
+async fn act(client: &Client, cmd: Cmd, news: &mpsc::Sender<News>) -> Result<(), Ended> {
+    let answer = |r: Result<Value, ClientError>| -> Result<Result<Value, String>, Ended> {
+        match r {
+            Ok(v) => Ok(Ok(v)),
+            Err(ClientError::Rpc(e)) => Ok(Err(e.to_string())),
+            Err(e) => Err(lost(e)),
+        }
+    };
+    let out = match cmd {
+        Cmd::MoreTasks { mut query, cursor } => {
+            query.insert("cursor".into(), Value::String(cursor));
+            match answer(client.call("tasks.list", Value::Object(query)).await)? {
+                Ok(v) => match serde_json::from_value::<ListResult>(v) {
+                    Ok(page) => News::Tasks { items: page.items, next_cursor: page.next_cursor, append: true },
+                    Err(e) => News::Done(Err(e.to_string())),
+                },
+                Err(e) => News::Done(Err(e)),
+            }
+        }
+        Cmd::Trigger { task, params } => {
+            match answer(client.call("tasks.trigger", json!({"task": task, "params": params})).await)? {
+                Ok(v) => News::Triggered(v["id"].as_str().unwrap_or_default().to_string()),
+                Err(e) => News::Done(Err(e)),
+            }
+        }
+        Cmd::DryRun { task, params } => {
+            match answer(client.call("tasks.dry_run", json!({"task": task, "params": params})).await)? {
+                Ok(v) => match serde_json::from_value(v) {
+                    Ok(r) => News::DryRun(r),
+                    Err(e) => News::Done(Err(e.to_string())),
+                },
+                Err(e) => News::Done(Err(e)),
+            }
+        }
+        Cmd::Act { method, id } => {
+            match answer(client.call(method, json!({"id": id, "reason": "from the console"})).await)? {
+                Ok(v) => News::Done(Ok(format!(
+                    "{} {}: now {}",
+                    method.trim_start_matches("tasks."),
+                    id,
+                    v["state"].as_str().unwrap_or("?")
+                ))),
+                Err(e) => News::Done(Err(e)),
+            }
+        }
+        Cmd::Watch { .. } | Cmd::Quit => return Ok(()),
+    };
+    let _ = news.send(out).await;
+    Ok(())
+}
