@@ -86,7 +86,9 @@ fn uptime(secs: f64) -> String {
 }
 
 fn draw_header(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
-    let [text, spark] = Layout::horizontal([Constraint::Min(40), Constraint::Length(32)]).areas(area);
+    // The throughput sparkline only where there is room beside the text.
+    let spark_w = if area.width >= 110 { 24 } else { 0 };
+    let [text, spark] = Layout::horizontal([Constraint::Min(40), Constraint::Length(spark_w)]).areas(area);
     let conn = match &app.conn {
         Conn::Connecting => Span::styled("● connecting", theme.state("RETRYING")),
         Conn::Connected => Span::styled("● connected", theme.state("SUCCESS")),
@@ -118,6 +120,9 @@ fn draw_header(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         Span::raw(format!("  filter: {}", app.filter(app.view))),
     ]);
     f.render_widget(Paragraph::new(vec![line1, Line::from(counts), view]), text);
+    if spark_w == 0 {
+        return;
+    }
     let data: Vec<u64> = app.throughput.iter().copied().collect();
     let title = Paragraph::new("ended/min, 30 min").style(theme.dim());
     let [t, s] = Layout::vertical([Constraint::Length(1), Constraint::Length(2)]).areas(spark);

@@ -1,0 +1,166 @@
+//! The console's key handling and state updates, without a terminal:
+//! keys in, actions and commands out.
+
+mod fixtures;
+
+use apollo_shared::protocol::{HelloResult, Role};
+use apollo_tui::console::app::{Action, App, Cmd, Mode, News, View};
+use apollo_tui::console::keys;
+use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
+
+fn key(app: &mut App, code: KeyCode) -> Vec<Cmd> {
+    match keys::action(&app.mode, KeyEvent::new(code, KeyModifiers::NONE)) {
+        Some(a) => app.update(a),
+        None => Vec::new(),
+    }
+}
+
+fn typed(app: &mut App, text: &str) -> Vec<Cmd> {
+    text.chars().flat_map(|c| key(app, KeyCode::Char(c))).collect()
+}
+
+#[test]
+fn colon_switches_views_with_completion_and_esc_goes_back() {
+    let mut app = fixtures::app();
+    key(&mut app, KeyCode::Char(':'));
+    typed(&mut app, "qu");
+    key(&mut app, KeyCode::Tab);
+    assert_eq!(app.mode, Mode::Command("queues".into()));
+    let cmds = key(&mut app, KeyCode::Enter);
+    assert_eq!(app.view, View::Queues);
+    assert!(matches!(cmds[0], Cmd::Watch { .. }));
+    key(&mut app, KeyCode::Esc);
+    assert_eq!(app.view, View::Tasks);
+    key(&mut app, KeyCode::Char(':'));
+    typed(&mut app, "nonsense");
+    key(&mut app, KeyCode::Enter);
+    assert!(app.message.as_ref().unwrap().0.contains("unknown view \"nonsense\""));
+}
+
+#[test]
+fn filters_go_to_the_agent_as_a_query_and_text_filters_locally() {
+    let mut app = fixtures::app();
+    key(&mut app, KeyCode::Char('/'));
+    typed(&mut app, "state:failed");
+    let cmds = key(&mut app, KeyCode::Enter);
+    let Cmd::Watch { query, .. } = &cmds[0] else { panic!("{cmds:?}") };
+    assert_eq!(query["state"], "FAILED");
+    key(&mut app, KeyCode::Char('/'));
+    for _ in 0.."state:failed".len() {
+        key(&mut app, KeyCode::Backspace);
+    }
+    typed(&mut app, "flaky");
+    key(&mut app, KeyCode::Enter);
+    let shown: Vec<&str> = app.visible_tasks().iter().map(|i| i.task.as_str()).collect();
+    assert_eq!(shown, ["flaky_sync"]);
+}
+
+#[test]
+fn enter_drills_down_and_moves_keep_within_bounds() {
+    let mut app = fixtures::app();
+    for _ in 0..10 {
+        key(&mut app, KeyCode::Char('j'));
+    }
+    assert_eq!(app.sel(View::Tasks), 2);
+    key(&mut app, KeyCode::Char('g'));
+    assert_eq!(app.sel(View::Tasks), 0);
+    key(&mut app, KeyCode::Enter);
+    assert_eq!(app.view, View::Timeline);
+    assert_eq!(app.instance.as_ref().unwrap().task, "daily_report");
+    key(&mut app, KeyCode::Char('j'));
+    key(&mut app, KeyCode::Enter);
+    assert_eq!((app.view, app.step), (View::Step, 1));
+    let before = app.step_lines().len();
+    key(&mut app, KeyCode::Enter);
+    assert!(app.step_lines().len() < before, "Enter folds the object under the cursor");
+}
+
+#[test]
+fn destructive_actions_ask_first_and_retry_does_not() {
+    let mut app = fixtures::app();
+    key(&mut app, KeyCode::Char('j'));
+    let cmds = key(&mut app, KeyCode::Char('b'));
+    assert!(cmds.is_empty());
+    assert!(matches!(&app.mode, Mode::Confirm(c) if c.method == "tasks.rollback"));
+    assert!(key(&mut app, KeyCode::Char('n')).is_empty(), "n declines");
+    key(&mut app, KeyCode::Char('c'));
+    let cmds = key(&mut app, KeyCode::Char('y'));
+    assert_eq!(cmds, [Cmd::Act { method: "tasks.cancel", id: "01JAAAAAAAAAAAAAAAAAAAAAA2".into() }]);
+    let cmds = key(&mut app, KeyCode::Char('t'));
+    assert_eq!(cmds, [Cmd::Act { method: "tasks.retry", id: "01JAAAAAAAAAAAAAAAAAAAAAA2".into() }]);
+}
+
+#[test]
+fn the_run_form_lists_declared_params_with_defaults_and_validates() {
+    let mut app = fixtures::app();
+    key(&mut app, KeyCode::Char(':'));
+    typed(&mut app, "defs");
+    key(&mut app, KeyCode::Enter);
+    key(&mut app, KeyCode::Char('r'));
+    let Mode::Form(f) = &app.mode else { panic!("{:?}", app.mode) };
+    assert_eq!(f.fields[0].0, "source");
+    assert_eq!(f.fields[0].1, "file://tasks/data/report.csv");
+    for _ in 0..40 {
+        key(&mut app, KeyCode::Backspace);
+    }
+    assert!(key(&mut app, KeyCode::Enter).is_empty());
+    assert!(matches!(&app.mode, Mode::Form(f) if f.error.as_deref() == Some("source: needs a value")));
+    typed(&mut app, "file://x.csv");
+    let cmds = key(&mut app, KeyCode::Enter);
+    let Cmd::Trigger { task, params } = &cmds[0] else { panic!("{cmds:?}") };
+    assert_eq!((task.as_str(), params["source"].as_str()), ("daily_report", Some("file://x.csv")));
+    // The new instance opens in the timeline.
+    app.on_news(News::Triggered("01JNEW".into()));
+    assert_eq!(app.view, View::Timeline);
+}
+
+#[test]
+fn readonly_and_observers_cannot_change_anything() {
+    let mut app = fixtures::app();
+    app.readonly_flag = true;
+    for k in ['r', 't', 'b', 'c'] {
+        assert!(key(&mut app, KeyCode::Char(k)).is_empty(), "{k}");
+        assert!(app.message.as_ref().unwrap().0.contains("read-only"));
+        assert_eq!(app.mode, Mode::Normal);
+    }
+    let mut app = fixtures::app();
+    app.on_news(News::Connected(HelloResult {
+        agent: "a".into(),
+        version: "0".into(),
+        protocol: 1,
+        role: Role::Observer,
+    }));
+    assert!(app.readonly());
+    assert!(key(&mut app, KeyCode::Char('t')).is_empty());
+    // Reading still works.
+    assert_eq!(app.update(Action::Enter).len(), 1);
+}
+
+#[test]
+fn scrolling_near_the_end_asks_for_the_next_page() {
+    let mut app = fixtures::app();
+    app.on_news(News::Tasks {
+        items: fixtures::app().tasks,
+        next_cursor: Some("01JAAAAAAAAAAAAAAAAAAAAAA1".into()),
+        append: false,
+    });
+    let cmds = key(&mut app, KeyCode::Char('j'));
+    assert!(matches!(&cmds[0], Cmd::MoreTasks { cursor, .. } if cursor == "01JAAAAAAAAAAAAAAAAAAAAAA1"));
+    let more = vec![fixtures::instance("01J0000000000000000000000Z", "older", apollo_shared::TaskState::Success)];
+    app.on_news(News::Tasks { items: more, next_cursor: None, append: true });
+    assert_eq!(app.tasks.len(), 4);
+}
+
+#[test]
+fn a_lost_connection_is_shown_and_a_reconnect_refreshes() {
+    let mut app = fixtures::app();
+    app.on_news(News::Lost { attempt: 2, reason: "the agent closed the connection".into() });
+    assert!(matches!(app.conn, apollo_tui::console::app::Conn::Lost { attempt: 2, .. }));
+    let cmds = app.on_news(News::Connected(HelloResult {
+        agent: "a".into(),
+        version: "0".into(),
+        protocol: 1,
+        role: Role::Operator,
+    }));
+    assert!(matches!(cmds[0], Cmd::Watch { .. }), "reconnecting re-reads what the view shows");
+}

@@ -1,0 +1,111 @@
+//! One snapshot per console view, rendered from fixed state with ratatui's
+//! TestBackend, including empty, error and narrow (80×24) cases.
+
+mod fixtures;
+
+use apollo_tui::console::app::{Action, App, News, View};
+use apollo_tui::console::ui::{draw, Theme};
+use ratatui::backend::TestBackend;
+use ratatui::Terminal;
+
+fn render(app: &App, w: u16, h: u16) -> String {
+    let mut term = Terminal::new(TestBackend::new(w, h)).unwrap();
+    term.draw(|f| draw(f, app, &Theme { color: false })).unwrap();
+    format!("{}", term.backend())
+}
+
+fn at(view: View) -> App {
+    let mut app = fixtures::app();
+    let name = view.name();
+    app.update(Action::Command);
+    for c in name.chars() {
+        app.update(Action::Input(c));
+    }
+    app.update(Action::Enter);
+    app
+}
+
+#[test]
+fn tasks_view() {
+    insta::assert_snapshot!(render(&fixtures::app(), 120, 20));
+}
+
+#[test]
+fn tasks_view_narrow() {
+    insta::assert_snapshot!(render(&fixtures::app(), 80, 24));
+}
+
+#[test]
+fn tasks_view_empty_and_disconnected() {
+    let mut app = App::new("ssh ops@db-7".into(), false);
+    app.on_news(News::Lost {
+        attempt: 3,
+        reason: "cannot connect to the agent at /run/apollo/agent.sock: Connection refused".into(),
+    });
+    insta::assert_snapshot!(render(&app, 100, 12));
+}
+
+#[test]
+fn queues_view() {
+    insta::assert_snapshot!(render(&at(View::Queues), 100, 12));
+}
+
+#[test]
+fn defs_view_with_a_load_error() {
+    insta::assert_snapshot!(render(&at(View::Defs), 120, 12));
+}
+
+#[test]
+fn plugins_view() {
+    insta::assert_snapshot!(render(&at(View::Plugins), 100, 10));
+}
+
+#[test]
+fn alerts_view() {
+    insta::assert_snapshot!(render(&at(View::Alerts), 110, 10));
+}
+
+#[test]
+fn timeline_view() {
+    let mut app = fixtures::app();
+    app.update(Action::Enter);
+    insta::assert_snapshot!(render(&app, 120, 30));
+}
+
+#[test]
+fn timeline_view_narrow() {
+    let mut app = fixtures::app();
+    app.update(Action::Enter);
+    insta::assert_snapshot!(render(&app, 80, 24));
+}
+
+#[test]
+fn step_view_params_and_folded_context() {
+    let mut app = fixtures::app();
+    app.update(Action::Enter);
+    app.update(Action::Down);
+    app.update(Action::Enter);
+    insta::assert_snapshot!("step_params", render(&app, 100, 16));
+    app.update(Action::NextPane);
+    app.update(Action::NextPane);
+    // Fold `steps` (the sixth line) under the cursor.
+    for _ in 0..5 {
+        app.update(Action::Down);
+    }
+    app.update(Action::Enter);
+    insta::assert_snapshot!("step_context_after_folded", render(&app, 100, 20));
+}
+
+#[test]
+fn overlays() {
+    let mut app = at(View::Defs);
+    app.update(Action::Run);
+    insta::assert_snapshot!("run_form", render(&app, 100, 14));
+    let mut app = fixtures::app();
+    app.update(Action::Down);
+    app.update(Action::Rollback);
+    insta::assert_snapshot!("confirm", render(&app, 100, 14));
+    let mut app = fixtures::app();
+    app.update(Action::Help);
+    insta::assert_snapshot!("help", render(&app, 100, 24));
+}
