@@ -3,6 +3,8 @@
 //! `apollo` CLI or the client library. Nothing here mocks the store, the
 //! socket or the file system.
 
+pub mod console;
+
 use apollo_shared::protocol::Instance;
 use apollo_tui::client::Client;
 use serde_json::{json, Value};

@@ -1,0 +1,86 @@
+//! Driving `apollo-tui` in a real pseudo-terminal: keys go in, a vt100
+//! parser keeps the screen, and waits are woken by output (no sleeps).
+
+use portable_pty::{native_pty_system, CommandBuilder, PtySize};
+use std::io::{Read, Write};
+use std::path::Path;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+pub struct Console {
+    screen: Arc<(Mutex<vt100::Parser>, Condvar)>,
+    writer: Box<dyn Write + Send>,
+    child: Box<dyn portable_pty::Child + Send + Sync>,
+}
+
+impl Console {
+    /// Starts `apollo-tui ARGS` in `dir` on a 140×40 terminal.
+    pub fn start(dir: &Path, args: &[&str], path_prefix: Option<&Path>) -> Console {
+        let pty =
+            native_pty_system().openpty(PtySize { rows: 40, cols: 140, pixel_width: 0, pixel_height: 0 }).unwrap();
+        let mut cmd = CommandBuilder::new(crate::bin_dir().join("apollo-tui"));
+        cmd.args(args);
+        cmd.cwd(dir);
+        cmd.env("TERM", "xterm-256color");
+        if let Some(p) = path_prefix {
+            cmd.env(
+                "PATH",
+                format!("{}:{}:{}", p.display(), crate::bin_dir().display(), std::env::var("PATH").unwrap_or_default()),
+            );
+        }
+        let child = pty.slave.spawn_command(cmd).unwrap();
+        let mut reader = pty.master.try_clone_reader().unwrap();
+        let writer = pty.master.take_writer().unwrap();
+        let screen = Arc::new((Mutex::new(vt100::Parser::new(40, 140, 0)), Condvar::new()));
+        let s = screen.clone();
+        let master = pty.master;
+        std::thread::spawn(move || {
+            let _keep = master;
+            let mut buf = [0u8; 8192];
+            while let Ok(n) = reader.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                s.0.lock().unwrap().process(&buf[..n]);
+                s.1.notify_all();
+            }
+        });
+        Console { screen, writer, child }
+    }
+
+    pub fn text(&self) -> String {
+        self.screen.0.lock().unwrap().screen().contents()
+    }
+
+    /// Waits until the screen shows every one of `parts`.
+    pub fn wait_for(&self, parts: &[&str]) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut parser = self.screen.0.lock().unwrap();
+        loop {
+            let text = parser.screen().contents();
+            if parts.iter().all(|p| text.contains(p)) {
+                return text;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(!left.is_zero(), "the screen never showed {parts:?}; it shows:\n{text}");
+            parser = self.screen.1.wait_timeout(parser, left).unwrap().0;
+        }
+    }
+
+    pub fn keys(&mut self, keys: &str) {
+        self.writer.write_all(keys.as_bytes()).unwrap();
+        self.writer.flush().unwrap();
+    }
+
+    /// Quits with `q` and waits for the process; returns its exit code.
+    pub fn quit(mut self) -> u32 {
+        self.keys("q");
+        self.child.wait().unwrap().exit_code()
+    }
+}
+
+impl Drop for Console {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+    }
+}

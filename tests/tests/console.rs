@@ -1,0 +1,111 @@
+//! The console in a real terminal against a real agent: run a task and watch
+//! it succeed, filter to a failed instance and retry it, read-only mode, the
+//! SSH transport through dial-stdio, and a reconnect after the agent restarts.
+
+use apollo_tests::console::Console;
+use apollo_tests::*;
+
+const GATE: &str = "task: gate\non_failure: stop\nsteps:\n  - name: check_gate\n    plugin: shell\n    retry: 0\n    params:\n      command: test -f ../../gate-open\n";
+
+fn failed_gate(agent: &Agent) -> String {
+    let (code, inst) = agent.cli_json(&["run", "gate", "--wait"]);
+    assert_eq!((code, inst["state"].as_str()), (1, Some("FAILED")), "{inst:#}");
+    inst["id"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn run_daily_report_and_watch_it_then_retry_a_failed_instance() {
+    let agent = Agent::builder().bundled_tasks().task("gate.yaml", GATE).start();
+    let failed = failed_gate(&agent);
+    let sock = agent.socket.display().to_string();
+    let mut c = Console::start(agent.path(), &["--socket", &sock], None);
+    c.wait_for(&["connected", "gate", "FAILED"]);
+    c.keys(":defs\r");
+    c.wait_for(&["<defs>", "daily_report", "download → parse → report"]);
+    c.keys("r");
+    c.wait_for(&["run daily_report", "file://tasks/data/report.csv"]);
+    c.keys("\r");
+    let screen = c.wait_for(&["<timeline>", "daily_report", "SUCCESS", "all steps succeeded"]);
+    for step in ["0 download", "1 parse", "2 report"] {
+        assert!(screen.contains(step), "{step}:\n{screen}");
+    }
+    // The report step's context: open it, the output pane has the report path.
+    c.keys("jj\r");
+    c.wait_for(&["<step>", "step 2 report", "report_generator@1.0.0"]);
+    c.keys("\t\t\t");
+    c.wait_for(&["daily_report.html"]);
+    // A dry-run shows the plan and executes nothing.
+    c.keys("d");
+    c.wait_for(&["dry-run", "nothing was executed", "ok    0 download"]);
+    // Enter closes it (an Esc followed at once by more keys would read as Alt-key).
+    c.keys("\r");
+    // Filter the tasks to the failed one and retry it after opening the gate.
+    c.keys(":tasks\r/state:failed\r");
+    c.wait_for(&["filter: state:failed", &failed]);
+    std::fs::write(agent.path().join("data/gate-open"), "").unwrap();
+    c.keys("t");
+    // The agent answers with the state after the change (RETRYING, or already RUNNING).
+    c.wait_for(&[&format!("retry {failed}: now ")]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let inst = rt.block_on(async {
+        let cl = agent.client().await;
+        cl.subscribe(&["tasks"]).await.unwrap();
+        let mut ev = cl.take_events().unwrap();
+        wait_until(&cl, &mut ev, &failed, "the retry to finish", ended).await
+    });
+    assert_eq!(inst.state, apollo_shared::TaskState::Success);
+    assert_eq!(c.quit(), 0);
+}
+
+#[test]
+fn readonly_refuses_a_retry() {
+    let agent = Agent::builder().task("gate.yaml", GATE).start();
+    let failed = failed_gate(&agent);
+    let sock = agent.socket.display().to_string();
+    let mut c = Console::start(agent.path(), &["--socket", &sock, "--readonly"], None);
+    c.wait_for(&["[read-only]", &failed]);
+    c.keys("t");
+    c.wait_for(&["read-only: actions that change state are disabled"]);
+    let (_, inst) = agent.cli_json(&["show", &failed]);
+    assert_eq!(inst["state"], "FAILED");
+    assert_eq!(inst["transitions"].as_array().unwrap().last().unwrap()["to"], "FAILED");
+}
+
+#[test]
+fn the_console_and_the_cli_work_over_ssh_through_dial_stdio() {
+    let agent = Agent::builder().task("gate.yaml", GATE).start();
+    let failed = failed_gate(&agent);
+    // An `ssh` stand-in that runs the remote command here.
+    let fake = tempfile::tempdir().unwrap();
+    let ssh = fake.path().join("ssh");
+    std::fs::write(&ssh, "#!/bin/sh\nwhile [ $# -gt 0 ]; do case \"$1\" in -T) shift;; -o|-p) shift 2;; *) break;; esac; done\nshift\nexec \"$@\"\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let sock = agent.socket.display().to_string();
+    let c = Console::start(agent.path(), &["--ssh", "ops@db-7:2222", "--socket", &sock], Some(fake.path()));
+    c.wait_for(&["via ssh ops@db-7:2222", "connected", &failed]);
+    assert_eq!(c.quit(), 0);
+    let path = format!("{}:{}:{}", fake.path().display(), bin_dir().display(), std::env::var("PATH").unwrap());
+    let out = std::process::Command::new(cli_bin())
+        .args(["--ssh", "ops@db-7", "--socket", &sock, "--json", "ls"])
+        .env("PATH", path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&failed));
+}
+
+#[test]
+fn the_console_shows_a_lost_agent_and_reconnects_to_the_restarted_one() {
+    let mut agent = Agent::builder().task("gate.yaml", GATE).start();
+    let first = failed_gate(&agent);
+    let sock = agent.socket.display().to_string();
+    let c = Console::start(agent.path(), &["--socket", &sock], None);
+    c.wait_for(&["connected", &first]);
+    agent.kill9();
+    c.wait_for(&["disconnected"]);
+    agent.spawn();
+    let second = failed_gate(&agent);
+    c.wait_for(&["● connected", &first, &second]);
+    assert_eq!(c.quit(), 0);
+}
