@@ -48,6 +48,10 @@ impl Console {
         Console { screen, writer, child }
     }
 
+    pub fn pid(&self) -> Option<u32> {
+        self.child.process_id()
+    }
+
     pub fn text(&self) -> String {
         self.screen.0.lock().unwrap().screen().contents()
     }

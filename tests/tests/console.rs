@@ -41,7 +41,7 @@ fn run_daily_report_and_watch_it_then_retry_a_failed_instance() {
     c.keys("\r");
     // Filter the tasks to the failed one and retry it after opening the gate.
     c.keys(":tasks\r/state:failed\r");
-    c.wait_for(&["filter: state:failed", &failed]);
+    c.wait_for(&["filter: state:failed", "tasks (1)", &failed]);
     std::fs::write(agent.path().join("data/gate-open"), "").unwrap();
     c.keys("t");
     // The agent answers with the state after the change (RETRYING, or already RUNNING).
