@@ -135,7 +135,15 @@ async fn main() {
     for h in handles {
         h.await.unwrap();
     }
-    eprintln!("{n} instances created in {:.1}s", fill.elapsed().as_secs_f64());
+    // Measure against an idle agent: wait for every instance to finish.
+    loop {
+        let st = clients[0].call("agent.status", json!({})).await.unwrap();
+        if st["counts"]["SUCCESS"].as_u64().unwrap_or(0) >= n as u64 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!("{n} instances created and run in {:.1}s", fill.elapsed().as_secs_f64());
 
     let sock = agent.socket.display().to_string();
     let mut first = Vec::new();

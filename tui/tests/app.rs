@@ -164,3 +164,15 @@ fn a_lost_connection_is_shown_and_a_reconnect_refreshes() {
     }));
     assert!(matches!(cmds[0], Cmd::Watch { .. }), "reconnecting re-reads what the view shows");
 }
+
+#[test]
+fn s_sorts_the_tasks_view_by_the_next_column() {
+    let mut app = fixtures::app();
+    let order = |app: &App| app.visible_tasks().iter().map(|i| i.task.clone()).collect::<Vec<_>>();
+    assert_eq!(order(&app), ["daily_report", "db_migration", "flaky_sync"]);
+    key(&mut app, KeyCode::Char('s'));
+    assert_eq!(app.message.as_ref().unwrap().0, "sorted by task");
+    key(&mut app, KeyCode::Char('s'));
+    assert_eq!(app.message.as_ref().unwrap().0, "sorted by state");
+    assert_eq!(order(&app), ["flaky_sync", "daily_report", "db_migration"], "by state: RUNNING, SUCCESS, FAILED");
+}

@@ -128,7 +128,12 @@ pub enum Action {
     Yes,
     No,
     NextPane,
+    /// Sort the tasks view by the next column.
+    Sort,
 }
+
+/// Columns the tasks view sorts by (`s` cycles).
+pub const SORTS: [&str; 5] = ["created", "task", "state", "queue", "attempt"];
 
 /// What the agent worker reports.
 #[derive(Debug, Clone)]
@@ -218,6 +223,8 @@ pub struct App {
     /// Instances that ended, per minute, oldest first (the sparkline).
     pub throughput: VecDeque<u64>,
     pub minute: i64,
+    /// Index into [`SORTS`].
+    pub sort: usize,
     pub quit: bool,
 }
 
@@ -248,6 +255,7 @@ impl App {
             message: None,
             throughput: VecDeque::from(vec![0; 30]),
             minute: 0,
+            sort: 0,
             quit: false,
         }
     }
@@ -298,10 +306,20 @@ impl App {
     }
 
     pub fn visible_tasks(&self) -> Vec<&Instance> {
-        self.tasks
+        let mut v: Vec<&Instance> = self
+            .tasks
             .iter()
             .filter(|i| self.keep(View::Tasks, &format!("{} {} {} {}", i.id, i.task, i.state, i.queue)))
-            .collect()
+            .collect();
+        // Stable sorts keep newest-first within equal keys.
+        match SORTS[self.sort] {
+            "task" => v.sort_by(|a, b| a.task.cmp(&b.task)),
+            "state" => v.sort_by_key(|i| i.state),
+            "queue" => v.sort_by(|a, b| a.queue.cmp(&b.queue)),
+            "attempt" => v.sort_by_key(|i| std::cmp::Reverse(i.attempt)),
+            _ => {}
+        }
+        v
     }
     pub fn visible_queues(&self) -> Vec<&QueueStats> {
         self.queues.iter().filter(|q| self.keep(View::Queues, &q.queue)).collect()
@@ -640,6 +658,11 @@ impl App {
                 self.pane = Pane::ALL[(i + 1) % Pane::ALL.len()];
                 self.selected.insert(View::Step, 0);
                 vec![self.watch()]
+            }
+            Action::Sort if self.view == View::Tasks => {
+                self.sort = (self.sort + 1) % SORTS.len();
+                self.say(format!("sorted by {}", SORTS[self.sort]), false);
+                Vec::new()
             }
             Action::Run => match self.focused_task() {
                 Some(task) => {

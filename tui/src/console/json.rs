@@ -66,7 +66,7 @@ mod tests {
         let v = json!({"rows": 12, "columns": ["a", "b"], "summary": {"x": {"sum": 1.5}}});
         let open: Vec<String> = lines(&v, &BTreeSet::new()).into_iter().map(|l| l.1).collect();
         assert_eq!(open[0], "▾ {");
-        assert!(open.contains(&"    \"a\"".to_string()), "{open:?}");
+        assert!(open.contains(&"      \"a\"".to_string()), "{open:?}");
         let folds: BTreeSet<String> = ["$.summary".to_string()].into();
         let folded: Vec<String> = lines(&v, &folds).into_iter().map(|l| l.1).collect();
         assert!(folded.contains(&"  ▸ summary: {…1 keys}".to_string()), "{folded:?}");

@@ -11,7 +11,8 @@ pub const HELP: &[(&str, &str)] = &[
     ("Esc", "back"),
     ("j k ↑ ↓", "move"),
     ("PgUp PgDn g G Home End", "page, first, last"),
-    ("Tab", "next pane in the step view"),
+    ("Tab", "next pane in the step view (logs follow while open)"),
+    ("s", "sort the tasks view: created, task, state, queue, attempt"),
     ("r", "run the selected task (a form for its params)"),
     ("d", "dry-run the selected task (nothing is executed)"),
     ("t", "retry the selected instance"),
@@ -67,6 +68,7 @@ pub fn action(mode: &Mode, key: KeyEvent) -> Option<Action> {
         KeyCode::Char('t') => Action::Retry,
         KeyCode::Char('b') => Action::Rollback,
         KeyCode::Char('c') => Action::Cancel,
+        KeyCode::Char('s') => Action::Sort,
         _ => return None,
     })
 }

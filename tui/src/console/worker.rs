@@ -129,6 +129,9 @@ async fn session(
     }
     let mut due: Option<tokio::time::Instant> = None;
     let mut defs_changed = false;
+    // A log grows without notifications: while a log pane is open it is
+    // re-read every second (the one periodic read the console makes).
+    let mut follow = tokio::time::interval(Duration::from_secs(1));
     loop {
         let timer = async {
             match due {
@@ -145,6 +148,13 @@ async fn session(
                     let _ = news.send(News::Event(ev)).await;
                 }
             },
+            _ = follow.tick(), if watch.logs.is_some() => {
+                if let (Some(id), Some(step)) = (&watch.instance, watch.logs) {
+                    if let Ok(l) = client.call_as::<LogsResult>("steps.logs", json!({"id": id, "step": step})).await {
+                        let _ = news.send(News::Logs(l.text)).await;
+                    }
+                }
+            }
             _ = timer => {
                 due = None;
                 if let Err(e) = refresh(client, news, watch, std::mem::take(&mut defs_changed)).await {

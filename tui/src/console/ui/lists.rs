@@ -17,18 +17,16 @@ fn offset(sel: usize, height: usize) -> usize {
     }
 }
 
-fn table(
-    f: &mut Frame,
-    area: Rect,
-    app: &App,
-    theme: &Theme,
-    view: View,
+/// What a list view shows besides its rows.
+struct Shape<'a> {
     title: String,
-    header: Vec<&str>,
+    header: Vec<&'a str>,
     widths: Vec<Constraint>,
-    rows: Vec<Vec<Cell>>,
-    empty: &str,
-) {
+    empty: &'a str,
+}
+
+fn table(f: &mut Frame, area: Rect, app: &App, theme: &Theme, view: View, shape: Shape, rows: Vec<Vec<Cell>>) {
+    let Shape { title, header, widths, empty } = shape;
     let block = Block::default().borders(Borders::ALL).title(title);
     if rows.is_empty() {
         f.render_widget(Paragraph::new(Line::styled(empty.to_string(), theme.dim())).block(block), area);
@@ -91,18 +89,20 @@ pub fn queues(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         app,
         theme,
         View::Queues,
-        " queues ".into(),
-        vec!["QUEUE", "RUNNING", "PENDING", "RETRYING", "OLDEST PENDING"],
-        widths,
+        Shape {
+            title: " queues ".into(),
+            header: vec!["QUEUE", "RUNNING", "PENDING", "RETRYING", "OLDEST PENDING"],
+            widths,
+            empty: "no queues yet",
+        },
         rows,
-        "no queues yet",
     );
 }
 
 pub fn tasks(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let visible = app.visible_tasks();
     let more = if app.next_cursor.is_some() { "+" } else { "" };
-    let title = format!(" tasks ({}{more}) ", visible.len());
+    let title = format!(" tasks ({}{more}) sorted by {} ", visible.len(), super::super::app::SORTS[app.sort]);
     let rows = visible
         .iter()
         .map(|i| {
@@ -132,11 +132,13 @@ pub fn tasks(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         app,
         theme,
         View::Tasks,
-        title,
-        vec!["ID", "TASK", "STATE", "ATT", "QUEUE", "CREATED", "ERROR"],
-        widths,
+        Shape {
+            title,
+            header: vec!["ID", "TASK", "STATE", "ATT", "QUEUE", "CREATED", "ERROR"],
+            widths,
+            empty: "no instances (press : then defs, pick one, r to run it)",
+        },
         rows,
-        "no instances (press : then defs, pick one, r to run it)",
     );
 }
 
@@ -178,11 +180,13 @@ pub fn defs(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         app,
         theme,
         View::Defs,
-        " defs ".into(),
-        vec!["TASK", "QUEUE", "VERSION", "SCHEDULE", "NEXT", "STEPS / ERRORS"],
-        widths,
+        Shape {
+            title: " defs ".into(),
+            header: vec!["TASK", "QUEUE", "VERSION", "SCHEDULE", "NEXT", "STEPS / ERRORS"],
+            widths,
+            empty: "no definitions loaded",
+        },
         rows,
-        "no definitions loaded",
     );
 }
 
@@ -223,11 +227,13 @@ pub fn plugins(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         app,
         theme,
         View::Plugins,
-        " plugins ".into(),
-        vec!["NAME", "VERSION", "TIMEOUT", "RETRY", "IDEM", "PARAMS / ERROR"],
-        widths,
+        Shape {
+            title: " plugins ".into(),
+            header: vec!["NAME", "VERSION", "TIMEOUT", "RETRY", "IDEM", "PARAMS / ERROR"],
+            widths,
+            empty: "no plugins",
+        },
         rows,
-        "no plugins",
     );
 }
 
@@ -251,10 +257,12 @@ pub fn alerts(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         app,
         theme,
         View::Alerts,
-        " alerts ".into(),
-        vec!["AT", "KIND", "INSTANCE", "MESSAGE"],
-        widths,
+        Shape {
+            title: " alerts ".into(),
+            header: vec!["AT", "KIND", "INSTANCE", "MESSAGE"],
+            widths,
+            empty: "no alerts",
+        },
         rows,
-        "no alerts",
     );
 }
