@@ -353,6 +353,11 @@ impl Config {
         self.socket.path.as_deref().map(|p| self.rel(p)).unwrap_or_else(|| self.data_dir().join("agent.sock"))
     }
 
+    /// The rolling log directory, relative to the config file.
+    pub fn log_dir(&self) -> Option<PathBuf> {
+        self.logging.dir.as_deref().map(|d| self.rel(d))
+    }
+
     /// An external plugin's executable, relative to the config file.
     pub fn command_path(&self, command: &str) -> PathBuf {
         self.rel(Path::new(command))

@@ -114,7 +114,7 @@ fn real_main(args: Args) -> anyhow::Result<ExitCode> {
         }
         Command::Run => {
             let format = args.log_format.clone().unwrap_or_else(|| cfg.logging.format.clone());
-            let _guard = apollo_agent::telemetry::init(&cfg.logging, &format);
+            let _guard = apollo_agent::telemetry::init(&cfg.logging, cfg.log_dir().as_deref(), &format);
             let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             rt.block_on(async {
                 let shutdown = CancellationToken::new();

@@ -8,7 +8,11 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{fmt, EnvFilter, Layer};
 
 /// Keep the returned guard alive: it flushes the log file on drop.
-pub fn init(cfg: &Logging, format: &str) -> Option<tracing_appender::non_blocking::WorkerGuard> {
+pub fn init(
+    cfg: &Logging,
+    dir: Option<&std::path::Path>,
+    format: &str,
+) -> Option<tracing_appender::non_blocking::WorkerGuard> {
     let filter = || EnvFilter::try_from_env("APOLLO_LOG").unwrap_or_else(|_| EnvFilter::new(&cfg.level));
     let json = format == "json";
     let stderr = if json {
@@ -24,7 +28,7 @@ pub fn init(cfg: &Logging, format: &str) -> Option<tracing_appender::non_blockin
         let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
         fmt::layer().with_ansi(ansi).with_writer(std::io::stderr).with_filter(filter()).boxed()
     };
-    let (file, guard) = match &cfg.dir {
+    let (file, guard) = match dir {
         Some(dir) => {
             let appender = tracing_appender::rolling::daily(dir, "apollo-agent.log");
             let (writer, guard) = tracing_appender::non_blocking(appender);

@@ -149,3 +149,28 @@ async fn the_history_is_append_only() {
     let e = conn.execute("DELETE FROM transitions", []).unwrap_err();
     assert!(e.to_string().contains("append-only"), "{e}");
 }
+
+#[tokio::test]
+async fn finished_instances_past_retention_move_to_the_archive_and_stay_readable() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    store.put_def("h1", "t", "t.yaml", "task: t").await.unwrap();
+    store.create(new("OLD", "t", "q", 50, None, None), "test").await.unwrap();
+    store.create(new("LIVE", "t", "q", 50, None, None), "test").await.unwrap();
+    store.claim(1, lease(), HashMap::new()).await.unwrap();
+    let first = store.list(apollo_agent::store::ListFilter { limit: 10, ..Default::default() }).await.unwrap();
+    let running = first.iter().find(|i| i.state == TaskState::Running).unwrap().id.clone();
+    store.step_start(&running, 0, "1.0.0", &json!({})).await.unwrap();
+    store.step_success(&running, 0, &json!({"ok": true}), &json!({})).await.unwrap();
+    store.finish_success(&running).await.unwrap();
+    // Everything finished before "now + 1s" is past a zero retention window.
+    let moved = store.archive(chrono::Utc::now() + chrono::Duration::seconds(1), 100).await.unwrap();
+    assert_eq!(moved, 1);
+    let counts = store.counts().await.unwrap();
+    assert_eq!((counts["SUCCESS"], counts["PENDING"]), (0, 1), "only the finished one moved");
+    let archived = store.get(&running).await.unwrap();
+    assert_eq!(archived.state, TaskState::Success);
+    assert_eq!(archived.steps.unwrap()[0].output, Some(json!({"ok": true})));
+    assert!(archived.transitions.unwrap().len() >= 5, "the history moved with it");
+    store.close();
+}

@@ -103,3 +103,30 @@ fn a_second_agent_on_the_same_data_dir_is_refused_and_the_socket_is_0660() {
     // The first one is unharmed.
     assert_eq!(agent.cli(&["status"]).status.code(), Some(0));
 }
+
+#[test]
+fn json_logs_carry_the_task_id_and_trace_id_and_go_to_a_rolling_file() {
+    let agent = Agent::builder()
+        .config("logging:\n  format: json\n  dir: logs\n")
+        .task("ok.yaml", "task: ok\nsteps:\n  - plugin: shell\n    params:\n      command: echo hi\n")
+        .start();
+    let (code, inst) = agent.cli_json(&["run", "ok", "--wait"]);
+    assert_eq!(code, 0);
+    let (id, trace) = (inst["id"].as_str().unwrap(), inst["trace_id"].as_str().unwrap());
+    let stderr = agent.log();
+    let lines: Vec<serde_json::Value> = stderr.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    assert!(!lines.is_empty(), "stderr is not JSON lines:\n{stderr}");
+    let of_instance: Vec<&serde_json::Value> = lines
+        .iter()
+        .filter(|l| l.to_string().contains("step succeeded") || l.to_string().contains("instance succeeded"))
+        .collect();
+    assert!(of_instance.len() >= 2, "{stderr}");
+    for l in of_instance {
+        let span = &l["span"];
+        let spans = l["spans"].to_string();
+        assert!(span.to_string().contains(id) || spans.contains(id), "no task id in {l}");
+        assert!(spans.contains(trace), "no trace id in {l}");
+    }
+    let files: Vec<_> = std::fs::read_dir(agent.path().join("logs")).unwrap().flatten().collect();
+    assert!(!files.is_empty(), "no rolling log file");
+}
