@@ -221,10 +221,6 @@ impl Registry {
         list.sort_by_key(|r| r.version());
     }
 
-    pub fn has(&self, name: &str) -> bool {
-        self.regs.contains_key(name)
-    }
-
     /// The registration a step uses: the highest version of `name` that
     /// matches the step's requirement (or the highest of all).
     pub fn resolve(&self, name: &str, version: Option<&str>) -> Result<&Registration, String> {

@@ -5,7 +5,8 @@ use crate::bus::Bus;
 use crate::catalog::Catalog;
 use crate::plugins::Registry;
 use crate::scheduler::{Scheduler, StopReason};
-use crate::store::{ListFilter, Store, StoreError};
+use crate::store::{ListFilter, Store};
+use crate::triggers::store_error as store_err;
 use apollo_shared::context::Context;
 use apollo_shared::protocol::*;
 use apollo_shared::state::TaskState;
@@ -35,15 +36,6 @@ fn params<T: DeserializeOwned>(method: &str, v: Value, expected: &str) -> Result
 
 fn to_value<T: serde::Serialize>(v: T) -> Reply {
     serde_json::to_value(v).map_err(|e| RpcError::new(code::INTERNAL, e.to_string()))
-}
-
-fn store_err(e: StoreError) -> RpcError {
-    match e {
-        StoreError::NotFound(m) => RpcError::new(code::NOT_FOUND, m).with_hint("list instances with `apollo ls`"),
-        StoreError::Illegal(t) => RpcError::new(code::ILLEGAL_TRANSITION, t.to_string()),
-        StoreError::Invalid(m) => RpcError::new(code::ILLEGAL_TRANSITION, m),
-        other => RpcError::new(code::INTERNAL, other.to_string()),
-    }
 }
 
 impl Api {

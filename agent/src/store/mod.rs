@@ -179,19 +179,6 @@ impl Store {
         result
     }
 
-    /// Blocking form of [`Store::write`], for start-up code outside the runtime.
-    pub fn write_blocking<R, F>(&self, f: F) -> Result<R>
-    where
-        R: Send + 'static,
-        F: FnOnce(&Connection) -> Result<R> + Send + 'static,
-    {
-        let (tx, rx) = mpsc::channel();
-        self.submit(f, move |r| {
-            let _ = tx.send(r);
-        })?;
-        rx.recv().map_err(|_| StoreError::Closed)?
-    }
-
     fn submit<R, F, D>(&self, f: F, deliver: D) -> Result<()>
     where
         R: Send + 'static,

@@ -1,7 +1,7 @@
 //! Queries. They run on read-only connections (and, inside a write, on the
 //! writer's connection) and change nothing.
 
-use super::rows::{self, parse_ts, ts, INSTANCE_COLS, STEP_COLS};
+use super::rows::{self, parse_ts, INSTANCE_COLS, STEP_COLS};
 use super::{Result, Store, StoreError};
 use apollo_shared::protocol::{Alert, Instance, QueueStats, Transition};
 use apollo_shared::state::TaskState;
@@ -184,14 +184,6 @@ impl Store {
                 }
             }
             Ok(out)
-        })
-        .await
-    }
-
-    /// Instances created since `since`, for throughput figures.
-    pub async fn created_since(&self, since: DateTime<Utc>) -> Result<u64> {
-        self.read(move |c| {
-            Ok(c.query_row("SELECT COUNT(*) FROM task_instances WHERE created_at >= ?1", [ts(since)], |r| r.get(0))?)
         })
         .await
     }
