@@ -101,9 +101,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         let msg = format!("plugin {:?} ({}) is not usable: {}", b.name, b.command.display(), b.error);
         let _ = store.alert("plugin_error", &msg, None).await;
     }
-    let registry = Arc::new(registry);
+    let registry = Arc::new(plugins::Plugins::new(registry));
     let tasks_dir = config.tasks_dir();
-    let cat = catalog::load_dir(&tasks_dir, &registry);
+    let cat = catalog::load_dir(&tasks_dir, &registry.get());
     for (file, errs) in &cat.errors {
         for e in errs {
             tracing::warn!(file = %file.display(), "definition not loaded: {e}");
@@ -122,7 +122,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let reloader = reload::Reloader {
         dir: tasks_dir.clone(),
         catalog: catalog.clone(),
-        registry: registry.clone(),
+        plugins: registry.clone(),
+        config: config.clone(),
         store: store.clone(),
         reloaded: reloaded.clone(),
         watch: config.watch_tasks,

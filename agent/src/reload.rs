@@ -8,7 +8,8 @@
 //! the whole directory is re-read.
 
 use crate::catalog::{self, Catalog};
-use crate::plugins::Registry;
+use crate::config::Config;
+use crate::plugins::Plugins;
 use crate::store::Store;
 use notify_debouncer_full::notify::RecursiveMode;
 use serde_json::json;
@@ -21,7 +22,9 @@ use tokio_util::sync::CancellationToken;
 pub struct Reloader {
     pub dir: PathBuf,
     pub catalog: Arc<RwLock<Catalog>>,
-    pub registry: Arc<Registry>,
+    pub plugins: Arc<Plugins>,
+    /// The agent's config; on SIGHUP its file's `plugins:` section is read again.
+    pub config: Arc<Config>,
     pub store: Store,
     /// Woken after each reload (the cron runner re-plans).
     pub reloaded: Arc<Notify>,
@@ -41,7 +44,7 @@ pub struct Summary {
 impl Reloader {
     /// Re-reads the directory and swaps the catalog.
     pub async fn reload(&self) -> Summary {
-        let fresh = catalog::load_dir(&self.dir, &self.registry);
+        let fresh = catalog::load_dir(&self.dir, &self.plugins.get());
         let (merged, summary, new_errors) = {
             let old = self.catalog.read().expect("catalog");
             let merged = Catalog::merge(&old, fresh);
@@ -86,6 +89,31 @@ impl Reloader {
         );
         self.reloaded.notify_waiters();
         summary
+    }
+
+    /// Registers the plugins again: the config file's `plugins:` section and
+    /// the executables in `<tasks dir>/plugins/`, each described anew. A
+    /// config file that no longer parses keeps the registrations in force.
+    pub async fn reload_plugins(&self) {
+        let mut config = (*self.config).clone();
+        if let Some(path) = &self.config.source {
+            match Config::load(path) {
+                Ok(fresh) => config.plugins = fresh.plugins,
+                Err(e) => {
+                    let msg = format!("{e:#}; the plugin registrations in force are kept");
+                    tracing::warn!("{msg}");
+                    let _ = self.store.alert("config_error", &msg, None).await;
+                    return;
+                }
+            }
+        }
+        let registry = crate::plugins::load(&config).await;
+        for b in &registry.broken {
+            let msg = format!("plugin {:?} ({}) is not usable: {}", b.name, b.command.display(), b.error);
+            let _ = self.store.alert("plugin_error", &msg, None).await;
+        }
+        tracing::info!(plugins = registry.all().count(), broken = registry.broken.len(), "plugins registered again");
+        self.plugins.set(registry);
     }
 
     /// Watches the directory and listens for SIGHUP until shutdown.
@@ -134,7 +162,8 @@ impl Reloader {
                     self.reload().await;
                 }
                 _ = hangup => {
-                    tracing::info!("SIGHUP: reloading definitions");
+                    tracing::info!("SIGHUP: reloading plugins and definitions");
+                    self.reload_plugins().await;
                     self.reload().await;
                 }
                 _ = shutdown.cancelled() => return,

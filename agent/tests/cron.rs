@@ -5,7 +5,7 @@
 use apollo_agent::bus::Bus;
 use apollo_agent::catalog::{self, Catalog};
 use apollo_agent::config::Config;
-use apollo_agent::plugins::Registry;
+use apollo_agent::plugins::{Plugins, Registry};
 use apollo_agent::scheduler::Scheduler;
 use apollo_agent::store::{ListFilter, Store};
 use apollo_agent::triggers::clock::ManualClock;
@@ -36,8 +36,8 @@ fn rig(dir: tempfile::TempDir, defs: &[(&str, &str)], start: DateTime<Utc>) -> R
     }
     let config = Config { tasks: Some(tasks.clone()), data_dir: Some(dir.path().join("data")), ..Default::default() };
     let store = Store::open(&dir.path().join("data/apollo.db"), true, Bus::default(), "agent:test".into()).unwrap();
-    let registry = Arc::new(Registry::new(&[]));
-    let cat: Catalog = catalog::load_dir(&tasks, &registry);
+    let registry = Arc::new(Plugins::new(Registry::new(&[])));
+    let cat: Catalog = catalog::load_dir(&tasks, &registry.get());
     assert!(cat.errors.is_empty(), "{:?}", cat.errors);
     let catalog = Arc::new(RwLock::new(cat));
     let scheduler =

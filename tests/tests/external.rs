@@ -227,3 +227,43 @@ esac
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(text.contains("FAIL idempotent: NOT idempotent"), "{text}");
 }
+
+#[tokio::test]
+async fn sighup_registers_new_and_changed_plugins() {
+    let agent =
+        Agent::builder().config("watch_tasks: false\n").plugin("greet.sh", &plugin("echo '{\"v\": 1}'")).start();
+    let c = agent.client().await;
+    c.subscribe(&["defs"]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    // A new plugin, a new version of an old one, and a definition using both.
+    let new = "#!/bin/sh\ncase \"$1\" in describe) echo '{\"version\": \"0.3.0\"}' ;; validate) echo '{\"ok\": true}' ;; *) cat >/dev/null; echo '{\"new\": true}' ;; esac\n";
+    let greet2 = plugin("echo '{\"v\": 2}'").replace("\"1.0.0\"", "\"2.0.0\"");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        for (f, text) in [("fresh.sh", new.to_string()), ("greet.sh", greet2)] {
+            let p = agent.path().join("tasks/plugins").join(f);
+            std::fs::write(&p, text).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+    }
+    std::fs::write(
+        agent.path().join("tasks/both.yaml"),
+        "task: both\nsteps:\n  - plugin: fresh\n  - plugin: greet\n    version: \"^2\"\n",
+    )
+    .unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(agent.pid()), nix::sys::signal::Signal::SIGHUP).unwrap();
+    loop {
+        let ev = tokio::time::timeout(std::time::Duration::from_secs(30), events.recv()).await.unwrap().unwrap();
+        if ev.kind == "defs.reloaded" {
+            break;
+        }
+    }
+    let (_, plugins) = agent.cli_json(&["plugins"]);
+    let version = |n: &str| {
+        plugins.as_array().unwrap().iter().find(|p| p["name"] == n).map(|p| p["version"].as_str().unwrap().to_string())
+    };
+    assert_eq!((version("fresh").as_deref(), version("greet").as_deref()), (Some("0.3.0"), Some("2.0.0")));
+    let (code, inst) = agent.cli_json(&["run", "both", "--wait"]);
+    assert_eq!(code, 0, "{inst:#}");
+    assert_eq!(inst["steps"][1]["output"]["v"], 2);
+}

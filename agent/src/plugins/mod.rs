@@ -249,6 +249,25 @@ impl Registry {
     }
 }
 
+/// The registry in force, swapped whole when plugins are reloaded (SIGHUP);
+/// a step in flight keeps the registration it resolved.
+#[derive(Default)]
+pub struct Plugins {
+    current: std::sync::RwLock<Arc<Registry>>,
+}
+
+impl Plugins {
+    pub fn new(r: Registry) -> Plugins {
+        Plugins { current: std::sync::RwLock::new(Arc::new(r)) }
+    }
+    pub fn get(&self) -> Arc<Registry> {
+        self.current.read().expect("plugins").clone()
+    }
+    pub fn set(&self, r: Registry) {
+        *self.current.write().expect("plugins") = Arc::new(r);
+    }
+}
+
 /// Every registration the agent uses: the built-ins and the config's classes,
 /// then external plugins — the config's `command:` registrations (several of
 /// one name are several versions), then executables found in

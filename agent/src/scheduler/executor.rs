@@ -81,9 +81,9 @@ async fn run_inner(s: &Arc<Scheduler>, inst: Claimed, active: &Active) -> Result
     Ok(())
 }
 
-fn registration<'a>(s: &'a Scheduler, def: &TaskDef, seq: u32) -> Result<&'a Registration, PluginError> {
+fn registration(s: &Scheduler, def: &TaskDef, seq: u32) -> Result<Registration, PluginError> {
     let d = &def.steps[seq as usize];
-    s.registry.resolve(&d.plugin, d.version.as_deref()).map_err(PluginError::permanent)
+    s.registry.get().resolve(&d.plugin, d.version.as_deref()).cloned().map_err(PluginError::permanent)
 }
 
 /// The params of a step, rendered over the context and validated.
@@ -122,7 +122,7 @@ async fn run_step(
     let reg = registration(s, def, step.seq);
     let version = reg.as_ref().map(|r| r.version().to_string()).unwrap_or_default();
     let prepared = match reg.clone() {
-        Ok(r) => prepare(r, &d.params, ctx).await.and_then(|p| Ok((r, p, step_env(&d.env, ctx)?))),
+        Ok(r) => prepare(&r, &d.params, ctx).await.and_then(|p| Ok((r, p, step_env(&d.env, ctx)?))),
         Err(e) => Err(e),
     };
     let params_json = prepared.as_ref().map(|(_, p, _)| Value::Object(p.clone())).unwrap_or(Value::Null);
@@ -274,7 +274,7 @@ async fn rollback(
             Ok(reg) => {
                 let params = match &step.params {
                     Some(Value::Object(p)) => p.clone(),
-                    _ => prepare(reg, &d.params, ctx).await.unwrap_or_default(),
+                    _ => prepare(&reg, &d.params, ctx).await.unwrap_or_default(),
                 };
                 let env = step_env(&d.env, ctx).unwrap_or_default();
                 let key = format!("{id}:{}", step.seq);

@@ -11,7 +11,7 @@ mod executor;
 
 use crate::catalog::Catalog;
 use crate::config::Config;
-use crate::plugins::Registry;
+use crate::plugins::Plugins;
 use crate::store::{Claimed, Store};
 use apollo_shared::def::TaskDef;
 use chrono::Utc;
@@ -49,7 +49,7 @@ pub struct Active {
 pub struct Scheduler {
     pub store: Store,
     pub catalog: Arc<RwLock<Catalog>>,
-    pub registry: Arc<Registry>,
+    pub registry: Arc<Plugins>,
     pub config: Arc<Config>,
     pub data_dir: PathBuf,
     pub tasks_dir: PathBuf,
@@ -66,7 +66,7 @@ impl Scheduler {
     pub fn new(
         store: Store,
         catalog: Arc<RwLock<Catalog>>,
-        registry: Arc<Registry>,
+        registry: Arc<Plugins>,
         config: Arc<Config>,
         shutdown: CancellationToken,
     ) -> Arc<Scheduler> {
@@ -254,6 +254,7 @@ impl Scheduler {
             .map(|s| {
                 s.timeout.unwrap_or_else(|| {
                     self.registry
+                        .get()
                         .resolve(&s.plugin, s.version.as_deref())
                         .map(|r| r.timeout)
                         .unwrap_or(self.config.scheduler.default_timeout)

@@ -3,7 +3,6 @@
 
 use crate::bus::Bus;
 use crate::catalog::Catalog;
-use crate::plugins::Registry;
 use crate::scheduler::{Scheduler, StopReason};
 use crate::store::{ListFilter, Store};
 use crate::triggers::store_error as store_err;
@@ -20,7 +19,7 @@ pub struct Api {
     pub store: Store,
     pub scheduler: Arc<Scheduler>,
     pub catalog: Arc<RwLock<Catalog>>,
-    pub registry: Arc<Registry>,
+    pub registry: Arc<crate::plugins::Plugins>,
     pub name: String,
     pub started: Instant,
     pub socket: String,
@@ -175,7 +174,8 @@ impl Api {
         };
         let mut steps = Vec::new();
         for (seq, s) in def.steps.iter().enumerate() {
-            let reg = self.registry.resolve(&s.plugin, s.version.as_deref());
+            let registry = self.registry.get();
+            let reg = registry.resolve(&s.plugin, s.version.as_deref());
             let (rendered, unresolved) = apollo_shared::template::render(&s.params, &ctx.to_value(), false)
                 .unwrap_or_else(|_| (s.params.clone(), Vec::new()));
             let (version, describe, error) = match reg {
@@ -302,7 +302,8 @@ impl Api {
     }
 
     fn plugins(&self) -> Vec<PluginInfo> {
-        let broken = self.registry.broken.iter().map(|b| PluginInfo {
+        let registry = self.registry.get();
+        let broken = registry.broken.iter().map(|b| PluginInfo {
             name: b.name.clone(),
             class: None,
             command: Some(b.command.display().to_string()),
@@ -313,7 +314,7 @@ impl Api {
             describe: Value::Null,
             error: Some(b.error.clone()),
         });
-        self.registry
+        registry
             .all()
             .map(|r| PluginInfo {
                 name: r.name.clone(),
