@@ -190,7 +190,9 @@ pub fn claim(
     }
     let candidates: Vec<(String, String, String, Option<u32>, String)> = c
         .prepare_cached(
-            "SELECT id, task, queue, max_active, state FROM task_instances \
+            // The partial index holds only runnable rows in claim order, so the
+            // claim reads the first few rows however long the backlog is.
+            "SELECT id, task, queue, max_active, state FROM task_instances INDEXED BY task_instances_runnable \
              WHERE state IN ('PENDING', 'RETRYING') AND (next_run_at IS NULL OR next_run_at <= ?1) \
              ORDER BY priority DESC, id LIMIT ?2",
         )?
@@ -403,8 +405,12 @@ pub fn recover(
 ) -> Result<Vec<Claimed>> {
     let ids: Vec<String> = c
         .prepare_cached(
-            "SELECT id FROM task_instances WHERE (state = 'RUNNING' OR (state = 'FAILED' AND rollback_pending = 1)) \
-             AND (?1 = 0 OR lease_expires_at IS NULL OR lease_expires_at < ?2) ORDER BY priority DESC, id",
+            // Each branch uses the state index; an OR across them would scan the table.
+            "SELECT id FROM (\
+               SELECT id, priority, lease_expires_at FROM task_instances WHERE state = 'RUNNING' \
+               UNION ALL \
+               SELECT id, priority, lease_expires_at FROM task_instances WHERE state = 'FAILED' AND rollback_pending = 1) \
+             WHERE ?1 = 0 OR lease_expires_at IS NULL OR lease_expires_at < ?2 ORDER BY priority DESC, id",
         )?
         .query_map(params![only_expired as i64, ts(Utc::now())], |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;
