@@ -3,7 +3,7 @@
 //! owns the connection; the UI never waits on the network.
 //!
 //! Layout:
-//! - `app`: state, actions, news, commands.
+//! - `app`: state (`mod.rs`), its vocabulary (`types.rs`), keys in (`update.rs`), news in (`news.rs`).
 //! - `keys`: the one keymap.
 //! - `worker`: the connection (socket or SSH), subscription, refreshes, actions.
 //! - `ui`: drawing; `json`: folding JSON trees.

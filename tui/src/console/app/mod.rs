@@ -1,0 +1,271 @@
+//! The console's state and the only function that changes it: keys become
+//! [`Action`]s, agent news becomes [`News`], and [`App::update`] /
+//! [`App::on_news`] turn them into new state plus [`Cmd`]s for the agent
+//! worker. Views draw `&App` and do no IO.
+
+use apollo_shared::protocol::{
+    AgentStatus, Alert, DefInfo, Event, HelloResult, Instance, PluginInfo, QueueStats, Role,
+};
+use serde_json::{Map, Value};
+use std::collections::{BTreeSet, VecDeque};
+
+mod news;
+mod types;
+mod update;
+
+pub use types::*;
+
+pub struct App {
+    pub transport: String,
+    pub conn: Conn,
+    pub hello: Option<HelloResult>,
+    pub status: Option<AgentStatus>,
+    /// `--readonly`, or the agent says we are an observer.
+    pub readonly_flag: bool,
+    pub view: View,
+    pub back: Vec<View>,
+    pub mode: Mode,
+    pub queues: Vec<QueueStats>,
+    pub tasks: Vec<Instance>,
+    pub next_cursor: Option<String>,
+    pub defs: Vec<DefInfo>,
+    pub plugins: Vec<PluginInfo>,
+    pub alerts: Vec<Alert>,
+    /// Selected row per list view, and the offset of the first shown row.
+    pub selected: std::collections::HashMap<View, usize>,
+    /// The filter of each list view (`state:failed task:x queue:y text`).
+    pub filters: std::collections::HashMap<View, String>,
+    pub instance: Option<Instance>,
+    pub step: u32,
+    pub pane: Pane,
+    pub logs: String,
+    /// Folded JSON paths in the step view.
+    pub folds: BTreeSet<String>,
+    pub message: Option<(String, bool)>,
+    /// Instances that ended, per minute, oldest first (the sparkline).
+    pub throughput: VecDeque<u64>,
+    pub minute: i64,
+    /// Index into [`SORTS`].
+    pub sort: usize,
+    pub quit: bool,
+}
+
+impl App {
+    pub fn new(transport: String, readonly: bool) -> App {
+        App {
+            transport,
+            conn: Conn::Connecting,
+            hello: None,
+            status: None,
+            readonly_flag: readonly,
+            view: View::Tasks,
+            back: Vec::new(),
+            mode: Mode::Normal,
+            queues: Vec::new(),
+            tasks: Vec::new(),
+            next_cursor: None,
+            defs: Vec::new(),
+            plugins: Vec::new(),
+            alerts: Vec::new(),
+            selected: Default::default(),
+            filters: Default::default(),
+            instance: None,
+            step: 0,
+            pane: Pane::Params,
+            logs: String::new(),
+            folds: BTreeSet::new(),
+            message: None,
+            throughput: VecDeque::from(vec![0; 30]),
+            minute: 0,
+            sort: 0,
+            quit: false,
+        }
+    }
+
+    pub fn readonly(&self) -> bool {
+        self.readonly_flag || self.hello.as_ref().is_some_and(|h| h.role == Role::Observer)
+    }
+
+    pub fn filter(&self, v: View) -> &str {
+        self.filters.get(&v).map(String::as_str).unwrap_or("")
+    }
+
+    pub fn sel(&self, v: View) -> usize {
+        self.selected.get(&v).copied().unwrap_or(0)
+    }
+
+    /// The query of the tasks view: `state:`, `task:`, `queue:` go to the agent.
+    pub fn tasks_query(&self) -> Map<String, Value> {
+        let mut q = Map::new();
+        q.insert("limit".into(), Value::from(200));
+        for word in self.filter(View::Tasks).split_whitespace() {
+            if let Some((k, v)) = word.split_once(':') {
+                if ["state", "task", "queue"].contains(&k) {
+                    let v = if k == "state" { v.to_ascii_uppercase() } else { v.to_string() };
+                    q.insert(k.into(), Value::String(v));
+                }
+            }
+        }
+        q
+    }
+
+    /// Free-text words of a filter (the `key:value` ones are queries).
+    fn text_words(&self, v: View) -> Vec<String> {
+        self.filter(v)
+            .split_whitespace()
+            .filter(|w| !(w.contains(':') && v == View::Tasks))
+            .map(|w| w.to_lowercase())
+            .collect()
+    }
+
+    fn keep(&self, v: View, hay: &str) -> bool {
+        let hay = hay.to_lowercase();
+        self.text_words(v).iter().all(|w| {
+            // On other views `state:x` style words match their text too.
+            let w = w.split_once(':').map(|(_, x)| x.to_string()).unwrap_or_else(|| w.clone());
+            hay.contains(&w)
+        })
+    }
+
+    pub fn visible_tasks(&self) -> Vec<&Instance> {
+        let mut v: Vec<&Instance> = self
+            .tasks
+            .iter()
+            .filter(|i| self.keep(View::Tasks, &format!("{} {} {} {}", i.id, i.task, i.state, i.queue)))
+            .collect();
+        // Stable sorts keep newest-first within equal keys.
+        match SORTS[self.sort] {
+            "task" => v.sort_by(|a, b| a.task.cmp(&b.task)),
+            "state" => v.sort_by_key(|i| i.state),
+            "queue" => v.sort_by(|a, b| a.queue.cmp(&b.queue)),
+            "attempt" => v.sort_by_key(|i| std::cmp::Reverse(i.attempt)),
+            _ => {}
+        }
+        v
+    }
+    pub fn visible_queues(&self) -> Vec<&QueueStats> {
+        self.queues.iter().filter(|q| self.keep(View::Queues, &q.queue)).collect()
+    }
+    pub fn visible_defs(&self) -> Vec<&DefInfo> {
+        self.defs
+            .iter()
+            .filter(|d| self.keep(View::Defs, &format!("{} {} {}", d.task, d.file, d.errors.join(" "))))
+            .collect()
+    }
+    pub fn visible_plugins(&self) -> Vec<&PluginInfo> {
+        self.plugins.iter().filter(|p| self.keep(View::Plugins, &format!("{} {}", p.name, p.version))).collect()
+    }
+    pub fn visible_alerts(&self) -> Vec<&Alert> {
+        self.alerts.iter().filter(|a| self.keep(View::Alerts, &format!("{} {}", a.kind, a.message))).collect()
+    }
+
+    fn rows(&self, v: View) -> usize {
+        match v {
+            View::Queues => self.visible_queues().len(),
+            View::Tasks => self.visible_tasks().len(),
+            View::Defs => self.visible_defs().len(),
+            View::Plugins => self.visible_plugins().len(),
+            View::Alerts => self.visible_alerts().len(),
+            View::Timeline => self.instance.as_ref().and_then(|i| i.steps.as_ref()).map_or(0, Vec::len),
+            View::Step => self.step_lines().len(),
+        }
+    }
+
+    /// The lines of the step view's JSON pane: (path, text).
+    pub fn step_lines(&self) -> Vec<(String, String)> {
+        super::ui::step_pane_value(self).map(|v| super::json::lines(&v, &self.folds)).unwrap_or_default()
+    }
+
+    fn watch(&self) -> Cmd {
+        let logs = (self.view == View::Step && self.pane == Pane::Logs).then_some(self.step);
+        let instance = matches!(self.view, View::Timeline | View::Step)
+            .then(|| self.instance.as_ref().map(|i| i.id.clone()))
+            .flatten();
+        Cmd::Watch { query: self.tasks_query(), instance, logs }
+    }
+
+    fn say(&mut self, text: impl Into<String>, error: bool) {
+        self.message = Some((text.into(), error));
+    }
+
+    fn go(&mut self, v: View) -> Vec<Cmd> {
+        if v != self.view {
+            self.back.push(self.view);
+            self.view = v;
+        }
+        vec![self.watch()]
+    }
+
+    fn move_sel(&mut self, delta: isize) -> Vec<Cmd> {
+        let v = self.view;
+        let n = self.rows(v);
+        if n == 0 {
+            return Vec::new();
+        }
+        let cur = self.sel(v) as isize;
+        let next = (cur + delta).clamp(0, n as isize - 1) as usize;
+        self.selected.insert(v, next);
+        if v == View::Timeline {
+            self.step = next as u32;
+        }
+        // Near the end of what is loaded, ask for the next page.
+        if v == View::Tasks && next + 20 >= n {
+            if let Some(cursor) = self.next_cursor.take() {
+                return vec![Cmd::MoreTasks { query: self.tasks_query(), cursor }];
+            }
+        }
+        Vec::new()
+    }
+
+    /// The instance the current view is about, if any.
+    fn focused_instance(&self) -> Option<&Instance> {
+        match self.view {
+            View::Tasks => self.visible_tasks().get(self.sel(View::Tasks)).copied(),
+            View::Timeline | View::Step => self.instance.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// The task the current view is about, for run and dry-run.
+    fn focused_task(&self) -> Option<String> {
+        match self.view {
+            View::Defs => {
+                self.visible_defs().get(self.sel(View::Defs)).filter(|d| d.hash.is_some()).map(|d| d.task.clone())
+            }
+            _ => self.focused_instance().map(|i| i.task.clone()),
+        }
+    }
+
+    fn form_for(&self, task: &str) -> RunForm {
+        let fields = self
+            .defs
+            .iter()
+            .find(|d| d.task == task)
+            .and_then(|d| d.params.as_object().cloned())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(name, spec)| {
+                let default = match &spec["default"] {
+                    Value::Null => String::new(),
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                (name, default, spec["description"].as_str().unwrap_or("").to_string())
+            })
+            .collect();
+        RunForm { task: task.to_string(), fields, focus: 0, error: None }
+    }
+
+    /// The form's params; a value that parses as JSON is taken as JSON.
+    pub fn form_params(form: &RunForm) -> Result<Map<String, Value>, String> {
+        let mut out = Map::new();
+        for (name, text, _) in &form.fields {
+            if text.trim().is_empty() {
+                return Err(format!("{name}: needs a value"));
+            }
+            let v = serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.clone()));
+            out.insert(name.clone(), v);
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,102 @@
+//! Agent news in: [`App::on_news`].
+
+use super::*;
+use apollo_shared::state::TaskState;
+
+impl App {
+    pub fn on_news(&mut self, n: News) -> Vec<Cmd> {
+        match n {
+            News::Connecting => self.conn = Conn::Connecting,
+            News::Connected(h) => {
+                self.conn = Conn::Connected;
+                self.hello = Some(h);
+                return vec![self.watch()];
+            }
+            News::Lost { attempt, reason } => self.conn = Conn::Lost { attempt, reason },
+            News::Status(s) => self.status = Some(s),
+            News::Queues(q) => self.queues = q,
+            News::Tasks { items, next_cursor, append } => {
+                if append {
+                    self.tasks.extend(items);
+                } else {
+                    self.tasks = items;
+                }
+                self.next_cursor = next_cursor;
+                let n = self.visible_tasks().len();
+                if self.sel(View::Tasks) >= n {
+                    self.selected.insert(View::Tasks, n.saturating_sub(1));
+                }
+            }
+            News::Instance(i) => {
+                if self.instance.as_ref().is_none_or(|cur| cur.id == i.id) {
+                    self.instance = Some(i);
+                }
+            }
+            News::Defs(d) => self.defs = d,
+            News::Plugins(p) => self.plugins = p,
+            News::Alerts(a) => self.alerts = a,
+            News::Logs(text) => self.logs = text,
+            News::DryRun(r) => self.mode = Mode::DryRun(r),
+            News::Done(Ok(m)) => self.say(m, false),
+            News::Done(Err(m)) => self.say(m, true),
+            News::Triggered(id) => {
+                // Open the new instance's timeline; the watch fills it in.
+                self.instance = Some(placeholder(&id));
+                self.selected.insert(View::Timeline, 0);
+                self.step = 0;
+                return self.go(View::Timeline);
+            }
+            News::Event(e) => self.count(&e),
+        }
+        Vec::new()
+    }
+
+    /// Counts ended instances into per-minute buckets for the sparkline.
+    fn count(&mut self, e: &Event) {
+        let ended = ["SUCCESS", "FAILED", "ROLLED_BACK"];
+        if e.topic != "tasks"
+            || e.data.get("step").is_some()
+            || !e.data["state"].as_str().is_some_and(|s| ended.contains(&s))
+        {
+            return;
+        }
+        let minute = chrono::Utc::now().timestamp() / 60;
+        if self.minute != minute {
+            let gap = if self.minute == 0 { 1 } else { (minute - self.minute).clamp(1, 30) };
+            for _ in 0..gap {
+                self.throughput.push_back(0);
+                if self.throughput.len() > 30 {
+                    self.throughput.pop_front();
+                }
+            }
+            self.minute = minute;
+        }
+        if let Some(last) = self.throughput.back_mut() {
+            *last += 1;
+        }
+    }
+}
+
+fn placeholder(id: &str) -> Instance {
+    Instance {
+        id: id.to_string(),
+        task: String::new(),
+        def_hash: String::new(),
+        state: TaskState::Pending,
+        attempt: 1,
+        trace_id: String::new(),
+        priority: 0,
+        queue: String::new(),
+        trigger: String::new(),
+        dedup_key: None,
+        params: Value::Null,
+        created_at: chrono::Utc::now(),
+        started_at: None,
+        finished_at: None,
+        next_run_at: None,
+        error: None,
+        context: Value::Null,
+        steps: Some(Vec::new()),
+        transitions: Some(Vec::new()),
+    }
+}

@@ -1,0 +1,189 @@
+//! The vocabulary of the console: views, modes, actions in, news in, commands out.
+
+use apollo_shared::protocol::{
+    AgentStatus, Alert, DefInfo, DryRunResult, Event, HelloResult, Instance, PluginInfo, QueueStats,
+};
+use serde_json::{Map, Value};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum View {
+    Queues,
+    Tasks,
+    Timeline,
+    Step,
+    Defs,
+    Plugins,
+    Alerts,
+}
+
+impl View {
+    /// Views reachable with `:`.
+    pub const NAMED: [(&'static str, View); 5] = [
+        ("queues", View::Queues),
+        ("tasks", View::Tasks),
+        ("defs", View::Defs),
+        ("plugins", View::Plugins),
+        ("alerts", View::Alerts),
+    ];
+    pub fn name(self) -> &'static str {
+        match self {
+            View::Queues => "queues",
+            View::Tasks => "tasks",
+            View::Timeline => "timeline",
+            View::Step => "step",
+            View::Defs => "defs",
+            View::Plugins => "plugins",
+            View::Alerts => "alerts",
+        }
+    }
+}
+
+/// The panes of the step view.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pane {
+    Params,
+    Before,
+    After,
+    Output,
+    Logs,
+}
+
+impl Pane {
+    pub const ALL: [Pane; 5] = [Pane::Params, Pane::Before, Pane::After, Pane::Output, Pane::Logs];
+    pub fn title(self) -> &'static str {
+        match self {
+            Pane::Params => "params",
+            Pane::Before => "context before",
+            Pane::After => "context after",
+            Pane::Output => "output",
+            Pane::Logs => "logs",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Conn {
+    Connecting,
+    Connected,
+    Lost { attempt: u32, reason: String },
+}
+
+/// An action waiting for y/n.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Confirm {
+    pub method: &'static str,
+    pub id: String,
+    pub question: String,
+}
+
+/// The run form: the task's declared params with their defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunForm {
+    pub task: String,
+    /// (name, text as typed, description).
+    pub fields: Vec<(String, String, String)>,
+    pub focus: usize,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Mode {
+    Normal,
+    Command(String),
+    Filter(String),
+    Confirm(Confirm),
+    Form(RunForm),
+    DryRun(DryRunResult),
+    Help,
+}
+
+/// What the user asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    Quit,
+    Up,
+    Down,
+    PageUp,
+    PageDown,
+    Home,
+    End,
+    Enter,
+    Back,
+    Command,
+    Filter,
+    Help,
+    Input(char),
+    Backspace,
+    Tab,
+    Run,
+    DryRun,
+    Retry,
+    Rollback,
+    Cancel,
+    Yes,
+    No,
+    NextPane,
+    /// Sort the tasks view by the next column.
+    Sort,
+}
+
+/// Columns the tasks view sorts by (`s` cycles).
+pub const SORTS: [&str; 5] = ["created", "task", "state", "queue", "attempt"];
+
+/// What the agent worker reports.
+#[derive(Debug, Clone)]
+pub enum News {
+    Connecting,
+    Connected(HelloResult),
+    Lost {
+        attempt: u32,
+        reason: String,
+    },
+    Status(AgentStatus),
+    Queues(Vec<QueueStats>),
+    /// A page of instances; `append` adds it after what is loaded.
+    Tasks {
+        items: Vec<Instance>,
+        next_cursor: Option<String>,
+        append: bool,
+    },
+    Instance(Instance),
+    Defs(Vec<DefInfo>),
+    Plugins(Vec<PluginInfo>),
+    Alerts(Vec<Alert>),
+    Logs(String),
+    DryRun(DryRunResult),
+    /// An action's outcome, as the agent worded it.
+    Done(Result<String, String>),
+    /// A triggered instance to open.
+    Triggered(String),
+    Event(Event),
+}
+
+/// What the agent worker should do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Cmd {
+    /// What to keep fresh: the tasks query and the open instance (and step log).
+    Watch {
+        query: Map<String, Value>,
+        instance: Option<String>,
+        logs: Option<u32>,
+    },
+    MoreTasks {
+        query: Map<String, Value>,
+        cursor: String,
+    },
+    Trigger {
+        task: String,
+        params: Map<String, Value>,
+    },
+    DryRun {
+        task: String,
+        params: Map<String, Value>,
+    },
+    Act {
+        method: &'static str,
+        id: String,
+    },
+    Quit,
+}

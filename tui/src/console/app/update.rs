@@ -1,0 +1,273 @@
+//! Keys in: [`App::update`] for every mode.
+
+use super::*;
+
+impl App {
+    pub fn update(&mut self, a: Action) -> Vec<Cmd> {
+        match std::mem::replace(&mut self.mode, Mode::Normal) {
+            Mode::Normal => self.normal(a),
+            Mode::Help => Vec::new(),
+            Mode::DryRun(r) => {
+                if !matches!(a, Action::Back | Action::Enter | Action::Quit) {
+                    self.mode = Mode::DryRun(r);
+                }
+                Vec::new()
+            }
+            Mode::Command(mut text) => match a {
+                Action::Input(c) => {
+                    text.push(c);
+                    self.mode = Mode::Command(text);
+                    Vec::new()
+                }
+                Action::Backspace => {
+                    text.pop();
+                    self.mode = Mode::Command(text);
+                    Vec::new()
+                }
+                Action::Tab => {
+                    if let Some((name, _)) = View::NAMED.iter().find(|(n, _)| n.starts_with(text.trim())) {
+                        text = name.to_string();
+                    }
+                    self.mode = Mode::Command(text);
+                    Vec::new()
+                }
+                Action::Enter => match View::NAMED
+                    .iter()
+                    .find(|(n, _)| *n == text.trim() || (!text.trim().is_empty() && n.starts_with(text.trim())))
+                {
+                    Some((_, v)) => self.go(*v),
+                    None if matches!(text.trim(), "q" | "quit") => {
+                        self.quit = true;
+                        vec![Cmd::Quit]
+                    }
+                    None => {
+                        let names: Vec<&str> = View::NAMED.iter().map(|(n, _)| *n).collect();
+                        self.say(format!("unknown view {:?} (views: {})", text.trim(), names.join(", ")), true);
+                        Vec::new()
+                    }
+                },
+                Action::Back => Vec::new(),
+                _ => {
+                    self.mode = Mode::Command(text);
+                    Vec::new()
+                }
+            },
+            Mode::Filter(mut text) => match a {
+                Action::Input(c) => {
+                    text.push(c);
+                    self.mode = Mode::Filter(text);
+                    Vec::new()
+                }
+                Action::Backspace => {
+                    text.pop();
+                    self.mode = Mode::Filter(text);
+                    Vec::new()
+                }
+                Action::Enter => {
+                    self.filters.insert(self.view, text.trim().to_string());
+                    self.selected.insert(self.view, 0);
+                    vec![self.watch()]
+                }
+                Action::Back => Vec::new(),
+                _ => {
+                    self.mode = Mode::Filter(text);
+                    Vec::new()
+                }
+            },
+            Mode::Confirm(c) => match a {
+                Action::Yes | Action::Enter => {
+                    self.say(format!("{} requested for {}", c.method.trim_start_matches("tasks."), c.id), false);
+                    vec![Cmd::Act { method: c.method, id: c.id }]
+                }
+                Action::No | Action::Back | Action::Quit => {
+                    self.say("cancelled", false);
+                    Vec::new()
+                }
+                _ => {
+                    self.mode = Mode::Confirm(c);
+                    Vec::new()
+                }
+            },
+            Mode::Form(mut f) => {
+                let cmds = match a {
+                    Action::Back => return Vec::new(),
+                    Action::Tab | Action::Down => {
+                        f.focus = (f.focus + 1) % f.fields.len().max(1);
+                        Vec::new()
+                    }
+                    Action::Up => {
+                        f.focus = (f.focus + f.fields.len().max(1) - 1) % f.fields.len().max(1);
+                        Vec::new()
+                    }
+                    Action::Input(c) => {
+                        if let Some(field) = f.fields.get_mut(f.focus) {
+                            field.1.push(c);
+                        }
+                        Vec::new()
+                    }
+                    Action::Backspace => {
+                        if let Some(field) = f.fields.get_mut(f.focus) {
+                            field.1.pop();
+                        }
+                        Vec::new()
+                    }
+                    Action::Enter => match Self::form_params(&f) {
+                        Ok(params) => {
+                            self.say(format!("run {} requested", f.task), false);
+                            return vec![Cmd::Trigger { task: f.task.clone(), params }];
+                        }
+                        Err(e) => {
+                            f.error = Some(e);
+                            Vec::new()
+                        }
+                    },
+                    _ => Vec::new(),
+                };
+                self.mode = Mode::Form(f);
+                cmds
+            }
+        }
+    }
+
+    fn normal(&mut self, a: Action) -> Vec<Cmd> {
+        let mutating = matches!(a, Action::Run | Action::Retry | Action::Rollback | Action::Cancel);
+        if mutating && self.readonly() {
+            self.say("read-only: actions that change state are disabled", true);
+            return Vec::new();
+        }
+        match a {
+            Action::Quit => {
+                self.quit = true;
+                vec![Cmd::Quit]
+            }
+            Action::Up => self.move_sel(-1),
+            Action::Down => self.move_sel(1),
+            Action::PageUp => self.move_sel(-20),
+            Action::PageDown => self.move_sel(20),
+            Action::Home => self.move_sel(isize::MIN / 2),
+            Action::End => self.move_sel(isize::MAX / 2),
+            Action::Command => {
+                self.mode = Mode::Command(String::new());
+                Vec::new()
+            }
+            Action::Filter => {
+                self.mode = Mode::Filter(self.filter(self.view).to_string());
+                Vec::new()
+            }
+            Action::Help => {
+                self.mode = Mode::Help;
+                Vec::new()
+            }
+            Action::Back => match self.back.pop() {
+                Some(v) => {
+                    self.view = v;
+                    vec![self.watch()]
+                }
+                None => Vec::new(),
+            },
+            Action::Enter => match self.view {
+                View::Tasks => match self.focused_instance().cloned() {
+                    Some(i) => {
+                        self.instance = Some(i);
+                        self.selected.insert(View::Timeline, 0);
+                        self.step = 0;
+                        self.go(View::Timeline)
+                    }
+                    None => Vec::new(),
+                },
+                View::Timeline if self.instance.is_some() => {
+                    self.pane = Pane::Params;
+                    self.logs.clear();
+                    self.selected.insert(View::Step, 0);
+                    self.go(View::Step)
+                }
+                View::Step => {
+                    // Fold or unfold the object or list under the cursor.
+                    if let Some((path, _)) = self.step_lines().get(self.sel(View::Step)) {
+                        let path = path.clone();
+                        if !self.folds.remove(&path) {
+                            self.folds.insert(path);
+                        }
+                    }
+                    Vec::new()
+                }
+                View::Queues => {
+                    let q = self.visible_queues().get(self.sel(View::Queues)).map(|q| q.queue.clone());
+                    if let Some(q) = q {
+                        self.filters.insert(View::Tasks, format!("queue:{q}"));
+                        self.selected.insert(View::Tasks, 0);
+                    }
+                    self.go(View::Tasks)
+                }
+                View::Defs => {
+                    let task = self.focused_task();
+                    if let Some(t) = task {
+                        self.filters.insert(View::Tasks, format!("task:{t}"));
+                        self.selected.insert(View::Tasks, 0);
+                    }
+                    self.go(View::Tasks)
+                }
+                _ => Vec::new(),
+            },
+            Action::NextPane | Action::Tab if self.view == View::Step => {
+                let i = Pane::ALL.iter().position(|p| *p == self.pane).unwrap_or(0);
+                self.pane = Pane::ALL[(i + 1) % Pane::ALL.len()];
+                self.selected.insert(View::Step, 0);
+                vec![self.watch()]
+            }
+            Action::Sort if self.view == View::Tasks => {
+                self.sort = (self.sort + 1) % SORTS.len();
+                self.say(format!("sorted by {}", SORTS[self.sort]), false);
+                Vec::new()
+            }
+            Action::Run => match self.focused_task() {
+                Some(task) => {
+                    let form = self.form_for(&task);
+                    if form.fields.is_empty() {
+                        self.say(format!("run {task} requested"), false);
+                        return vec![Cmd::Trigger { task, params: Map::new() }];
+                    }
+                    self.mode = Mode::Form(form);
+                    Vec::new()
+                }
+                None => {
+                    self.say("select a definition (:defs) or an instance to run its task", true);
+                    Vec::new()
+                }
+            },
+            Action::DryRun => match self.focused_task() {
+                Some(task) => vec![Cmd::DryRun { task, params: Map::new() }],
+                None => {
+                    self.say("select a definition (:defs) or an instance to dry-run its task", true);
+                    Vec::new()
+                }
+            },
+            Action::Retry => match self.focused_instance().map(|i| i.id.clone()) {
+                Some(id) => {
+                    self.say(format!("retry requested for {id}"), false);
+                    vec![Cmd::Act { method: "tasks.retry", id }]
+                }
+                None => Vec::new(),
+            },
+            Action::Rollback | Action::Cancel => {
+                match self.focused_instance().map(|i| (i.id.clone(), i.task.clone())) {
+                    Some((id, task)) => {
+                        let (method, verb) = if a == Action::Rollback {
+                            ("tasks.rollback", "roll back")
+                        } else {
+                            ("tasks.cancel", "cancel")
+                        };
+                        self.mode = Mode::Confirm(Confirm {
+                            method,
+                            id: id.clone(),
+                            question: format!("{verb} {task} {id}? (y/n)"),
+                        });
+                        Vec::new()
+                    }
+                    None => Vec::new(),
+                }
+            }
+            _ => Vec::new(),
+        }
+    }
+}
