@@ -130,3 +130,38 @@ fn json_logs_carry_the_task_id_and_trace_id_and_go_to_a_rolling_file() {
     let files: Vec<_> = std::fs::read_dir(agent.path().join("logs")).unwrap().flatten().collect();
     assert!(!files.is_empty(), "no rolling log file");
 }
+
+#[test]
+fn peer_credentials_decide_the_role() {
+    use std::os::unix::process::CommandExt;
+    // 65534 may read; 65533 is nobody the config names.
+    let agent = Agent::builder()
+        .config("socket:\n  observers: ['65534']\n")
+        .task("ok.yaml", "task: ok\nsteps:\n  - plugin: sleep\n")
+        .start();
+    // Let other users reach the socket (the agent makes it 0660 for its group).
+    std::fs::set_permissions(agent.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(&agent.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let as_user = |uid: u32, args: &[&str]| {
+        std::process::Command::new(cli_bin())
+            .arg("--socket")
+            .arg(&agent.socket)
+            .args(args)
+            .uid(uid)
+            .gid(uid)
+            .output()
+            .unwrap()
+    };
+    let out = as_user(65534, &["--json", "status"]);
+    assert_eq!(out.status.code(), Some(0), "an observer may read: {}", String::from_utf8_lossy(&out.stderr));
+    let out = as_user(65534, &["run", "ok"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("tasks.trigger needs the operator role") && err.contains("is an observer"), "{err}");
+    let out = as_user(65533, &["status"]);
+    assert_ne!(out.status.code(), Some(0));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("uid 65533 may not use this agent") && err.contains("socket.operators"), "{err}");
+    let (_, list) = agent.cli_json(&["ls"]);
+    assert_eq!(list, serde_json::json!([]), "the observer's run created nothing");
+}

@@ -33,6 +33,9 @@ type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Response>>>>;
 pub struct Client {
     out: mpsc::Sender<String>,
     pending: Pending,
+    /// An error the agent sent not tied to a request (a refused connection),
+    /// reported by calls that find the connection closed.
+    refused: Arc<Mutex<Option<RpcError>>>,
     next_id: AtomicU64,
     events: Mutex<Option<mpsc::Receiver<Event>>>,
     /// Where this client is connected, for messages and the console header.
@@ -89,8 +92,10 @@ impl Client {
             }
         });
         let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
+        let refused: Arc<Mutex<Option<RpcError>>> = Arc::default();
         let (ev_tx, ev_rx) = mpsc::channel(4096);
         let p = pending.clone();
+        let r2 = refused.clone();
         tokio::spawn(async move {
             let mut lines = FramedRead::new(r, LinesCodec::new_with_max_length(MAX_FRAME_BYTES));
             while let Some(Ok(line)) = lines.next().await {
@@ -106,12 +111,27 @@ impl Client {
                     if let Some(tx) = p.lock().expect("pending").remove(&id) {
                         let _ = tx.send(resp);
                     }
+                } else if let Some(e) = &resp.error {
+                    // An error not tied to a request (a refused connection): every
+                    // call gets the agent's words rather than "closed".
+                    *r2.lock().expect("refused") = Some(e.clone());
+                    for (_, tx) in p.lock().expect("pending").drain() {
+                        let _ = tx.send(resp.clone());
+                    }
                 }
             }
             // Dropping the senders tells every waiting call the connection closed.
             p.lock().expect("pending").clear();
         });
-        Client { out, pending, next_id: AtomicU64::new(1), events: Mutex::new(Some(ev_rx)), transport, _child: child }
+        Client {
+            out,
+            pending,
+            refused,
+            next_id: AtomicU64::new(1),
+            events: Mutex::new(Some(ev_rx)),
+            transport,
+            _child: child,
+        }
     }
 
     pub async fn call(&self, method: &str, params: Value) -> Result<Value, ClientError> {
@@ -120,8 +140,12 @@ impl Client {
         self.pending.lock().expect("pending").insert(id, tx);
         let line =
             serde_json::to_string(&Request::new(id, method, params)).map_err(|e| ClientError::Decode(e.to_string()))?;
-        self.out.send(line).await.map_err(|_| ClientError::Closed)?;
-        let resp = rx.await.map_err(|_| ClientError::Closed)?;
+        let closed = || match self.refused.lock().expect("refused").clone() {
+            Some(e) => ClientError::Rpc(e),
+            None => ClientError::Closed,
+        };
+        self.out.send(line).await.map_err(|_| closed())?;
+        let resp = rx.await.map_err(|_| closed())?;
         match (resp.result, resp.error) {
             (_, Some(e)) => Err(ClientError::Rpc(e)),
             (Some(v), None) => Ok(v),
