@@ -186,3 +186,32 @@ fn a_chatty_shell_step_is_not_blocked_by_its_own_output() {
     assert_eq!(inst["steps"][0]["output"]["result"]["ok"], true);
     assert!(inst["steps"][0]["output"]["stdout_tail"].as_str().unwrap().len() <= 4096);
 }
+
+#[tokio::test]
+async fn a_hanging_rollback_is_stopped_at_the_timeout_and_leaves_the_instance_failed_with_an_alert() {
+    let agent = Agent::builder()
+        .config(FAST_RETRIES)
+        .task(
+            "stuck.yaml",
+            r#"task: stuck
+steps:
+  - plugin: shell
+    timeout: 1
+    retry: 0
+    params:
+      command: exit 1
+      rollback_command: sh -c 'sleep 4322.75' & sleep 4322.875
+"#,
+        )
+        .start();
+    let (code, inst) = agent.cli_json(&["run", "stuck", "--wait"]);
+    assert_eq!(code, 1);
+    assert_eq!(inst["state"], "FAILED", "{inst:#}");
+    let err = inst["error"].as_str().unwrap();
+    assert!(err.contains("rollback of step") && err.contains("rollback timed out after 1s"), "{err}");
+    let (_, alerts) = agent.cli_json(&["alerts"]);
+    assert!(alerts.as_array().unwrap().iter().any(|a| a["kind"] == "rollback_failed"), "{alerts:#}");
+    // Its own durations: the other timeout test in this file looks for 4321.
+    let left = processes_matching("sleep 4322.");
+    assert!(left.is_empty(), "rollback processes survived: {left:?}");
+}

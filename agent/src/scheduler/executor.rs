@@ -15,6 +15,7 @@ use serde_json::{Map, Value};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 /// How one step attempt ended.
@@ -98,6 +99,41 @@ async fn prepare(
     Ok(rendered)
 }
 
+/// Runs one plugin call under the step's watchdog, for execute and rollback
+/// alike: at the timeout the call's token fires (a subprocess gets SIGTERM to
+/// its group, then SIGKILL after the grace) and the call has the grace to end
+/// before it is abandoned. `stop` (a cancel, the reaper, shutdown) does the same.
+async fn watchdog<T>(
+    s: &Scheduler,
+    timeout: Duration,
+    token: &CancellationToken,
+    stop: Option<&CancellationToken>,
+    call: impl std::future::Future<Output = Result<T, PluginError>>,
+    what: &str,
+) -> Result<T, PluginError> {
+    let grace = s.config.scheduler.kill_grace + Duration::from_secs(1);
+    tokio::pin!(call);
+    let stopped = async {
+        match stop {
+            Some(t) => t.cancelled().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        r = &mut call => r,
+        _ = tokio::time::sleep(timeout) => {
+            token.cancel();
+            let _ = tokio::time::timeout(grace, call).await;
+            Err(PluginError::retryable(format!("{what}timed out after {}s (the step's timeout)", timeout.as_secs_f64())))
+        }
+        _ = stopped => {
+            token.cancel();
+            let _ = tokio::time::timeout(grace, call).await;
+            Err(PluginError::retryable(format!("{what}stopped")))
+        }
+    }
+}
+
 /// The step's declared environment, rendered over the context.
 fn step_env(env: &Map<String, Value>, ctx: &Context) -> Result<Vec<(String, String)>, PluginError> {
     let (rendered, _) = apollo_shared::template::render(env, &ctx.to_value(), true)
@@ -152,20 +188,7 @@ async fn run_step(
             cancel: token.clone(),
             kill_grace: s.config.scheduler.kill_grace,
         };
-        let grace = s.config.scheduler.kill_grace + Duration::from_secs(1);
-        let mut fut = reg.plugin.execute(call);
-        tokio::select! {
-            r = &mut fut => r,
-            _ = tokio::time::sleep(timeout) => {
-                token.cancel();
-                let _ = tokio::time::timeout(grace, fut).await;
-                Err(PluginError::retryable(format!("timed out after {}s (the step's timeout)", timeout.as_secs_f64())))
-            }
-            _ = active.token.cancelled() => {
-                let _ = tokio::time::timeout(grace, fut).await;
-                Err(PluginError::retryable("stopped".to_string()))
-            }
-        }
+        watchdog(s, timeout, &token, Some(&active.token), reg.plugin.execute(call), "").await
     }
     .instrument(span.clone())
     .await;
@@ -279,6 +302,7 @@ async fn rollback(
                 let env = step_env(&d.env, ctx).unwrap_or_default();
                 let key = format!("{id}:{}", step.seq);
                 let context = ctx.to_value();
+                let token = CancellationToken::new();
                 let call = Call {
                     params: &params,
                     context: &context,
@@ -290,16 +314,11 @@ async fn rollback(
                     attempt: step.attempts,
                     env: &env,
                     log: &log,
-                    cancel: tokio_util::sync::CancellationToken::new(),
+                    cancel: token.clone(),
                     kill_grace: s.config.scheduler.kill_grace,
                 };
                 let timeout = d.timeout.map(Duration::from_secs_f64).unwrap_or(reg.timeout);
-                match tokio::time::timeout(timeout, reg.plugin.rollback(call, step.output.as_ref())).await {
-                    Ok(r) => r,
-                    Err(_) => {
-                        Err(PluginError::retryable(format!("rollback timed out after {}s", timeout.as_secs_f64())))
-                    }
-                }
+                watchdog(s, timeout, &token, None, reg.plugin.rollback(call, step.output.as_ref()), "rollback ").await
             }
         };
         match result {
