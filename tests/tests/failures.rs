@@ -215,3 +215,28 @@ steps:
     let left = processes_matching("sleep 4322.");
     assert!(left.is_empty(), "rollback processes survived: {left:?}");
 }
+
+#[tokio::test]
+async fn a_retry_that_falls_due_while_every_slot_is_busy_runs_when_one_frees() {
+    let agent = Agent::builder()
+        .config("scheduler:\n  concurrency: 1\n  backoff_base: 300ms\n")
+        .task(
+            "flaky.yaml",
+            "task: flaky\nsteps:\n  - plugin: shell\n    retry: 1\n    params:\n      command: test -f tried || { touch tried; exit 1; }\n",
+        )
+        .task("busy.yaml", "task: busy\nsteps:\n  - plugin: sleep\n    params: {seconds: 1}\n")
+        .start();
+    let c = agent.client().await;
+    c.subscribe(&["tasks"]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    let flaky = trigger(&c, "flaky", json!({})).await;
+    wait_until(&c, &mut events, &flaky, "the first failure", |i| i.state == TaskState::Retrying).await;
+    // The only slot goes to a one-second task; the retry falls due meanwhile.
+    let busy = trigger(&c, "busy", json!({})).await;
+    wait_until(&c, &mut events, &busy, "the busy task to run", |i| i.state == TaskState::Running).await;
+    let f = wait_until(&c, &mut events, &flaky, "the retry", ended).await;
+    let b = get(&c, &busy).await;
+    assert_eq!((f.state, b.state), (TaskState::Success, TaskState::Success));
+    assert_eq!(f.steps.unwrap()[0].attempts, 2);
+    assert!(f.finished_at.unwrap() >= b.finished_at.unwrap(), "the retry ran while the only slot was busy");
+}

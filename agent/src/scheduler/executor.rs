@@ -260,6 +260,7 @@ async fn failed(
         let at = Utc::now() + chrono::Duration::from_std(delay).unwrap_or_default();
         let msg = format!("{located} (retry {failures} of {retries} in {:.1}s)", delay.as_secs_f64());
         s.store.fail(id, &msg, FailurePlan::Retry(at), &agent).await?;
+        s.retry_at(at);
         return Ok(Outcome::Ended);
     }
     let msg = if e.permanent {

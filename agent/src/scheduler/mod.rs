@@ -54,6 +54,9 @@ pub struct Scheduler {
     pub data_dir: PathBuf,
     pub tasks_dir: PathBuf,
     wake: Notify,
+    /// When the next RETRYING instance falls due, as far as this agent knows:
+    /// set when a retry is scheduled, re-read from the store when it passes.
+    retry_due: Mutex<Option<chrono::DateTime<Utc>>>,
     active: Mutex<HashMap<String, Arc<Active>>>,
     /// Parsed definition versions by hash, so an instance runs the version it
     /// was created with.
@@ -78,11 +81,30 @@ impl Scheduler {
             registry,
             config,
             wake: Notify::new(),
+            retry_due: Mutex::new(None),
             active: Mutex::new(HashMap::new()),
             defs: Mutex::new(HashMap::new()),
             tracker: TaskTracker::new(),
             shutdown,
         })
+    }
+
+    /// Notes a retry scheduled for `at`, so the loop wakes for it.
+    pub fn retry_at(&self, at: chrono::DateTime<Utc>) {
+        let mut due = self.retry_due.lock().expect("retry due");
+        if due.is_none_or(|d| at < d) {
+            *due = Some(at);
+            drop(due);
+            self.wake();
+        }
+    }
+
+    /// The first retry due after `after`, from the store.
+    async fn load_retry_due(&self, after: chrono::DateTime<Utc>) {
+        match self.store.next_retry_due(after).await {
+            Ok(t) => *self.retry_due.lock().expect("retry due") = t,
+            Err(e) => tracing::error!(error = %e, "cannot read the next retry time"),
+        }
     }
 
     /// Asks the loop to look for work now.
@@ -118,6 +140,7 @@ impl Scheduler {
         let mut maintenance = tokio::time::interval(tick);
         maintenance.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut archive_at = Instant::now();
+        self.load_retry_due(chrono::DateTime::<Utc>::MIN_UTC).await;
         loop {
             let free = (self.config.scheduler.concurrency as usize).saturating_sub(self.running());
             if free > 0 && !self.shutdown.is_cancelled() {
@@ -126,14 +149,17 @@ impl Scheduler {
                     Err(e) => tracing::error!(error = %e, "claim failed"),
                 }
             }
-            let due = self.store.next_retry_due().await.ok().flatten();
-            let sleep_for = due
-                .map(|t| (t - Utc::now()).to_std().unwrap_or(Duration::ZERO))
-                .unwrap_or(Duration::from_secs(3600))
-                .max(Duration::from_millis(1));
+            let due = *self.retry_due.lock().expect("retry due");
+            let sleep_for =
+                due.map(|t| (t - Utc::now()).to_std().unwrap_or(Duration::ZERO)).unwrap_or(Duration::from_secs(3600));
             tokio::select! {
                 _ = self.wake.notified() => {}
-                _ = tokio::time::sleep(sleep_for) => {}
+                _ = tokio::time::sleep(sleep_for) => {
+                    // The loop's top claims what fell due; the next wait is for
+                    // the first retry after now. A due retry waiting for a free
+                    // slot is claimed when a slot frees, not by spinning on its time.
+                    self.load_retry_due(Utc::now()).await;
+                }
                 _ = maintenance.tick() => {
                     self.maintain().await;
                     if archive_at.elapsed() > Duration::from_secs(600) {

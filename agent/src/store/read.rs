@@ -127,11 +127,14 @@ impl Store {
         .await
     }
 
-    /// When the earliest RETRYING instance becomes runnable.
-    pub async fn next_retry_due(&self) -> Result<Option<DateTime<Utc>>> {
-        self.read(|c| {
-            let t: Option<String> =
-                c.query_row("SELECT MIN(next_run_at) FROM task_instances WHERE state = 'RETRYING'", [], |r| r.get(0))?;
+    /// When the first RETRYING instance due after `after` becomes runnable.
+    pub async fn next_retry_due(&self, after: DateTime<Utc>) -> Result<Option<DateTime<Utc>>> {
+        self.read(move |c| {
+            let t: Option<String> = c.query_row(
+                "SELECT MIN(next_run_at) FROM task_instances WHERE state = 'RETRYING' AND next_run_at > ?1",
+                [super::rows::ts(after)],
+                |r| r.get(0),
+            )?;
             Ok(parse_ts(t))
         })
         .await
