@@ -117,7 +117,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let listener = server::bind(&socket)?;
     let scheduler =
         scheduler::Scheduler::new(store.clone(), catalog.clone(), registry.clone(), config.clone(), shutdown.clone());
-    let triggers = Arc::new(triggers::Triggers::new(scheduler.clone(), catalog.clone()));
+    let triggers = Arc::new(triggers::Triggers::new(scheduler.clone()));
     let reloaded = Arc::new(tokio::sync::Notify::new());
     let reloader = reload::Reloader {
         dir: tasks_dir.clone(),
@@ -136,10 +136,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     };
     let api = Arc::new(server::Api {
         triggers,
-        store: store.clone(),
         scheduler: scheduler.clone(),
-        catalog,
-        registry,
         name,
         started: std::time::Instant::now(),
         socket: socket.display().to_string(),

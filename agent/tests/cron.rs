@@ -40,9 +40,8 @@ fn rig(dir: tempfile::TempDir, defs: &[(&str, &str)], start: DateTime<Utc>) -> R
     let cat: Catalog = catalog::load_dir(&tasks, &registry.get());
     assert!(cat.errors.is_empty(), "{:?}", cat.errors);
     let catalog = Arc::new(RwLock::new(cat));
-    let scheduler =
-        Scheduler::new(store.clone(), catalog.clone(), registry, Arc::new(config), CancellationToken::new());
-    let triggers = Arc::new(Triggers::new(scheduler, catalog));
+    let scheduler = Scheduler::new(store.clone(), catalog, registry, Arc::new(config), CancellationToken::new());
+    let triggers = Arc::new(Triggers::new(scheduler));
     let clock = Arc::new(ManualClock::new(start));
     let runner = CronRunner { triggers, clock: clock.clone(), catchup_max: 100, reloaded: Default::default() };
     Rig { _dir: dir, store, clock, runner }

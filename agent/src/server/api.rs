@@ -2,24 +2,21 @@
 //! a person can act on.
 
 use crate::bus::Bus;
-use crate::catalog::Catalog;
 use crate::scheduler::{Scheduler, StopReason};
-use crate::store::{ListFilter, Store};
+use crate::store::ListFilter;
 use crate::triggers::store_error as store_err;
 use apollo_shared::context::Context;
 use apollo_shared::protocol::*;
 use apollo_shared::state::TaskState;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Map, Value};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Instant;
 
+/// The methods' state: the store, catalog and plugins are the scheduler's.
 pub struct Api {
     pub triggers: Arc<crate::triggers::Triggers>,
-    pub store: Store,
     pub scheduler: Arc<Scheduler>,
-    pub catalog: Arc<RwLock<Catalog>>,
-    pub registry: Arc<crate::plugins::Plugins>,
     pub name: String,
     pub started: Instant,
     pub socket: String,
@@ -39,7 +36,7 @@ fn to_value<T: serde::Serialize>(v: T) -> Reply {
 
 impl Api {
     pub fn bus(&self) -> &Bus {
-        self.store.bus()
+        self.scheduler.store.bus()
     }
 
     pub async fn call(&self, method: &str, p: Value, role: Role, actor: &str) -> Reply {
@@ -85,31 +82,33 @@ impl Api {
             "tasks.dry_run" => self.dry_run(params(method, p, "task, params?")?).await,
             "tasks.get" => {
                 let p: IdParams = params(method, p, "id")?;
-                to_value(self.store.get(&p.id).await.map_err(store_err)?)
+                to_value(self.scheduler.store.get(&p.id).await.map_err(store_err)?)
             }
             "tasks.list" => self.list(params(method, p, "state?, task?, queue?, limit?, cursor?")?).await,
             "tasks.retry" => {
                 let p: IdParams = params(method, p, "id, reason?")?;
                 let reason = p.reason.unwrap_or_else(|| "retry requested".into());
-                self.store
+                self.scheduler
+                    .store
                     .manual_retry(&p.id, &format!("retry by {actor}: {reason}"), actor)
                     .await
                     .map_err(store_err)?;
                 self.scheduler.wake();
-                to_value(self.store.get(&p.id).await.map_err(store_err)?)
+                to_value(self.scheduler.store.get(&p.id).await.map_err(store_err)?)
             }
             "tasks.rollback" => {
                 let p: IdParams = params(method, p, "id, reason?")?;
                 let reason = p.reason.unwrap_or_else(|| "rollback requested".into());
                 let lease = chrono::Utc::now()
                     + chrono::Duration::from_std(self.scheduler.config.scheduler.lease).unwrap_or_default();
-                self.store
-                    .manual_rollback(&p.id, lease, &format!("by {actor}: {reason}"), self.store.agent())
+                self.scheduler
+                    .store
+                    .manual_rollback(&p.id, lease, &format!("by {actor}: {reason}"), self.scheduler.store.agent())
                     .await
                     .map_err(store_err)?;
-                let inst = self.store.get(&p.id).await.map_err(store_err)?;
+                let inst = self.scheduler.store.get(&p.id).await.map_err(store_err)?;
                 self.scheduler.adopt(inst);
-                to_value(self.store.get(&p.id).await.map_err(store_err)?)
+                to_value(self.scheduler.store.get(&p.id).await.map_err(store_err)?)
             }
             "tasks.cancel" => self.cancel(params(method, p, "id, reason?")?, actor).await,
             "steps.logs" => self.logs(params(method, p, "id, step, offset?")?).await,
@@ -125,7 +124,8 @@ impl Api {
                     .into_iter()
                     .find(|d| d.task == p.task)
                     .ok_or_else(|| self.triggers.unknown_task(&p.task))?;
-                let source = self.catalog.read().expect("catalog").defs.get(&p.task).map(|l| l.source.to_string());
+                let source =
+                    self.scheduler.catalog.read().expect("catalog").defs.get(&p.task).map(|l| l.source.to_string());
                 let mut v = to_value(d)?;
                 v["source"] = json!(source);
                 Ok(v)
@@ -140,7 +140,7 @@ impl Api {
                     limit: Option<u32>,
                 }
                 let p: P = params(method, p, "limit?")?;
-                to_value(self.store.events(p.limit.unwrap_or(100).min(1000)).await.map_err(store_err)?)
+                to_value(self.scheduler.store.events(p.limit.unwrap_or(100).min(1000)).await.map_err(store_err)?)
             }
             "alerts.list" => {
                 #[derive(serde::Deserialize)]
@@ -149,7 +149,7 @@ impl Api {
                     limit: Option<u32>,
                 }
                 let p: P = params(method, p, "limit?")?;
-                to_value(self.store.alerts(p.limit.unwrap_or(100).min(1000)).await.map_err(store_err)?)
+                to_value(self.scheduler.store.alerts(p.limit.unwrap_or(100).min(1000)).await.map_err(store_err)?)
             }
             _ => Err(RpcError::new(
                 code::METHOD_NOT_FOUND,
@@ -174,7 +174,7 @@ impl Api {
         };
         let mut steps = Vec::new();
         for (seq, s) in def.steps.iter().enumerate() {
-            let registry = self.registry.get();
+            let registry = self.scheduler.registry.get();
             let reg = registry.resolve(&s.plugin, s.version.as_deref());
             let (rendered, unresolved) = apollo_shared::template::render(&s.params, &ctx.to_value(), false)
                 .unwrap_or_else(|_| (s.params.clone(), Vec::new()));
@@ -203,6 +203,7 @@ impl Api {
     async fn list(&self, p: ListParams) -> Reply {
         let limit = p.limit.unwrap_or(50).clamp(1, 1000);
         let items = self
+            .scheduler
             .store
             .list(ListFilter { state: p.state, task: p.task, queue: p.queue, limit, before: p.cursor })
             .await
@@ -222,9 +223,13 @@ impl Api {
                 let _ = tokio::time::timeout(grace, done.wait_for(|d| *d)).await;
                 break;
             }
-            let inst = self.store.get(&p.id).await.map_err(store_err)?;
+            let inst = self.scheduler.store.get(&p.id).await.map_err(store_err)?;
             if inst.state != TaskState::Running {
-                self.store.cancel_waiting(&p.id, &format!("cancelled {reason}"), actor).await.map_err(store_err)?;
+                self.scheduler
+                    .store
+                    .cancel_waiting(&p.id, &format!("cancelled {reason}"), actor)
+                    .await
+                    .map_err(store_err)?;
                 break;
             }
             if std::time::Instant::now() > deadline {
@@ -235,11 +240,11 @@ impl Api {
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
-        to_value(self.store.get(&p.id).await.map_err(store_err)?)
+        to_value(self.scheduler.store.get(&p.id).await.map_err(store_err)?)
     }
 
     async fn logs(&self, p: LogsParams) -> Reply {
-        let inst = self.store.get(&p.id).await.map_err(store_err)?;
+        let inst = self.scheduler.store.get(&p.id).await.map_err(store_err)?;
         let steps = inst.steps.unwrap_or_default();
         let step = match &p.step {
             Value::Number(n) => n.as_u64().and_then(|n| steps.iter().find(|s| s.seq as u64 == n)),
@@ -260,7 +265,7 @@ impl Api {
     }
 
     pub fn defs(&self) -> Vec<DefInfo> {
-        let cat = self.catalog.read().expect("catalog");
+        let cat = self.scheduler.catalog.read().expect("catalog");
         let now = chrono::Utc::now();
         let errors_of = |file: &std::path::Path| -> Vec<String> {
             cat.errors.get(file).map(|errs| errs.iter().map(|e| e.to_string()).collect()).unwrap_or_default()
@@ -302,7 +307,7 @@ impl Api {
     }
 
     fn plugins(&self) -> Vec<PluginInfo> {
-        let registry = self.registry.get();
+        let registry = self.scheduler.registry.get();
         let broken = registry.broken.iter().map(|b| PluginInfo {
             name: b.name.clone(),
             class: None,
@@ -332,10 +337,10 @@ impl Api {
     }
 
     async fn queues(&self) -> Reply {
-        let mut stats = self.store.queue_stats().await.map_err(store_err)?;
+        let mut stats = self.scheduler.store.queue_stats().await.map_err(store_err)?;
         let limits = &self.scheduler.config.scheduler.queues;
         let mut names: Vec<String> =
-            self.catalog.read().expect("catalog").defs.values().map(|l| l.def.queue.clone()).collect();
+            self.scheduler.catalog.read().expect("catalog").defs.values().map(|l| l.def.queue.clone()).collect();
         names.extend(limits.keys().cloned());
         for q in names {
             if !stats.iter().any(|s| s.queue == q) {
@@ -357,15 +362,15 @@ impl Api {
     }
 
     async fn status(&self) -> Reply {
-        let counts = self.store.counts().await.map_err(store_err)?;
-        let cat = self.catalog.read().expect("catalog");
+        let counts = self.scheduler.store.counts().await.map_err(store_err)?;
+        let cat = self.scheduler.catalog.read().expect("catalog");
         let cfg = &self.scheduler.config;
         to_value(AgentStatus {
             agent: self.name.clone(),
             version: env!("CARGO_PKG_VERSION").into(),
             pid: std::process::id(),
             uptime_secs: self.started.elapsed().as_secs_f64(),
-            store: format!("sqlite:{}", self.store.path().display()),
+            store: format!("sqlite:{}", self.scheduler.store.path().display()),
             socket: self.socket.clone(),
             tasks_dir: cfg.tasks_dir().display().to_string(),
             data_dir: cfg.data_dir().display().to_string(),

@@ -73,6 +73,7 @@ impl CronRunner {
         };
         let scheduled: Vec<Loaded> = self
             .triggers
+            .scheduler
             .catalog
             .read()
             .expect("catalog")

@@ -23,6 +23,7 @@ impl Triggers {
         let key = p.dedup_key.clone().unwrap_or_else(|| event_id.clone());
         let data = p.data.clone().unwrap_or(Value::Null);
         let listeners: Vec<String> = self
+            .scheduler
             .catalog
             .read()
             .expect("catalog")

@@ -11,26 +11,26 @@ pub mod clock;
 pub mod cron;
 pub mod events;
 
-use crate::catalog::{Catalog, Loaded};
+use crate::catalog::Loaded;
 use crate::scheduler::Scheduler;
 use crate::store::{NewInstance, StoreError};
 use apollo_shared::context::Context;
 use apollo_shared::def::TaskDef;
 use apollo_shared::protocol::{code, RpcError, TriggerResult};
 use serde_json::{Map, Value};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 pub struct Triggers {
+    /// The store, catalog and plugins are the scheduler's.
     pub scheduler: Arc<Scheduler>,
-    pub catalog: Arc<RwLock<Catalog>>,
     /// Definition versions known to be in the store, so a trigger writes a
     /// version once rather than on every instance.
     pub stored: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl Triggers {
-    pub fn new(scheduler: Arc<Scheduler>, catalog: Arc<RwLock<Catalog>>) -> Triggers {
-        Triggers { scheduler, catalog, stored: Default::default() }
+    pub fn new(scheduler: Arc<Scheduler>) -> Triggers {
+        Triggers { scheduler, stored: Default::default() }
     }
 }
 
@@ -57,7 +57,7 @@ pub fn store_error(e: StoreError) -> RpcError {
 impl Triggers {
     /// Why `task` cannot be triggered: unknown, removed, or its file broken.
     pub fn unknown_task(&self, task: &str) -> RpcError {
-        let cat = self.catalog.read().expect("catalog");
+        let cat = self.scheduler.catalog.read().expect("catalog");
         if let Some(file) = cat.removed.get(task) {
             return RpcError::new(
                 code::NOT_FOUND,
@@ -77,7 +77,7 @@ impl Triggers {
 
     /// The definition in force for `task`.
     pub fn current(&self, task: &str) -> Result<Loaded, RpcError> {
-        self.catalog.read().expect("catalog").defs.get(task).cloned().ok_or_else(|| self.unknown_task(task))
+        self.scheduler.catalog.read().expect("catalog").defs.get(task).cloned().ok_or_else(|| self.unknown_task(task))
     }
 
     /// The instance's params: given ones over declared defaults; required ones must be given.
