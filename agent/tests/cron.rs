@@ -164,3 +164,17 @@ async fn daylight_saving_forward_and_back_fire_once_a_day() {
         instances(&r.store, "berlin").await.into_iter().filter(|k| k.contains("2026-10")).collect();
     assert_eq!(autumn, ["cron:berlin:2026-10-25T00:30:00+00:00", "cron:berlin:2026-10-26T01:30:00+00:00"]);
 }
+
+#[tokio::test]
+async fn catch_up_all_is_bounded_by_catchup_max_keeping_the_latest_fires() {
+    let all = "task: all\nschedule: '0 6 * * *'\ntimezone: UTC\ncatchup: all\nsteps:\n  - plugin: sleep\n";
+    let mut r = rig(tempfile::tempdir().unwrap(), &[("all.yaml", all)], t("2026-01-01T12:00:00Z"));
+    r.runner.catchup_max = 2;
+    r.runner.tick().await;
+    r.clock.set(t("2026-01-06T09:00:00Z"));
+    r.runner.tick().await;
+    assert_eq!(
+        instances(&r.store, "all").await,
+        ["cron:all:2026-01-05T06:00:00+00:00", "cron:all:2026-01-06T06:00:00+00:00"]
+    );
+}

@@ -165,3 +165,26 @@ fn peer_credentials_decide_the_role() {
     let (_, list) = agent.cli_json(&["ls"]);
     assert_eq!(list, serde_json::json!([]), "the observer's run created nothing");
 }
+
+#[tokio::test]
+async fn tasks_list_pages_newest_first_with_a_cursor() {
+    let agent = Agent::builder().task("ok.yaml", "task: ok\nsteps:\n  - plugin: sleep\n").start();
+    let c = agent.client().await;
+    let mut made = Vec::new();
+    for _ in 0..5 {
+        made.push(trigger(&c, "ok", serde_json::json!({})).await);
+    }
+    made.reverse();
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page: apollo_shared::protocol::ListResult =
+            c.call_as("tasks.list", serde_json::json!({"limit": 2, "cursor": cursor})).await.unwrap();
+        seen.extend(page.items.iter().map(|i| i.id.clone()));
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(seen, made, "every instance once, newest first");
+}

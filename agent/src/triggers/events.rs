@@ -19,7 +19,7 @@ pub fn matches(filter: &Map<String, Value>, data: &Value) -> bool {
 
 impl Triggers {
     pub async fn publish(&self, p: PublishParams, actor: &str) -> Result<Value, RpcError> {
-        let event_id = ulid::Ulid::new().to_string();
+        let event_id = self.new_id();
         let key = p.dedup_key.clone().unwrap_or_else(|| event_id.clone());
         let data = p.data.clone().unwrap_or(Value::Null);
         let listeners: Vec<String> = self

@@ -26,11 +26,21 @@ pub struct Triggers {
     /// Definition versions known to be in the store, so a trigger writes a
     /// version once rather than on every instance.
     pub stored: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Ids increase even within one millisecond, so "newest first" and list
+    /// cursors follow creation order.
+    ids: std::sync::Mutex<ulid::Generator>,
 }
 
 impl Triggers {
     pub fn new(scheduler: Arc<Scheduler>) -> Triggers {
-        Triggers { scheduler, stored: Default::default() }
+        Triggers { scheduler, stored: Default::default(), ids: std::sync::Mutex::new(ulid::Generator::new()) }
+    }
+
+    /// A new time-ordered id.
+    pub fn new_id(&self) -> String {
+        let mut g = self.ids.lock().expect("ids");
+        // Generation fails only when one millisecond's random space overflows.
+        g.generate().unwrap_or_else(|_| ulid::Ulid::new()).to_string()
     }
 }
 
@@ -115,7 +125,7 @@ impl Triggers {
         let loaded = self.current(&r.task)?;
         let def = &loaded.def;
         let params = Self::fill_params(def, r.params)?;
-        let id = ulid::Ulid::new().to_string();
+        let id = self.new_id();
         let trace_id = format!("{:032x}", rand::random::<u128>());
         let work_dir = self.scheduler.data_dir.join("work").join(&id);
         let work_dir = std::path::absolute(&work_dir).unwrap_or(work_dir);
