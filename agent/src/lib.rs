@@ -56,17 +56,26 @@ pub struct DataDirLock {
 pub fn lock_data_dir(dir: &std::path::Path) -> anyhow::Result<DataDirLock> {
     std::fs::create_dir_all(dir).with_context(|| format!("{}: cannot create the data dir", dir.display()))?;
     let path = dir.join("agent.lock");
-    let file = std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).open(&path)?;
-    let mut file = match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
-        Ok(f) => f,
-        Err((_, _)) => {
-            let holder = std::fs::read_to_string(&path).unwrap_or_default();
-            anyhow::bail!(
-                "{}: another agent (pid {}) already uses this data dir; SQLite allows one agent per database — \
-                 stop it, give this one another --data-dir, or use PostgreSQL (database.url) for several agents",
-                dir.display(),
-                holder.trim()
-            );
+    let mut attempt = std::fs::OpenOptions::new().create(true).truncate(false).read(true).write(true).open(&path)?;
+    // A previous agent killed a moment ago can leave the lock held briefly by
+    // a child it had forked but not yet exec'd; wait a little for that.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    let mut file = loop {
+        match nix::fcntl::Flock::lock(attempt, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(f) => break f,
+            Err((f, _)) if std::time::Instant::now() < deadline => {
+                attempt = f;
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(_) => {
+                let holder = std::fs::read_to_string(&path).unwrap_or_default();
+                anyhow::bail!(
+                    "{}: another agent (pid {}) already uses this data dir; SQLite allows one agent per database — \
+                     stop it, give this one another --data-dir, or use PostgreSQL (database.url) for several agents",
+                    dir.display(),
+                    holder.trim()
+                );
+            }
         }
     };
     use std::io::{Seek, Write};

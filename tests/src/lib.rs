@@ -61,6 +61,17 @@ pub fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
+/// The pid of the agent answering `agent.status` on `socket`, if any.
+fn answering_pid(socket: &Path) -> Option<u64> {
+    use std::io::{BufRead, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(socket).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"agent.status\"}\n").ok()?;
+    let mut line = String::new();
+    std::io::BufReader::new(s).read_line(&mut line).ok()?;
+    serde_json::from_str::<Value>(&line).ok()?["result"]["pid"].as_u64()
+}
+
 /// A running agent on its own temp dir. Killed when dropped.
 pub struct Agent {
     pub dir: tempfile::TempDir,
@@ -150,7 +161,11 @@ impl Agent {
             .stderr(log);
         self.child = Some(cmd.spawn().expect("start apollo-agent"));
         let deadline = Instant::now() + Duration::from_secs(30);
-        while std::os::unix::net::UnixStream::connect(&self.socket).is_err() {
+        // Ready means this process answers on the socket: after a kill -9 the
+        // socket of the dead agent can be held a moment longer by a child it
+        // had forked, and must not count.
+        let pid = self.pid() as u64;
+        while answering_pid(&self.socket) != Some(pid) {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
                 panic!("apollo-agent exited ({status}) before it was ready:\n{}", self.log());
             }
