@@ -85,7 +85,8 @@ pub async fn check_static_params(d: &TaskDef, file: &str, registry: &Registry) -
         if has_template {
             continue;
         }
-        if let Err(message) = reg.plugin.validate(&s.params).await {
+        if let Err(e) = reg.plugin.validate(&s.params).await {
+            let message = e.message;
             out.push(DefError { file: file.into(), line: s.line, field: format!("steps[{i}].params"), message });
         }
     }

@@ -96,6 +96,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let config = Arc::new(config);
     let data_dir = config.data_dir();
     let _lock = lock_data_dir(&data_dir)?;
+    plugins::process::record_in(&data_dir);
     let bus = bus::Bus::default();
     let name = agent_name();
     let store = store::Store::open(

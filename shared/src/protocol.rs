@@ -254,6 +254,13 @@ pub struct Instance {
     pub finished_at: Option<DateTime<Utc>>,
     pub next_run_at: Option<DateTime<Utc>>,
     pub error: Option<String>,
+    /// The agent holding it (RUNNING, or FAILED while its rollback runs).
+    #[serde(default)]
+    pub lease_owner: Option<String>,
+    /// When that hold runs out unless renewed.
+    #[serde(default)]
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    /// The context; `null` in lists (which carry summaries), whole in `tasks.get`.
     pub context: Value,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub steps: Option<Vec<StepRun>>,

@@ -166,6 +166,28 @@ pub fn check_step(from: StepState, to: StepState) -> Result<(), IllegalTransitio
     check("step", from, to, from.next())
 }
 
+/// Whether an instance whose steps are in these states can be retried: every
+/// step that has not succeeded must be able to run again under the step
+/// table. A SKIPPED or ROLLED_BACK step never runs again, so an instance that
+/// holds one (cancelled while queued, partly rolled back) cannot resume; the
+/// refusal names the first such step and says what to do instead.
+pub fn check_resume<'a>(steps: impl IntoIterator<Item = (&'a str, u32, StepState)>) -> Result<(), String> {
+    for (name, seq, state) in steps {
+        if state != StepState::Success && check_step(state, StepState::Running).is_err() {
+            let why = match state {
+                StepState::Skipped => "the instance ended before it ran",
+                StepState::RolledBack => "its effects were rolled back",
+                _ => "it cannot run again",
+            };
+            return Err(format!(
+                "step {name:?} (#{seq}) is {state} ({why}) and never runs again, so the instance cannot resume; \
+                 roll it back or trigger a new instance"
+            ));
+        }
+    }
+    Ok(())
+}
+
 macro_rules! text_form {
     ($t:ty, $kind:literal) => {
         impl fmt::Display for $t {
@@ -229,6 +251,16 @@ mod tests {
                 assert_eq!(check_step(from, to).is_ok(), legal.contains(&(from, to)), "{from} -> {to}");
             }
         }
+    }
+
+    #[test]
+    fn resume_needs_every_unfinished_step_runnable() {
+        use StepState::*;
+        assert!(check_resume([("a", 0, Success), ("b", 1, Failed), ("c", 2, Pending)]).is_ok());
+        let e = check_resume([("a", 0, Success), ("b", 1, Skipped)]).unwrap_err();
+        assert!(e.contains("step \"b\" (#1) is SKIPPED"), "{e}");
+        let e = check_resume([("a", 0, RolledBack), ("b", 1, Failed)]).unwrap_err();
+        assert!(e.contains("ROLLED_BACK"), "{e}");
     }
 
     #[test]

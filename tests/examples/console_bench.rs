@@ -92,6 +92,8 @@ fn instance(n: usize, steps: usize) -> Instance {
         finished_at: Some(at(steps as i64 * 1000)),
         next_run_at: None,
         error: Some("step \"x\" failed: exit code 1".into()),
+        lease_owner: None,
+        lease_expires_at: None,
         context: json!({"steps": {}}),
         steps: Some(step_runs),
         transitions: Some(transitions),

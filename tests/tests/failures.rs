@@ -156,19 +156,28 @@ steps:
     let queued = trigger(&c, "slow", json!({"seconds": 0})).await;
     let q: apollo_shared::protocol::Instance = c.call_as("tasks.cancel", json!({"id": queued})).await.unwrap();
     assert_eq!(q.state, TaskState::Failed);
-    assert_eq!(q.steps.unwrap()[0].state, StepState::Skipped);
-    assert!(
-        q.transitions.unwrap().iter().all(|t| t.step.is_none() || t.to == "SKIPPED"),
-        "a step of the cancelled instance ran"
-    );
+    // Its step never ran and keeps its place, so a retry can resume it.
+    assert_eq!(q.steps.unwrap()[0].state, StepState::Pending);
+    assert!(q.transitions.unwrap().iter().all(|t| t.step.is_none()), "a step of the cancelled instance ran");
     let out = agent.cli(&["cancel", &id]);
     assert_eq!(out.status.code(), Some(0));
-    // A finished instance cannot be cancelled; the message says why.
+    // A FAILED instance cannot be cancelled again; the message says why.
     let out = agent.cli(&["cancel", &queued]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("only PENDING, RETRYING and RUNNING instances can be cancelled")
     );
+    // Cancelled while queued, then retried: it runs to the end (it used to
+    // stay RUNNING with no executor and block its task's max_active for good).
+    let (code, inst) = agent.cli_json(&["retry", &queued]);
+    assert_eq!(code, 0, "{inst:#}");
+    let done = wait_until(&c, &mut events, &queued, "the retried instance to end", ended).await;
+    assert_eq!(done.state, TaskState::Success, "{done:#?}");
+    let next = trigger(&c, "slow", json!({"seconds": 0})).await;
+    let done = wait_until(&c, &mut events, &next, "the next instance to end", ended).await;
+    assert_eq!(done.state, TaskState::Success, "max_active is free again: {done:#?}");
+    let alerts: serde_json::Value = c.call("alerts.list", json!({})).await.unwrap();
+    assert!(!alerts.to_string().contains("illegal_transition"), "no refused transition on the way: {alerts:#}");
 }
 
 #[test]

@@ -20,8 +20,6 @@ use tokio_util::sync::CancellationToken;
 
 /// The exit status that means "failed, try again" (EX_TEMPFAIL).
 pub const EXIT_RETRYABLE: i32 = 75;
-/// Variables a plugin inherits from the agent's environment.
-const ALLOWED_ENV: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "TMPDIR"];
 /// How long describe and validate may take.
 const QUICK_CALL: Duration = Duration::from_secs(10);
 /// Result cap for describe and validate.
@@ -92,17 +90,6 @@ impl Reply {
     }
 }
 
-fn env_for(pass: &[String], extra: Vec<(String, String)>) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = ALLOWED_ENV
-        .iter()
-        .map(|k| k.to_string())
-        .chain(pass.iter().cloned())
-        .filter_map(|k| std::env::var(&k).ok().map(|v| (k, v)))
-        .collect();
-    env.extend(extra);
-    env
-}
-
 /// Where and how one call runs.
 struct Io<'a> {
     env: Vec<(String, String)>,
@@ -112,6 +99,8 @@ struct Io<'a> {
     grace: Duration,
     /// Result cap.
     cap: usize,
+    /// The step the call runs for, if any.
+    step_key: Option<String>,
 }
 
 async fn run(path: &Path, verb: &str, doc: &Value, io: Io<'_>) -> Result<Reply, String> {
@@ -122,6 +111,7 @@ async fn run(path: &Path, verb: &str, doc: &Value, io: Io<'_>) -> Result<Reply, 
         clean_env: true,
         stdin: Some(serde_json::to_vec(doc).unwrap_or_default()),
         capture_stdout: Some(io.cap),
+        step_key: io.step_key,
     };
     let outcome = process::run(spec, io.log, io.cancel, io.grace).await?;
     Ok(Reply { outcome })
@@ -137,12 +127,13 @@ async fn quick(path: &Path, verb: &str, doc: &Value, pass: &[String]) -> Result<
     });
     let cwd = std::env::temp_dir();
     let io = Io {
-        env: env_for(pass, Vec::new()),
+        env: process::clean_env(pass, Vec::new()),
         cwd: &cwd,
         log: None,
         cancel,
         grace: Duration::from_secs(1),
         cap: QUICK_OUTPUT,
+        step_key: None,
     };
     let r = run(path, verb, doc, io).await;
     guard.abort();
@@ -219,7 +210,7 @@ impl External {
             extra.push(("APOLLO_ROLLBACK".into(), "1".into()));
         }
         extra.extend(call.env.iter().cloned());
-        env_for(&self.pass_env, extra)
+        process::clean_env(&self.pass_env, extra)
     }
 
     async fn step_call(
@@ -249,6 +240,7 @@ impl External {
             cancel: call.cancel.clone(),
             grace: self.kill_grace,
             cap: self.output_cap,
+            step_key: Some(call.idempotency_key.to_string()),
         };
         let r = run(&self.path, verb, &doc, io).await.map_err(PluginError::permanent)?;
         let o = &r.outcome;
@@ -293,14 +285,26 @@ impl Plugin for External {
         d["command"] = json!(self.path);
         d
     }
-    fn validate<'a>(&'a self, params: &'a Map<String, Value>) -> BoxFuture<'a, Result<(), String>> {
+    fn validate<'a>(&'a self, params: &'a Map<String, Value>) -> BoxFuture<'a, Result<(), PluginError>> {
         Box::pin(async move {
-            let r = quick(&self.path, "validate", &json!({ "params": params }), &self.pass_env).await?;
+            // Not answering in time is not a refusal: it is retried like an execute.
+            let r = quick(&self.path, "validate", &json!({ "params": params }), &self.pass_env)
+                .await
+                .map_err(|e| PluginError::retryable(format!("validate: {e}")))?;
             let said = r.object("validate", QUICK_OUTPUT);
-            match (r.outcome.code, said) {
-                (Some(0), Ok(m)) if m.get("ok") != Some(&Value::Bool(false)) => Ok(()),
-                (Some(0), Err(_)) => Ok(()),
-                _ => Err(r.reason()),
+            match (r.outcome.code, r.outcome.signal, said) {
+                (Some(0), _, Ok(m)) if m.get("ok") != Some(&Value::Bool(false)) => Ok(()),
+                (Some(0), _, Err(_)) => Ok(()),
+                (Some(EXIT_RETRYABLE), _, _) => Err(PluginError::retryable(format!(
+                    "validate asked to be retried (exit {EXIT_RETRYABLE}): {}",
+                    r.reason()
+                ))),
+                (None, Some(_), _) => Err(PluginError::retryable(format!(
+                    "validate {}; stderr: {}",
+                    process::describe_exit(&r.outcome),
+                    quote(&r.reason())
+                ))),
+                _ => Err(PluginError::permanent(r.reason())),
             }
         })
     }

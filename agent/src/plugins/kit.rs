@@ -50,7 +50,7 @@ pub async fn run(exe: &Path, params: Option<Map<String, Value>>, out: &mut impl 
     match plugin.validate(&params).await {
         Ok(()) => report(out, true, "validate", &Value::Object(params.clone()).to_string())?,
         Err(e) => {
-            report(out, false, "validate", &e)?;
+            report(out, false, "validate", &e.message)?;
             return Ok(false);
         }
     }

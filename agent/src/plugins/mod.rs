@@ -11,7 +11,7 @@ pub mod external;
 mod http;
 pub mod kit;
 mod parser;
-mod process;
+pub mod process;
 mod report;
 mod shell;
 mod sleep;
@@ -103,8 +103,10 @@ pub trait Plugin: Send + Sync {
         Ok(())
     }
     /// Checks parameters before anything runs; the message names the field.
-    fn validate<'a>(&'a self, params: &'a Map<String, Value>) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(std::future::ready(self.check_params(params)))
+    /// A refusal is permanent; a check that could not be made (a plugin that
+    /// timed out or asked to be retried) is retryable, like an execute.
+    fn validate<'a>(&'a self, params: &'a Map<String, Value>) -> BoxFuture<'a, Result<(), PluginError>> {
+        Box::pin(std::future::ready(self.check_params(params).map_err(PluginError::permanent)))
     }
     fn execute<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Value, PluginError>>;
     fn rollback<'a>(&'a self, call: Call<'a>, output: Option<&'a Value>) -> BoxFuture<'a, Result<(), PluginError>>;
@@ -159,13 +161,13 @@ pub struct Registry {
     pub broken: Vec<Broken>,
 }
 
-fn builtin(class: &str) -> Option<(&'static str, &'static str, Arc<dyn Plugin>)> {
+fn builtin(class: &str, pass_env: &[String]) -> Option<(&'static str, &'static str, Arc<dyn Plugin>)> {
     // (class, plain name, plugin).
     let (name, plugin): (&str, Arc<dyn Plugin>) = match class {
         "apollo.plugins.downloader.FileDownloader" => ("file_downloader", Arc::new(downloader::FileDownloader)),
         "apollo.plugins.parser.DataParser" => ("data_parser", Arc::new(parser::DataParser)),
         "apollo.plugins.report.ReportGenerator" => ("report_generator", Arc::new(report::ReportGenerator)),
-        "apollo.plugins.shell.Shell" => ("shell", Arc::new(shell::Shell)),
+        "apollo.plugins.shell.Shell" => ("shell", Arc::new(shell::Shell { pass_env: pass_env.to_vec() })),
         "apollo.plugins.http.HttpRequest" => ("http", Arc::new(http::HttpRequest::new())),
         "apollo.plugins.sleep.Sleep" => ("sleep", Arc::new(sleep::Sleep)),
         _ => return None,
@@ -189,12 +191,12 @@ impl Registry {
     pub fn new(configured: &[crate::config::PluginReg]) -> Registry {
         let mut r = Registry::default();
         for class in CLASSES {
-            let (class, name, plugin) = builtin(class).expect("every class is built in");
+            let (class, name, plugin) = builtin(class, &[]).expect("every class is built in");
             let (timeout, retry) = defaults(name);
             r.add(Registration { name: name.into(), class: Some(class), command: None, timeout, retry, plugin }, true);
         }
         for p in configured {
-            let Some((class, plain, plugin)) = p.class.as_deref().and_then(builtin) else { continue };
+            let Some((class, plain, plugin)) = p.class.as_deref().and_then(|c| builtin(c, &p.env)) else { continue };
             let (timeout, retry) = defaults(plain);
             let reg = Registration {
                 name: p.name.clone(),

@@ -4,9 +4,10 @@
 //! log and a bounded tail; memory does not grow with what a command prints.
 
 use crate::logs::StepLog;
-use nix::sys::signal::{killpg, Signal};
+use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
-use std::path::PathBuf;
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -17,6 +18,8 @@ use tokio_util::sync::CancellationToken;
 const TAIL_BYTES: usize = 4096;
 /// Longest log line; longer ones are split.
 const MAX_LINE: usize = 8192;
+/// Bytes kept of stdout's last non-empty line (a command's `result`).
+pub const RESULT_LINE_BYTES: usize = 1024 * 1024;
 
 pub struct Spec {
     pub argv: Vec<String>,
@@ -28,6 +31,145 @@ pub struct Spec {
     pub stdin: Option<Vec<u8>>,
     /// Keep stdout (up to this many bytes) as the result instead of logging it.
     pub capture_stdout: Option<usize>,
+    /// The step this process runs for (`<instance>:<seq>`, its idempotency
+    /// key): its process group is recorded under it while it runs, so a
+    /// restarted agent can find and stop what an earlier life left running.
+    pub step_key: Option<String>,
+}
+
+/// Variables a step's process inherits from the agent's environment; nothing
+/// else of it (a database password, a token) reaches a step unless named.
+pub const ALLOWED_ENV: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "USER", "LOGNAME", "TMPDIR"];
+
+/// A clean environment: the allowlist, the variables a registration passes
+/// through, then `extra` (the call's own variables, which win).
+pub fn clean_env(pass: &[String], extra: Vec<(String, String)>) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = ALLOWED_ENV
+        .iter()
+        .map(|k| k.to_string())
+        .chain(pass.iter().cloned())
+        .filter_map(|k| std::env::var(&k).ok().map(|v| (k, v)))
+        .collect();
+    env.extend(extra);
+    env
+}
+
+/// The environment variable that names the step a process runs for. Every
+/// descendant inherits it; a restarted agent looks for it in `/proc`.
+pub const STEP_VAR: &str = "APOLLO_IDEMPOTENCY_KEY";
+
+/// Where running steps' process groups are recorded (`<data>/procs`).
+static RECORDS: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// Records step process groups under `data_dir` from now on.
+pub fn record_in(data_dir: &Path) {
+    let dir = data_dir.join("procs");
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        tracing::warn!(dir = %dir.display(), error = %e, "cannot create the process record dir");
+    }
+    let _ = RECORDS.set(dir);
+}
+
+fn record_path(key: &str) -> Option<PathBuf> {
+    RECORDS.get().map(|d| d.join(key.replace([':', '/'], ".")))
+}
+
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default().trim().to_string()
+}
+
+/// What `/proc/<pid>/stat` says of a process: (state, process group, start time in ticks since boot).
+fn stat(pid: i32) -> Option<(char, i32, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses; the fields follow the last ')'.
+    let rest = &text[text.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some((f.first()?.chars().next()?, f.get(2)?.parse().ok()?, f.get(19)?.parse().ok()?))
+}
+
+/// Notes a step's process group (the leader's pid and start time, and the
+/// boot) while it runs. Not synced: it must survive the agent, not the host,
+/// whose reboot ends the processes anyway.
+fn record(key: &str, pgid: i32) {
+    let (Some(path), Some((_, _, start))) = (record_path(key), stat(pgid)) else { return };
+    if let Err(e) = std::fs::write(&path, format!("{pgid} {start} {}\n", boot_id())) {
+        tracing::warn!(path = %path.display(), error = %e, "cannot record a step's process group");
+    }
+}
+
+/// Stops every process an earlier life of the agent left running for these
+/// steps: those whose environment names one of them ([`STEP_VAR`]), and the
+/// members of each step's recorded process group (the same boot, started no
+/// earlier than the group's leader, so a reused pid never matches). Their
+/// groups get SIGKILL, and this waits (up to 5 s) until they are gone, so a
+/// step is never run while an earlier copy of it still runs. Returns a line
+/// for each process stopped.
+pub fn reap(keys: &HashSet<String>) -> Vec<String> {
+    if keys.is_empty() {
+        return Vec::new();
+    }
+    let boot = boot_id();
+    let mut groups: HashMap<i32, u64> = HashMap::new();
+    for key in keys {
+        let Some(path) = record_path(key) else { continue };
+        let Ok(text) = std::fs::read_to_string(&path) else { continue };
+        let f: Vec<&str> = text.split_whitespace().collect();
+        if let [pgid, start, b] = f[..] {
+            if b == boot {
+                if let (Ok(g), Ok(s)) = (pgid.parse(), start.parse()) {
+                    groups.insert(g, s);
+                }
+            }
+        }
+    }
+    let me = std::process::id() as i32;
+    let my_group = nix::unistd::getpgrp().as_raw();
+    let mut victims = Vec::new();
+    let mut kill_groups = HashSet::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        if pid == me {
+            continue;
+        }
+        let Some((state, pgrp, start)) = stat(pid) else { continue };
+        if state == 'Z' {
+            continue;
+        }
+        let by_env = std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|env| {
+            env.split(|b| *b == 0).any(|kv| {
+                std::str::from_utf8(kv)
+                    .ok()
+                    .and_then(|kv| kv.strip_prefix(STEP_VAR)?.strip_prefix('='))
+                    .is_some_and(|v| keys.contains(v))
+            })
+        });
+        let by_group = groups.get(&pgrp).is_some_and(|leader| start >= *leader);
+        if by_env || by_group {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            victims.push((pid, String::from_utf8_lossy(&cmd).replace('\0', " ").trim().to_string()));
+            if pgrp > 1 && pgrp != my_group {
+                kill_groups.insert(pgrp);
+            }
+        }
+    }
+    for g in &kill_groups {
+        let _ = killpg(Pid::from_raw(*g), Signal::SIGKILL);
+    }
+    for (pid, _) in &victims {
+        let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while victims.iter().any(|(pid, _)| stat(*pid).is_some_and(|(st, _, _)| st != 'Z'))
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for key in keys {
+        if let Some(p) = record_path(key) {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+    victims.into_iter().map(|(pid, cmd)| format!("pid {pid} ({cmd})")).collect()
 }
 
 pub struct Outcome {
@@ -37,19 +179,27 @@ pub struct Outcome {
     pub stdout_tail: String,
     /// Bytes printed on stdout in all.
     pub stdout_bytes: u64,
+    /// Stdout's last non-empty line, up to [`RESULT_LINE_BYTES`] (logged mode).
+    pub last_line: Vec<u8>,
+    /// That line's whole length, which may exceed what was kept.
+    pub last_line_bytes: u64,
     /// The last bytes of stderr.
     pub stderr_tail: String,
     /// The run was stopped by the cancel token (timeout or cancel).
     pub stopped: bool,
 }
 
-/// Kills the whole group if the run is dropped before it finished.
-struct GroupGuard(Option<Pid>);
+/// Kills the whole group if the run is dropped before it finished, and
+/// forgets the group's record when the run ends either way.
+struct GroupGuard(Option<Pid>, Option<PathBuf>);
 
 impl Drop for GroupGuard {
     fn drop(&mut self) {
         if let Some(pgid) = self.0 {
             let _ = killpg(pgid, Signal::SIGKILL);
+        }
+        if let Some(p) = &self.1 {
+            let _ = std::fs::remove_file(p);
         }
     }
 }
@@ -72,9 +222,35 @@ pub async fn run(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
+    if let Some(key) = &spec.step_key {
+        cmd.env(STEP_VAR, key);
+    }
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: only async-signal-safe calls between fork and exec. The child
+    // dies with the agent (a parent-death signal), so a killed agent leaves
+    // no step running; if the agent died before the signal was set, the
+    // child's parent is already someone else and it exits at once.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
     let mut child = cmd.spawn().map_err(|e| format!("cannot start {program:?}: {e}"))?;
     let pgid = child.id().map(|id| Pid::from_raw(id as i32));
-    let mut guard = GroupGuard(pgid);
+    let record_file = match (&spec.step_key, pgid) {
+        (Some(key), Some(g)) => {
+            record(key, g.as_raw());
+            record_path(key)
+        }
+        _ => None,
+    };
+    let mut guard = GroupGuard(pgid, record_file);
     if let (Some(doc), Some(mut stdin)) = (spec.stdin, child.stdin.take()) {
         // Written from its own task so a plugin that never reads cannot block us;
         // dropping the handle closes stdin.
@@ -136,13 +312,16 @@ pub async fn run(
         let _ = tokio::time::timeout(Duration::from_millis(500), &mut readers).await;
     }
     use std::os::unix::process::ExitStatusExt;
-    let out = out_buf.lock().expect("stdout");
+    let mut out = out_buf.lock().expect("stdout");
+    out.end_line();
     let err = err_buf.lock().expect("stderr");
     Ok(Outcome {
         code: status.code(),
         signal: status.signal(),
         stdout_tail: String::from_utf8_lossy(&out.bytes).into_owned(),
         stdout_bytes: out.total,
+        last_line: std::mem::take(&mut out.last),
+        last_line_bytes: out.last_len,
         stderr_tail: String::from_utf8_lossy(&err.bytes).into_owned(),
         stopped,
     })
@@ -154,15 +333,45 @@ struct Buffer {
     bytes: Vec<u8>,
     total: u64,
     capture: Option<usize>,
+    /// The line being read, up to [`RESULT_LINE_BYTES`] + 1, and its length.
+    line: Vec<u8>,
+    line_len: u64,
+    /// The last complete non-empty line, and its length.
+    last: Vec<u8>,
+    last_len: u64,
 }
 
 impl Buffer {
     fn new(capture: Option<usize>) -> Self {
-        Buffer { bytes: Vec::new(), total: 0, capture }
+        Buffer { bytes: Vec::new(), total: 0, capture, line: Vec::new(), line_len: 0, last: Vec::new(), last_len: 0 }
+    }
+
+    fn add_to_line(&mut self, seg: &[u8]) {
+        self.line_len += seg.len() as u64;
+        let room = (RESULT_LINE_BYTES + 1).saturating_sub(self.line.len());
+        self.line.extend_from_slice(&seg[..seg.len().min(room)]);
+    }
+
+    fn end_line(&mut self) {
+        if self.line.iter().any(|b| !b.is_ascii_whitespace()) {
+            self.last = std::mem::take(&mut self.line);
+            self.last_len = self.line_len;
+        }
+        self.line.clear();
+        self.line_len = 0;
     }
 
     fn push(&mut self, chunk: &[u8]) {
         self.total += chunk.len() as u64;
+        if self.capture.is_none() {
+            let mut rest = chunk;
+            while let Some(i) = rest.iter().position(|b| *b == b'\n') {
+                self.add_to_line(&rest[..i]);
+                self.end_line();
+                rest = &rest[i + 1..];
+            }
+            self.add_to_line(rest);
+        }
         match self.capture {
             Some(cap) => {
                 let room = (cap + 1).saturating_sub(self.bytes.len());

@@ -5,7 +5,13 @@ use super::{check_known, Call, ParamDoc, Plugin, PluginError};
 use futures::future::BoxFuture;
 use serde_json::{json, Map, Value};
 
-pub struct Shell;
+/// Runs commands in a clean environment: the allowlist of
+/// [`process::ALLOWED_ENV`], the variables its registration passes through
+/// (`env:` of a `class:` registration), the step's `env:`, the `env` param
+/// and the `APOLLO_*` call variables.
+pub struct Shell {
+    pub pass_env: Vec<String>,
+}
 
 const PARAMS: &[&str] = &["command", "env", "cwd", "ok_codes", "rollback_command"];
 
@@ -53,8 +59,8 @@ impl Shell {
     async fn run(&self, call: &Call<'_>, command: &Value, field: &str, rollback: bool) -> Result<Value, PluginError> {
         let p = call.params;
         let argv = argv(command, field).map_err(PluginError::permanent)?;
-        let mut vars = env(p).map_err(PluginError::permanent)?;
-        vars.push(("APOLLO_IDEMPOTENCY_KEY".into(), call.idempotency_key.into()));
+        let mut vars: Vec<(String, String)> = call.env.to_vec();
+        vars.extend(env(p).map_err(PluginError::permanent)?);
         vars.push(("APOLLO_WORK_DIR".into(), call.work_dir.display().to_string()));
         vars.push(("APOLLO_STEP".into(), call.step.into()));
         vars.push(("APOLLO_ATTEMPT".into(), call.attempt.to_string()));
@@ -68,7 +74,15 @@ impl Shell {
             None => call.work_dir.to_path_buf(),
         };
         let started = std::time::Instant::now();
-        let spec = Spec { argv, env: vars, cwd, clean_env: false, stdin: None, capture_stdout: None };
+        let spec = Spec {
+            argv,
+            env: process::clean_env(&self.pass_env, vars),
+            cwd,
+            clean_env: true,
+            stdin: None,
+            capture_stdout: None,
+            step_key: Some(call.idempotency_key.to_string()),
+        };
         let outcome = process::run(spec, Some(call.log), call.cancel.clone(), call.kill_grace)
             .await
             .map_err(PluginError::permanent)?;
@@ -89,9 +103,20 @@ impl Shell {
             "stdout_tail": outcome.stdout_tail,
         });
         // A command may hand structured output to later steps: a JSON object on
-        // its last line of stdout becomes `result`.
-        if let Some(last) = outcome.stdout_tail.lines().rev().find(|l| !l.trim().is_empty()) {
-            if let Ok(v @ Value::Object(_)) = serde_json::from_str::<Value>(last.trim()) {
+        // its last line of stdout becomes `result`. One too large to keep is an
+        // error, never a result silently dropped.
+        let last = String::from_utf8_lossy(&outcome.last_line);
+        let last = last.trim();
+        if last.starts_with('{') {
+            if outcome.last_line_bytes as usize > process::RESULT_LINE_BYTES {
+                return Err(PluginError::permanent(format!(
+                    "the last line of stdout (a JSON result) is {} bytes, over the {} byte limit for a result: \
+                     write large data to a file in the work dir and return its path",
+                    outcome.last_line_bytes,
+                    process::RESULT_LINE_BYTES
+                )));
+            }
+            if let Ok(v @ Value::Object(_)) = serde_json::from_str::<Value>(last) {
                 out["result"] = v;
             }
         }

@@ -27,10 +27,27 @@ enum Outcome {
 
 pub async fn run(s: &Arc<Scheduler>, inst: Claimed, active: &Active) {
     let span = tracing::info_span!("instance", task_id = %inst.id, trace_id = %inst.trace_id, task = %inst.task);
+    let id = inst.id.clone();
     async {
-        if let Err(e) = run_inner(s, inst, active).await {
-            // A store error here means the next start's recovery picks the instance up again.
-            tracing::error!(error = %e, "executor stopped on a store error");
+        match run_inner(s, inst, active).await {
+            Ok(()) => {}
+            Err(e @ (StoreError::Illegal(_) | StoreError::Invalid(_))) => {
+                // The instance cannot go on as the store holds it: it ends FAILED
+                // with the reason, never RUNNING without an executor.
+                let msg = format!("stopped: {e}");
+                tracing::error!("{msg}");
+                let running = s.store.get(&id).await.is_ok_and(|i| i.state == TaskState::Running);
+                if running {
+                    if let Err(e) = s.store.fail(&id, &msg, FailurePlan::Stop, s.store.agent()).await {
+                        tracing::warn!(error = %e, "could not mark the instance FAILED");
+                    }
+                }
+            }
+            Err(e) => {
+                // A store error (disk full, I/O): the lease is no longer renewed,
+                // and the instance is taken up again when it runs out.
+                tracing::error!(error = %e, "executor stopped on a store error; the instance resumes when its lease expires");
+            }
         }
     }
     .instrument(span)
@@ -95,7 +112,10 @@ async fn prepare(
 ) -> Result<Map<String, Value>, PluginError> {
     let (rendered, _) = apollo_shared::template::render(params, &ctx.to_value(), true)
         .map_err(|e| PluginError::permanent(format!("params.{e}")))?;
-    reg.plugin.validate(&rendered).await.map_err(|e| PluginError::permanent(format!("invalid params: {e}")))?;
+    reg.plugin.validate(&rendered).await.map_err(|e| PluginError {
+        message: if e.permanent { format!("invalid params: {}", e.message) } else { e.message },
+        permanent: e.permanent,
+    })?;
     Ok(rendered)
 }
 
@@ -226,8 +246,7 @@ async fn failed(
     ctx: &Context,
     work_dir: &std::path::Path,
 ) -> Result<Outcome, StoreError> {
-    let name = &def.steps[seq as usize].name;
-    let agent = s.store.agent().to_string();
+    let name = def.steps[seq as usize].name.clone();
     match why {
         Some(StopReason::Shutdown) => {
             // Not a failure of the step: the next start runs it again.
@@ -238,8 +257,9 @@ async fn failed(
             return Ok(Outcome::Ended);
         }
         Some(StopReason::Cancel(reason)) => {
-            s.store.step_fail(id, seq, &format!("cancelled: {reason}"), false).await?;
-            s.store.fail(id, &format!("cancelled: {reason}"), FailurePlan::Stop, &agent).await?;
+            let msg = format!("cancelled: {reason}");
+            let stop = msg.clone();
+            s.store.fail_step(id, seq, &msg, false, Box::new(move |_| (FailurePlan::Stop, stop))).await?;
             tracing::info!(step = %name, "instance cancelled");
             return Ok(Outcome::Ended);
         }
@@ -249,31 +269,37 @@ async fn failed(
         Some(StopReason::Zombie(m)) => m.clone(),
         _ => e.message.clone(),
     };
-    let failures = s.store.step_fail(id, seq, &message, true).await?;
     let retries =
         def.steps[seq as usize].retry.unwrap_or_else(|| registration(s, def, seq).map(|r| r.retry).unwrap_or(0));
     let located = format!("step {name:?} (#{seq}) failed: {message}");
-    tracing::warn!(step = %name, failures, retries, permanent = e.permanent, "{located}");
-    if !e.permanent && failures <= retries {
-        let cfg = &s.config.scheduler;
-        let delay = backoff::delay(cfg.backoff_base, cfg.backoff_max, failures, rand::random::<f64>());
-        let at = Utc::now() + chrono::Duration::from_std(delay).unwrap_or_default();
-        let msg = format!("{located} (retry {failures} of {retries} in {:.1}s)", delay.as_secs_f64());
-        s.store.fail(id, &msg, FailurePlan::Retry(at), &agent).await?;
-        s.retry_at(at);
-        return Ok(Outcome::Ended);
-    }
-    let msg = if e.permanent {
-        format!("{located} (permanent error, not retried)")
-    } else {
-        format!("{located} (after {failures} attempts)")
-    };
-    match def.on_failure {
-        OnFailure::Stop => s.store.fail(id, &msg, FailurePlan::Stop, &agent).await?,
-        OnFailure::Rollback => {
-            s.store.fail(id, &msg, FailurePlan::Rollback, &agent).await?;
-            rollback(s, id, def, ctx, work_dir).await?;
+    let (base, max) = (s.config.scheduler.backoff_base, s.config.scheduler.backoff_max);
+    let (permanent, on_failure, jitter) = (e.permanent, def.on_failure, rand::random::<f64>());
+    let said = located.clone();
+    // Decided inside the transaction that records the failure, from the count
+    // it commits: the step's failure and the instance's fate are one write.
+    let decide = Box::new(move |failures: u32| {
+        if !permanent && failures <= retries {
+            let delay = backoff::delay(base, max, failures, jitter);
+            let at = Utc::now() + chrono::Duration::from_std(delay).unwrap_or_default();
+            let msg = format!("{said} (retry {failures} of {retries} in {:.1}s)", delay.as_secs_f64());
+            return (FailurePlan::Retry(at), msg);
         }
+        let msg = if permanent {
+            format!("{said} (permanent error, not retried)")
+        } else {
+            format!("{said} (after {failures} attempts)")
+        };
+        match on_failure {
+            OnFailure::Stop => (FailurePlan::Stop, msg),
+            OnFailure::Rollback => (FailurePlan::Rollback, msg),
+        }
+    });
+    let (failures, plan) = s.store.fail_step(id, seq, &message, true, decide).await?;
+    tracing::warn!(step = %name, failures, retries, permanent = e.permanent, "{located}");
+    match plan {
+        FailurePlan::Retry(at) => s.retry_at(at),
+        FailurePlan::Rollback => rollback(s, id, def, ctx, work_dir).await?,
+        FailurePlan::Stop => {}
     }
     Ok(Outcome::Ended)
 }

@@ -132,6 +132,7 @@ impl Scheduler {
                 if !found.is_empty() {
                     tracing::info!(count = found.len(), "resuming instances held when the agent stopped");
                 }
+                self.stop_leftovers(&found).await;
                 found.into_iter().for_each(|i| self.adopt(i));
             }
             Err(e) => tracing::error!(error = %e, "recovery failed"),
@@ -225,6 +226,7 @@ impl Scheduler {
         }
         match self.store.recover(self.lease_until(), true, ids).await {
             Ok(found) => {
+                self.stop_leftovers(&found).await;
                 for i in found {
                     let msg =
                         format!("instance {} was RUNNING with an expired lease and no holder; resumed here", i.id);
@@ -234,6 +236,38 @@ impl Scheduler {
                 }
             }
             Err(e) => tracing::error!(error = %e, "lease check failed"),
+        }
+    }
+
+    /// Before a taken-over instance runs again, stops whatever an earlier
+    /// holder left running for its interrupted steps (or, while it rolls
+    /// back, for any of its steps): two copies of a step never run at once.
+    async fn stop_leftovers(&self, found: &[Claimed]) {
+        use apollo_shared::state::{StepState, TaskState};
+        let keys: std::collections::HashSet<String> = found
+            .iter()
+            .flat_map(|i| {
+                let rolling_back = i.state == TaskState::Failed;
+                i.steps
+                    .iter()
+                    .flatten()
+                    .filter(move |s| rolling_back || matches!(s.state, StepState::Running | StepState::Failed))
+                    .map(move |s| format!("{}:{}", i.id, s.seq))
+            })
+            .collect();
+        if keys.is_empty() {
+            return;
+        }
+        let stopped =
+            tokio::task::spawn_blocking(move || crate::plugins::process::reap(&keys)).await.unwrap_or_default();
+        if !stopped.is_empty() {
+            let msg = format!(
+                "stopped {} process(es) an earlier agent left running for steps it resumes: {}",
+                stopped.len(),
+                stopped.join(", ")
+            );
+            tracing::warn!("{msg}");
+            let _ = self.store.alert("leftover_processes", &msg, None).await;
         }
     }
 

@@ -180,7 +180,7 @@ impl Api {
                 .unwrap_or_else(|_| (s.params.clone(), Vec::new()));
             let (version, describe, error) = match reg {
                 Ok(r) => {
-                    let err = r.plugin.validate(&rendered).await.err();
+                    let err = r.plugin.validate(&rendered).await.err().map(|e| e.message);
                     (Some(r.version().to_string()), Some(r.plugin.describe()), err)
                 }
                 Err(e) => (None, None, Some(e)),
@@ -224,6 +224,16 @@ impl Api {
                 break;
             }
             let inst = self.scheduler.store.get(&p.id).await.map_err(store_err)?;
+            let expired = inst.lease_expires_at.is_none_or(|t| t < chrono::Utc::now());
+            if inst.state == TaskState::Running && expired {
+                // Nobody works on it: its holder died or stopped on a store error.
+                self.scheduler
+                    .store
+                    .cancel_orphan(&p.id, &format!("cancelled {reason}"), actor)
+                    .await
+                    .map_err(store_err)?;
+                break;
+            }
             if inst.state != TaskState::Running {
                 self.scheduler
                     .store

@@ -19,7 +19,7 @@ mod schema;
 mod write;
 
 pub use read::ListFilter;
-pub use write::{Claimed, FailurePlan, NewInstance};
+pub use write::{Claimed, Decide, FailurePlan, NewInstance};
 
 use crate::bus::Bus;
 use apollo_shared::state::IllegalTransition;
@@ -256,16 +256,30 @@ fn run_batch(conn: &Connection, batch: Vec<Box<dyn Job>>) {
         return;
     }
     let mut acks = Vec::with_capacity(batch.len());
-    for job in batch {
+    let mut jobs = batch.into_iter();
+    while let Some(job) = jobs.next() {
         if let Err(e) = conn.execute_batch("SAVEPOINT w") {
             tracing::error!(error = %e, "savepoint failed");
         }
         let (ok, ack) = job.run(conn);
+        acks.push(ack);
+        if conn.is_autocommit() {
+            // SQLite rolled the whole transaction back (disk full, I/O error):
+            // the writes released before this one are gone with it. Each of
+            // them fails; the rest of the queue runs in a new transaction.
+            let msg = "the store rolled the transaction back (disk full or I/O error); nothing of it was written";
+            tracing::error!("{msg}");
+            acks.into_iter().for_each(|ack| ack(Some(msg)));
+            let rest: Vec<Box<dyn Job>> = jobs.collect();
+            if !rest.is_empty() {
+                run_batch(conn, rest);
+            }
+            return;
+        }
         let end = if ok { "RELEASE w" } else { "ROLLBACK TO w; RELEASE w" };
         if let Err(e) = conn.execute_batch(end) {
             tracing::error!(error = %e, "savepoint release failed");
         }
-        acks.push(ack);
     }
     match conn.execute_batch("COMMIT") {
         Ok(()) => acks.into_iter().for_each(|ack| ack(None)),

@@ -136,7 +136,33 @@ impl Store {
     }
 
     pub async fn renew_leases(&self, ids: Vec<String>, until: DateTime<Utc>) -> Result<()> {
-        self.write(move |c| write::renew_leases(c, &ids, until)).await
+        let agent = self.agent().to_string();
+        self.write(move |c| write::renew_leases(c, &agent, &ids, until)).await
+    }
+
+    pub async fn cancel_orphan(&self, id: &str, reason: &str, actor: &str) -> Result<()> {
+        let (i, r, a) = (id.to_string(), reason.to_string(), actor.to_string());
+        self.write(move |c| write::cancel_orphan(c, &i, &r, &a)).await?;
+        self.changed(id, "FAILED", None);
+        Ok(())
+    }
+
+    /// A failed attempt and what follows it, in one transaction; returns the
+    /// step's failure count and the plan `decide` chose.
+    pub async fn fail_step(
+        &self,
+        id: &str,
+        seq: u32,
+        error: &str,
+        counts: bool,
+        decide: write::Decide,
+    ) -> Result<(u32, FailurePlan)> {
+        let (i, e, a) = (id.to_string(), error.to_string(), self.agent().to_string());
+        let (failures, plan) = self.write(move |c| write::fail_step(c, &i, seq, &e, counts, decide, &a)).await?;
+        self.changed(id, "RUNNING", Some((seq, "FAILED")));
+        let state = if matches!(plan, FailurePlan::Retry(_)) { "RETRYING" } else { "FAILED" };
+        self.changed(id, state, None);
+        Ok((failures, plan))
     }
 
     pub async fn recover(

@@ -1,7 +1,7 @@
 //! Queries. They run on read-only connections (and, inside a write, on the
 //! writer's connection) and change nothing.
 
-use super::rows::{self, parse_ts, INSTANCE_COLS, STEP_COLS};
+use super::rows::{self, parse_ts, INSTANCE_COLS, STEP_COLS, SUMMARY_COLS};
 use super::{Result, Store, StoreError};
 use apollo_shared::protocol::{Alert, Instance, QueueStats, Transition};
 use apollo_shared::state::TaskState;
@@ -61,11 +61,11 @@ impl Store {
         .await
     }
 
-    /// Instances newest first, without steps.
+    /// Instances newest first, as summaries: no steps, no context.
     pub async fn list(&self, f: ListFilter) -> Result<Vec<Instance>> {
         self.read(move |c| {
             let sql = format!(
-                "SELECT {INSTANCE_COLS} FROM task_instances WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR task = ?2) \
+                "SELECT {SUMMARY_COLS} FROM task_instances WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR task = ?2) \
                  AND (?3 IS NULL OR queue = ?3) AND (?4 IS NULL OR id < ?4) ORDER BY id DESC LIMIT ?5"
             );
             Ok(c.prepare_cached(&sql)?

@@ -105,10 +105,27 @@ CREATE TABLE cron_state (
     last_fire TEXT NOT NULL
 );
 "#,
+    // 3: claims read each task's runnable head; instances being rolled back
+    // are found without walking every FAILED instance ever kept.
+    r#"
+CREATE INDEX task_instances_runnable_task ON task_instances(task, priority DESC, id)
+    WHERE state IN ('PENDING', 'RETRYING');
+CREATE INDEX task_instances_rolling_back ON task_instances(queue, task)
+    WHERE state = 'FAILED' AND rollback_pending = 1;
+"#,
 ];
 
-pub fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
+/// The newest schema this build knows.
+pub const VERSION: usize = MIGRATIONS.len();
+
+pub fn migrate(conn: &mut Connection) -> anyhow::Result<()> {
     let current: usize = conn.query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0))? as usize;
+    if current > VERSION {
+        return Err(anyhow::anyhow!(
+            "the store's schema is version {current}, newer than this agent knows (version {VERSION}); \
+             run the newer apollo-agent that wrote it"
+        ));
+    }
     for (i, sql) in MIGRATIONS.iter().enumerate().skip(current) {
         let tx = conn.transaction()?;
         tx.execute_batch(sql)?;

@@ -164,6 +164,11 @@ pub fn create(c: &Connection, n: &NewInstance, actor: &str) -> Result<(String, b
 
 /// Claims up to `n` runnable instances by priority then age, respecting the
 /// per-queue limits and each instance's `max_active`.
+///
+/// Candidates are read per task (the head of each task's runnable rows, by a
+/// loose scan of the per-task index), so a long backlog of a task at its
+/// `max_active` or of a full queue never hides the work behind it: the cost
+/// is one index seek per task with runnable work, not a walk of the backlog.
 pub fn claim(
     c: &Connection,
     agent: &str,
@@ -179,7 +184,8 @@ pub fn claim(
             // Two indexed lookups rather than an OR that scans the table.
             "SELECT queue, task, COUNT(*) FROM task_instances WHERE state = 'RUNNING' GROUP BY queue, task \
              UNION ALL \
-             SELECT queue, task, COUNT(*) FROM task_instances WHERE state = 'FAILED' AND rollback_pending = 1 GROUP BY queue, task",
+             SELECT queue, task, COUNT(*) FROM task_instances INDEXED BY task_instances_rolling_back \
+             WHERE state = 'FAILED' AND rollback_pending = 1 GROUP BY queue, task",
         )?;
         let mut rows = q.query([])?;
         while let Some(r) = rows.next()? {
@@ -188,18 +194,36 @@ pub fn claim(
             *per_task.entry(r.get(1)?).or_default() += count;
         }
     }
-    let candidates: Vec<(String, String, String, Option<u32>, String)> = c
+    let tasks: Vec<String> = c
         .prepare_cached(
-            // The partial index holds only runnable rows in claim order, so the
-            // claim reads the first few rows however long the backlog is.
-            "SELECT id, task, queue, max_active, state FROM task_instances INDEXED BY task_instances_runnable \
-             WHERE state IN ('PENDING', 'RETRYING') AND (next_run_at IS NULL OR next_run_at <= ?1) \
-             ORDER BY priority DESC, id LIMIT ?2",
+            "WITH RECURSIVE t(task) AS (\
+               SELECT MIN(task) FROM task_instances INDEXED BY task_instances_runnable_task \
+               WHERE state IN ('PENDING', 'RETRYING') \
+               UNION ALL \
+               SELECT (SELECT MIN(task) FROM task_instances INDEXED BY task_instances_runnable_task \
+                       WHERE state IN ('PENDING', 'RETRYING') AND task > t.task) FROM t WHERE t.task IS NOT NULL) \
+             SELECT task FROM t WHERE task IS NOT NULL",
         )?
-        .query_map(params![ts(now), (n + 256) as i64], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))?
+        .query_map([], |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;
+    type Candidate = (i64, String, String, String, Option<u32>, String);
+    let mut candidates: Vec<Candidate> = Vec::new();
+    let mut heads = c.prepare_cached(
+        "SELECT priority, id, task, queue, max_active, state FROM task_instances INDEXED BY task_instances_runnable_task \
+         WHERE task = ?1 AND state IN ('PENDING', 'RETRYING') AND (next_run_at IS NULL OR next_run_at <= ?2) \
+         ORDER BY priority DESC, id LIMIT ?3",
+    )?;
+    for task in tasks {
+        let rows = heads.query_map(params![task, ts(now), n as i64], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
+        })?;
+        for row in rows {
+            candidates.push(row?);
+        }
+    }
+    candidates.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
     let mut claimed = Vec::new();
-    for (id, task, queue, max_active, state) in candidates {
+    for (_, id, task, queue, max_active, state) in candidates {
         if claimed.len() >= n {
             break;
         }
@@ -222,7 +246,26 @@ pub fn claim(
     Ok(claimed)
 }
 
+/// Refuses a step write on an instance this agent does not hold RUNNING:
+/// an executor whose instance was taken from it (cancelled, failed, taken
+/// over) must stop rather than move its steps.
+fn ensure_held(c: &Connection, id: &str, agent: &str) -> Result<()> {
+    let row: Option<(String, Option<String>)> = c
+        .prepare_cached("SELECT state, lease_owner FROM task_instances WHERE id = ?1")?
+        .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    match row {
+        None => Err(StoreError::NotFound(format!("no instance {id}"))),
+        Some((state, owner)) if state == "RUNNING" && owner.as_deref() == Some(agent) => Ok(()),
+        Some((state, owner)) => Err(StoreError::Invalid(format!(
+            "instance {id} is {state}, held by {}; {agent} may not run its steps",
+            owner.as_deref().unwrap_or("nobody")
+        ))),
+    }
+}
+
 pub fn step_start(c: &Connection, id: &str, seq: u32, version: &str, params_json: &str, actor: &str) -> Result<u32> {
+    ensure_held(c, id, actor)?;
     let attempt: u32 =
         c.query_row("SELECT attempts FROM step_runs WHERE instance_id = ?1 AND seq = ?2", params![id, seq], |r| {
             r.get::<_, u32>(0)
@@ -238,6 +281,7 @@ pub fn step_start(c: &Connection, id: &str, seq: u32, version: &str, params_json
 
 /// Records a step's SUCCESS, its output and the new context together.
 pub fn step_success(c: &Connection, id: &str, seq: u32, output: &str, context: &str, actor: &str) -> Result<()> {
+    ensure_held(c, id, actor)?;
     move_step(c, id, seq, StepState::Success, "succeeded", actor)?;
     let now = ts(Utc::now());
     c.prepare_cached("UPDATE step_runs SET output = ?3, finished_at = ?4 WHERE instance_id = ?1 AND seq = ?2")?
@@ -258,6 +302,29 @@ pub fn step_fail(c: &Connection, id: &str, seq: u32, error: &str, counts: bool, 
     Ok(c.query_row("SELECT failures FROM step_runs WHERE instance_id = ?1 AND seq = ?2", params![id, seq], |r| {
         r.get(0)
     })?)
+}
+
+/// What a failed attempt leads to, decided inside the transaction that
+/// records it from the step's failure count after this one.
+pub type Decide = Box<dyn FnOnce(u32) -> (FailurePlan, String) + Send>;
+
+/// Records a failed attempt and the instance's FAILED (and RETRYING, or the
+/// pending rollback) in one transaction: a crash can never leave the step
+/// failed with the instance still RUNNING. Returns the failure count and the
+/// plan taken.
+pub fn fail_step(
+    c: &Connection,
+    id: &str,
+    seq: u32,
+    error: &str,
+    counts: bool,
+    decide: Decide,
+    actor: &str,
+) -> Result<(u32, FailurePlan)> {
+    let failures = step_fail(c, id, seq, error, counts, actor)?;
+    let (plan, message) = decide(failures);
+    fail(c, id, &message, plan, actor)?;
+    Ok((failures, plan))
 }
 
 pub fn finish_success(c: &Connection, id: &str, actor: &str) -> Result<()> {
@@ -337,6 +404,19 @@ pub fn rollback_failed(c: &Connection, id: &str, error: &str, actor: &str) -> Re
 /// retry budget for the failed step.
 pub fn manual_retry(c: &Connection, id: &str, reason: &str, actor: &str) -> Result<()> {
     refuse_while_rolling_back(c, id)?;
+    let steps: Vec<(String, u32, String)> = c
+        .prepare_cached("SELECT name, seq, state FROM step_runs WHERE instance_id = ?1 ORDER BY seq")?
+        .query_map([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    let states: Vec<(&str, u32, StepState)> = steps
+        .iter()
+        .map(|(n, seq, st)| st.parse().map(|st| (n.as_str(), *seq, st)).map_err(StoreError::Invalid))
+        .collect::<Result<_>>()?;
+    let state = task_state(c, id)?;
+    if state == TaskState::Failed {
+        apollo_shared::state::check_resume(states)
+            .map_err(|e| StoreError::Invalid(format!("instance {id} cannot be retried: {e}")))?;
+    }
     move_task(c, id, TaskState::Retrying, reason, actor)?;
     c.prepare_cached(
         "UPDATE task_instances SET next_run_at = ?2, finished_at = NULL, lease_owner = NULL, lease_expires_at = NULL WHERE id = ?1",
@@ -371,6 +451,8 @@ fn refuse_while_rolling_back(c: &Connection, id: &str) -> Result<()> {
 
 /// Cancels an instance that is waiting (PENDING or RETRYING): it passes
 /// through RUNNING to FAILED, as the table requires, without running a step.
+/// Its steps keep their states, so an operator's retry resumes it where it
+/// stood, as after a cancel of a running instance.
 pub fn cancel_waiting(c: &Connection, id: &str, reason: &str, actor: &str) -> Result<()> {
     let from = task_state(c, id)?;
     if !matches!(from, TaskState::Pending | TaskState::Retrying) {
@@ -379,16 +461,43 @@ pub fn cancel_waiting(c: &Connection, id: &str, reason: &str, actor: &str) -> Re
         )));
     }
     move_task(c, id, TaskState::Running, "cancel requested", actor)?;
-    fail(c, id, reason, FailurePlan::Stop, actor)?;
-    skip_pending_steps(c, id, actor)
+    fail(c, id, reason, FailurePlan::Stop, actor)
 }
 
-pub fn renew_leases(c: &Connection, ids: &[String], until: DateTime<Utc>) -> Result<()> {
-    let mut q = c.prepare_cached("UPDATE task_instances SET lease_expires_at = ?2 WHERE id = ?1")?;
+/// Extends the leases this agent holds on instances it still runs (RUNNING,
+/// or FAILED with its rollback under way); a lease on anything else is left.
+pub fn renew_leases(c: &Connection, agent: &str, ids: &[String], until: DateTime<Utc>) -> Result<()> {
+    let mut q = c.prepare_cached(
+        "UPDATE task_instances SET lease_expires_at = ?2 WHERE id = ?1 AND lease_owner = ?3 \
+         AND (state = 'RUNNING' OR (state = 'FAILED' AND rollback_pending = 1))",
+    )?;
     for id in ids {
-        q.execute(params![id, ts(until)])?;
+        q.execute(params![id, ts(until), agent])?;
     }
     Ok(())
+}
+
+/// Cancels a RUNNING instance that no executor works on (its lease has run
+/// out): its running step is marked failed as cancelled, the instance FAILED.
+pub fn cancel_orphan(c: &Connection, id: &str, reason: &str, actor: &str) -> Result<()> {
+    let expired: Option<bool> = c
+        .query_row(
+            "SELECT lease_expires_at IS NULL OR lease_expires_at < ?2 FROM task_instances WHERE id = ?1 AND state = 'RUNNING'",
+            params![id, ts(Utc::now())],
+            |r| r.get(0),
+        )
+        .optional()?;
+    if expired != Some(true) {
+        return Err(StoreError::Invalid(format!("instance {id} is not RUNNING with an expired lease")));
+    }
+    let running: Vec<u32> = c
+        .prepare_cached("SELECT seq FROM step_runs WHERE instance_id = ?1 AND state = 'RUNNING'")?
+        .query_map([id], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    for seq in running {
+        step_fail(c, id, seq, &format!("cancelled: {reason}"), false, actor)?;
+    }
+    fail(c, id, reason, FailurePlan::Stop, actor)
 }
 
 /// Takes over instances whose holder is gone: every RUNNING instance and every
@@ -409,7 +518,8 @@ pub fn recover(
             "SELECT id FROM (\
                SELECT id, priority, lease_expires_at FROM task_instances WHERE state = 'RUNNING' \
                UNION ALL \
-               SELECT id, priority, lease_expires_at FROM task_instances WHERE state = 'FAILED' AND rollback_pending = 1) \
+               SELECT id, priority, lease_expires_at FROM task_instances INDEXED BY task_instances_rolling_back \
+               WHERE state = 'FAILED' AND rollback_pending = 1) \
              WHERE ?1 = 0 OR lease_expires_at IS NULL OR lease_expires_at < ?2 ORDER BY priority DESC, id",
         )?
         .query_map(params![only_expired as i64, ts(Utc::now())], |r| r.get(0))?
@@ -425,7 +535,9 @@ pub fn recover(
         }
         c.prepare_cached("UPDATE task_instances SET lease_owner = ?2, lease_expires_at = ?3 WHERE id = ?1")?
             .execute(params![id, agent, ts(lease_until)])?;
-        history(c, &id, None, None, "RUNNING", "recovered by a restarted agent", agent)?;
+        // A note, not a move: the instance keeps its state and changes hands.
+        let state = task_state(c, &id)?;
+        history(c, &id, None, Some(state.as_str()), state.as_str(), "recovered: resumed by this agent", agent)?;
         out.push(super::read::instance_with_steps(c, &id)?);
     }
     Ok(out)

@@ -95,6 +95,8 @@ fn placeholder(id: &str) -> Instance {
         finished_at: None,
         next_run_at: None,
         error: None,
+        lease_owner: None,
+        lease_expires_at: None,
         context: Value::Null,
         steps: Some(Vec::new()),
         transitions: Some(Vec::new()),
