@@ -7,8 +7,7 @@
 
 use apollo_shared::protocol::Event;
 use serde_json::Value;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use tokio::sync::broadcast;
 
 const BACKLOG: usize = 4096;
@@ -16,21 +15,22 @@ const BACKLOG: usize = 4096;
 #[derive(Clone)]
 pub struct Bus {
     tx: broadcast::Sender<Arc<Event>>,
-    seq: Arc<AtomicU64>,
+    /// The last sequence number; held while an event is numbered and sent,
+    /// so events reach every subscriber in sequence order.
+    seq: Arc<Mutex<u64>>,
 }
 
 impl Default for Bus {
     fn default() -> Self {
-        Bus { tx: broadcast::channel(BACKLOG).0, seq: Arc::new(AtomicU64::new(0)) }
+        Bus { tx: broadcast::channel(BACKLOG).0, seq: Arc::new(Mutex::new(0)) }
     }
 }
 
 impl Bus {
     pub fn publish(&self, topic: &str, kind: &str, data: Value) {
-        // The sequence number is taken and the event sent under one order, so
-        // subscribers see increasing numbers.
-        let seq = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
-        let _ = self.tx.send(Arc::new(Event { seq, topic: topic.into(), kind: kind.into(), data }));
+        let mut seq = self.seq.lock().expect("bus seq");
+        *seq += 1;
+        let _ = self.tx.send(Arc::new(Event { seq: *seq, topic: topic.into(), kind: kind.into(), data }));
     }
 
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<Event>> {
@@ -39,6 +39,6 @@ impl Bus {
 
     /// The sequence number of the last event published.
     pub fn seq(&self) -> u64 {
-        self.seq.load(Ordering::SeqCst)
+        *self.seq.lock().expect("bus seq")
     }
 }

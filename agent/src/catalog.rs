@@ -73,16 +73,35 @@ pub fn check_plugins(d: &TaskDef, file: &str, registry: &Registry) -> Vec<DefErr
         .collect()
 }
 
+/// Whether a step's params hold a template (checked only once rendered).
+fn has_template(params: &serde_json::Map<String, Value>) -> bool {
+    template::strings(&Value::Object(params.clone()), "").iter().any(|(_, t)| t.contains("{{") || t.contains("{%"))
+}
+
+/// The built-ins' own checks of parameters that are not templates, at load:
+/// the agent refuses what `apollo-agent check` refuses, not only at run time.
+/// (External plugins are asked by `check_static_params`, which runs them.)
+pub fn check_builtin_params(d: &TaskDef, file: &str, registry: &Registry) -> Vec<DefError> {
+    let mut out = Vec::new();
+    for (i, s) in d.steps.iter().enumerate() {
+        let Ok(reg) = registry.resolve(&s.plugin, s.version.as_deref()) else { continue };
+        if reg.command.is_some() || has_template(&s.params) {
+            continue;
+        }
+        if let Err(message) = reg.plugin.check_params(&s.params) {
+            out.push(DefError { file: file.into(), line: s.line, field: format!("steps[{i}].params"), message });
+        }
+    }
+    out
+}
+
 /// Runs each plugin's validate on the parameters that are not templates, so
 /// `apollo-agent check` finds bad values before a run does.
 pub async fn check_static_params(d: &TaskDef, file: &str, registry: &Registry) -> Vec<DefError> {
     let mut out = Vec::new();
     for (i, s) in d.steps.iter().enumerate() {
         let Ok(reg) = registry.resolve(&s.plugin, s.version.as_deref()) else { continue };
-        let has_template = template::strings(&Value::Object(s.params.clone()), "")
-            .iter()
-            .any(|(_, t)| t.contains("{{") || t.contains("{%"));
-        if has_template {
+        if has_template(&s.params) {
             continue;
         }
         if let Err(e) = reg.plugin.validate(&s.params).await {
@@ -97,24 +116,35 @@ pub async fn check_static_params(d: &TaskDef, file: &str, registry: &Registry) -
 pub fn load_source(source: &str, file: &Path, registry: &Registry) -> Result<Loaded, Vec<DefError>> {
     let name = file.display().to_string();
     let d = def::parse(source, &name).map_err(|e| e.0)?;
-    let errors = check_plugins(&d, &name, registry);
+    let mut errors = check_plugins(&d, &name, registry);
+    errors.extend(check_builtin_params(&d, &name, registry));
     if !errors.is_empty() {
         return Err(errors);
     }
     Ok(Loaded { def: Arc::new(d), hash: hash(source), file: file.to_path_buf(), source: source.into() })
 }
 
-fn read_capped(path: &Path) -> Result<String, String> {
-    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
-    if meta.len() as usize > apollo_shared::yaml::MAX_YAML_BYTES {
-        return Err(format!(
-            "file is {} bytes, larger than the {} byte limit for a definition",
-            meta.len(),
-            apollo_shared::yaml::MAX_YAML_BYTES
+/// The file's text; one over the size limit is refused with the line where
+/// the limit is crossed (only that much of it is read).
+fn read_capped(path: &Path) -> Result<String, (Option<usize>, String)> {
+    use std::io::Read;
+    let max = apollo_shared::yaml::MAX_YAML_BYTES;
+    let meta = std::fs::metadata(path).map_err(|e| (None, e.to_string()))?;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(max as u64 + 1).read_to_end(&mut bytes))
+        .map_err(|e| (None, e.to_string()))?;
+    if bytes.len() > max {
+        let line = bytes[..max].iter().filter(|b| **b == b'\n').count() + 1;
+        return Err((
+            Some(line),
+            format!("file is {} bytes, larger than the {max} byte limit for a definition", meta.len()),
         ));
     }
-    let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
-    String::from_utf8(bytes).map_err(|_| "file is not UTF-8 text".to_string())
+    String::from_utf8(bytes).map_err(|e| {
+        let good = &e.as_bytes()[..e.utf8_error().valid_up_to()];
+        (Some(good.iter().filter(|b| **b == b'\n').count() + 1), "file is not UTF-8 text".to_string())
+    })
 }
 
 /// Loads every definition file directly under `dir`.
@@ -142,7 +172,9 @@ pub fn load_dir(dir: &Path, registry: &Registry) -> Catalog {
     files.sort();
     for file in files {
         let name = file.display().to_string();
-        let err = |message: String| vec![DefError { file: name.clone(), line: None, field: String::new(), message }];
+        let err = |(line, message): (Option<usize>, String)| {
+            vec![DefError { file: name.clone(), line, field: String::new(), message }]
+        };
         let loaded = read_capped(&file).map_err(err).and_then(|src| load_source(&src, &file, registry));
         match loaded {
             Ok(l) => match cat.defs.get(&l.def.task) {

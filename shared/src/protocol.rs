@@ -19,6 +19,10 @@ use serde_json::{Map, Value};
 pub const PROTOCOL_VERSION: u32 = 1;
 /// The largest frame either side accepts, newline excluded.
 pub const MAX_FRAME_BYTES: usize = 1024 * 1024;
+/// The longest error message an answer carries.
+pub const MAX_ERROR_MESSAGE: usize = 1024;
+/// The largest number of items one `tasks.list` page may ask for.
+pub const MAX_LIST_LIMIT: u32 = 1000;
 
 /// Every method the agent answers, for `unknown method` messages.
 pub const METHODS: &[&str] = &[
@@ -62,6 +66,8 @@ pub mod code {
     pub const VALIDATION_FAILED: i64 = -32020;
     /// The agent is shutting down or overloaded; try again.
     pub const BUSY: i64 = -32030;
+    /// The answer would not fit in one frame; ask for less.
+    pub const TOO_LARGE: i64 = -32040;
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -95,6 +101,16 @@ impl RpcError {
 
     pub fn with_hint(mut self, hint: impl Into<String>) -> Self {
         self.data = Some(serde_json::json!({ "hint": hint.into() }));
+        self
+    }
+
+    /// The error with its message cut to [`MAX_ERROR_MESSAGE`] characters, so
+    /// an answer never echoes an unbounded piece of the request.
+    pub fn bounded(mut self) -> Self {
+        if self.message.len() > MAX_ERROR_MESSAGE {
+            let cut: String = self.message.chars().take(MAX_ERROR_MESSAGE).collect();
+            self.message = format!("{cut}… ({} bytes cut)", self.message.len() - cut.len());
+        }
         self
     }
 
@@ -150,11 +166,25 @@ pub const TOPICS: &[&str] = &["tasks", "defs", "alerts", "queues"];
 // ----- params and results -----
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
 pub struct Hello {
+    /// Who is calling, for the agent's log.
     #[serde(default)]
-    pub client: Option<Value>,
+    pub client: Option<ClientInfo>,
     #[serde(default)]
     pub protocol: Option<u32>,
+}
+
+/// A client's name, alone or with its version.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged, expecting = "a client name (a string) or {\"name\": \"…\", \"version\": \"…\"}")]
+pub enum ClientInfo {
+    Name(String),
+    Named {
+        name: String,
+        #[serde(default)]
+        version: Option<String>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -21,9 +21,16 @@ pub struct YamlError {
 /// Parses one YAML document into `T`, refusing documents over
 /// [`MAX_YAML_BYTES`], alias bombs and excessive nesting.
 pub fn from_str<T: DeserializeOwned>(src: &str) -> Result<T, YamlError> {
+    // A byte-order mark (editors on some systems save one) is not content.
+    let src = src.strip_prefix('\u{feff}').unwrap_or(src);
     if src.len() > MAX_YAML_BYTES {
+        let mut cut = MAX_YAML_BYTES;
+        while !src.is_char_boundary(cut) {
+            cut -= 1;
+        }
         return Err(YamlError {
-            line: None,
+            // The line where the limit is crossed.
+            line: Some(src[..cut].matches('\n').count() + 1),
             message: format!(
                 "document is {} bytes, larger than the {} byte limit (split it or move data to a file)",
                 src.len(),
@@ -35,7 +42,7 @@ pub fn from_str<T: DeserializeOwned>(src: &str) -> Result<T, YamlError> {
         return Err(YamlError { line: None, message: "document is empty".into() });
     }
     serde_yaml::from_str(src).map_err(|e| {
-        let line = e.location().map(|l| l.line());
+        let mut line = e.location().map(|l| l.line());
         // serde_yaml appends " at line N column M"; the caller prints the line itself.
         let mut message = e.to_string();
         if let Some(i) = message.find(" at line ") {
@@ -43,12 +50,34 @@ pub fn from_str<T: DeserializeOwned>(src: &str) -> Result<T, YamlError> {
         }
         if message.contains("repetition limit") {
             message.push_str(" (YAML aliases expand too far; write the values out)");
+            line = line.or_else(|| first_line(src, |l| l.contains('*') && l.contains(['&', '*'])));
         }
         if message.contains("recursion limit") {
             message.push_str(" (nesting is too deep)");
+            line = line.or_else(|| first_line(src, |l| l.contains(['[', '{'])));
         }
-        YamlError { line, message }
+        if message.contains("more than one document") {
+            message = "the file holds more than one YAML document (a second one starts here); keep one per file".into();
+            // The separator after the first content.
+            let mut seen_content = false;
+            for (i, l) in src.lines().enumerate() {
+                let t = l.trim_end();
+                if (t == "---" || t.starts_with("--- ") || t == "...") && seen_content {
+                    line = Some(i + 1);
+                    break;
+                }
+                if !t.is_empty() && !t.starts_with('#') && !t.starts_with("---") && !t.starts_with('%') {
+                    seen_content = true;
+                }
+            }
+        }
+        YamlError { line: line.or(Some(1)), message }
     })
+}
+
+/// The 1-based number of the first line that satisfies `pred`.
+fn first_line(src: &str, pred: impl Fn(&str) -> bool) -> Option<usize> {
+    src.lines().position(pred).map(|i| i + 1)
 }
 
 #[cfg(test)]
@@ -81,6 +110,30 @@ mod tests {
     fn huge_document_is_refused() {
         let src = format!("a: \"{}\"", "x".repeat(MAX_YAML_BYTES));
         assert!(from_str::<Value>(&src).unwrap_err().message.contains("byte limit"));
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_not_content() {
+        let v: Value = from_str("\u{feff}task: x\n").unwrap();
+        assert_eq!(v["task"], "x");
+    }
+
+    #[test]
+    fn every_refusal_names_a_line() {
+        let e = from_str::<Value>("a: 1\n---\nb: 2\n").unwrap_err();
+        assert_eq!(e.line, Some(2), "{e:?}");
+        assert!(e.message.contains("more than one YAML document"), "{e}");
+        let src = format!("a: 1\nb: \"{}\"\n", "x".repeat(MAX_YAML_BYTES));
+        assert_eq!(from_str::<Value>(&src).unwrap_err().line, Some(2));
+        let mut bomb = String::from("a: &a [x, x, x, x, x, x, x, x, x]\n");
+        let mut prev = 'a';
+        for name in "bcdefghij".chars() {
+            bomb.push_str(&format!(
+                "{name}: &{name} [*{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}]\n"
+            ));
+            prev = name;
+        }
+        assert!(from_str::<Value>(&bomb).unwrap_err().line.is_some());
     }
 
     #[test]

@@ -61,11 +61,12 @@ fn dry_run_executes_nothing_and_reports_each_step() {
     let agent = Agent::builder()
         .task(
             "witness.yaml",
-            "task: witness\nsteps:\n  - name: touch\n    plugin: shell\n    params:\n      command: touch {{ params.file }}\n  - name: bad\n    plugin: sleep\n    params:\n      seconds: -1\n",
+            // The bad values come from params: a literal bad value is refused at load.
+            "task: witness\nparams:\n  file: {required: true}\n  secs: {default: -1}\nsteps:\n  - name: touch\n    plugin: shell\n    params:\n      command: touch {{ params.file }}\n  - name: bad\n    plugin: sleep\n    params:\n      seconds: \"{{ params.secs }}\"\n",
         )
         .task(
             "original.yaml",
-            "task: daily_report\npriority: high\nsteps:\n  - plugin: file_downloader\n    params:\n      source: s3://bucket/report.csv\n  - plugin: data_parser\n    params:\n      format: csv\n",
+            "task: daily_report\npriority: high\nparams:\n  bucket: {default: bucket}\nsteps:\n  - plugin: file_downloader\n    params:\n      source: s3://{{ params.bucket }}/report.csv\n  - plugin: data_parser\n    params:\n      format: csv\n",
         )
         .start();
     let witness = agent.path().join("witness-file");

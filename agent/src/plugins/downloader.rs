@@ -2,14 +2,21 @@
 //! verifies its checksum, and writes through a temp file and a rename so a
 //! target is either whole or absent. A target that already has the expected
 //! checksum is not downloaded again.
+//!
+//! Copying and hashing run on blocking threads, never on the async workers
+//! (a large file would stall the socket server), and stop when the step's
+//! timeout or a cancel fires.
 
 use super::{check_known, io_err, required_str, str_param, Call, ParamDoc, Plugin, PluginError};
 use futures::future::BoxFuture;
 use md5::Md5;
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
 
 pub struct FileDownloader;
 
@@ -63,32 +70,83 @@ impl Digests {
     }
 }
 
-fn file_digests(path: &Path) -> std::io::Result<(String, String, u64)> {
+type Digested = (String, String, u64);
+
+fn stopped() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::Interrupted, "stopped (the step timed out or was cancelled)")
+}
+
+/// Reads `path` to its end, hashing it and copying it to `copy_to` if given.
+/// Checks `stop` between chunks.
+fn digest_file(path: &Path, copy_to: Option<&Path>, stop: &AtomicBool) -> std::io::Result<Digested> {
     let mut f = std::fs::File::open(path)?;
+    let mut out = copy_to.map(std::fs::File::create).transpose()?;
     let mut d = Digests::new();
-    let mut buf = vec![0u8; 64 * 1024];
+    let mut buf = vec![0u8; 256 * 1024];
     loop {
-        let n = std::io::Read::read(&mut f, &mut buf)?;
+        if stop.load(Ordering::Relaxed) {
+            return Err(stopped());
+        }
+        let n = f.read(&mut buf)?;
         if n == 0 {
             break;
         }
         d.update(&buf[..n]);
+        if let Some(o) = out.as_mut() {
+            o.write_all(&buf[..n])?;
+        }
+    }
+    if let Some(o) = out {
+        o.sync_all()?;
     }
     Ok((hex::encode(d.md5.finalize()), hex::encode(d.sha256.finalize()), d.bytes))
 }
 
+/// Sets the flag when dropped: a call abandoned by the watchdog stops its
+/// blocking work too.
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Runs `f` on a blocking thread; a cancel (or dropping the future) raises
+/// the flag `f` checks between chunks.
+async fn off_runtime<T: Send + 'static>(
+    cancel: &CancellationToken,
+    f: impl FnOnce(&AtomicBool) -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let _guard = StopOnDrop(stop.clone());
+    let flag = stop.clone();
+    let task = tokio::task::spawn_blocking(move || f(&flag));
+    tokio::select! {
+        r = task => r.unwrap_or_else(|e| Err(std::io::Error::other(e.to_string()))),
+        _ = cancel.cancelled() => Err(stopped()),
+    }
+}
+
+async fn file_digests(path: &Path, cancel: &CancellationToken) -> std::io::Result<Digested> {
+    let p = path.to_path_buf();
+    off_runtime(cancel, move |stop| digest_file(&p, None, stop)).await
+}
+
 impl FileDownloader {
-    async fn fetch(&self, src: &Source, tmp: &Path) -> Result<(), PluginError> {
+    /// Fetches the source into `tmp`; returns its digests.
+    async fn fetch(&self, src: &Source, tmp: &Path, cancel: &CancellationToken) -> Result<Digested, PluginError> {
         match src {
             Source::File(p) => {
-                tokio::fs::copy(p, tmp).await.map_err(|e| {
-                    let msg = format!("cannot read source {}: {e}", p.display());
+                let (from, to) = (p.clone(), tmp.to_path_buf());
+                off_runtime(cancel, move |stop| digest_file(&from, Some(&to), stop)).await.map_err(|e| {
+                    let msg = format!("cannot copy source {}: {e}", p.display());
                     if e.kind() == std::io::ErrorKind::NotFound {
                         PluginError::permanent(msg)
                     } else {
                         PluginError::retryable(msg)
                     }
-                })?;
+                })
             }
             Source::Http(url) => {
                 let mut resp =
@@ -99,16 +157,20 @@ impl FileDownloader {
                     let retry = status.is_server_error() || status.as_u16() == 429;
                     return Err(if retry { PluginError::retryable(msg) } else { PluginError::permanent(msg) });
                 }
-                let mut f = std::fs::File::create(tmp).map_err(|e| io_err("cannot create", tmp, e))?;
+                // Writes go through tokio's file (on blocking threads); the
+                // hash is taken off the runtime once the body is on disk.
+                use tokio::io::AsyncWriteExt;
+                let mut f = tokio::fs::File::create(tmp).await.map_err(|e| io_err("cannot create", tmp, e))?;
                 while let Some(chunk) =
                     resp.chunk().await.map_err(|e| PluginError::retryable(format!("GET {url}: {e}")))?
                 {
-                    f.write_all(&chunk).map_err(|e| io_err("cannot write", tmp, e))?;
+                    f.write_all(&chunk).await.map_err(|e| io_err("cannot write", tmp, e))?;
                 }
-                f.sync_all().map_err(|e| io_err("cannot sync", tmp, e))?;
+                f.sync_all().await.map_err(|e| io_err("cannot sync", tmp, e))?;
+                drop(f);
+                file_digests(tmp, cancel).await.map_err(|e| io_err("cannot read", tmp, e))
             }
         }
-        Ok(())
     }
 }
 
@@ -164,7 +226,7 @@ impl Plugin for FileDownloader {
             };
             let existed = target.exists();
             if existed && (want_md5.is_some() || want_sha.is_some()) {
-                if let Ok((md5, sha, bytes)) = file_digests(&target) {
+                if let Ok((md5, sha, bytes)) = file_digests(&target, &call.cancel).await {
                     if matches(&md5, &sha) {
                         call.log
                             .line(&format!("{} already has the expected checksum; not downloading", target.display()));
@@ -179,8 +241,7 @@ impl Plugin for FileDownloader {
             }
             let tmp = target.with_extension(format!("part-{}", ulid::Ulid::new()));
             let result = async {
-                self.fetch(&src, &tmp).await?;
-                let (md5, sha, bytes) = file_digests(&tmp).map_err(|e| io_err("cannot read", &tmp, e))?;
+                let (md5, sha, bytes) = self.fetch(&src, &tmp, &call.cancel).await?;
                 if !matches(&md5, &sha) {
                     return Err(PluginError::retryable(format!(
                         "checksum mismatch for {raw}: got md5 {md5} sha256 {sha}, expected {}",

@@ -201,7 +201,19 @@ impl Api {
     }
 
     async fn list(&self, p: ListParams) -> Reply {
-        let limit = p.limit.unwrap_or(50).clamp(1, 1000);
+        let limit = p.limit.unwrap_or(50);
+        if !(1..=MAX_LIST_LIMIT).contains(&limit) {
+            return Err(RpcError::new(
+                code::INVALID_PARAMS,
+                format!("tasks.list: limit {limit} is out of range (expected 1 to {MAX_LIST_LIMIT})"),
+            ));
+        }
+        if let Some(c) = p.cursor.as_deref().filter(|c| ulid::Ulid::from_string(c).is_err()) {
+            return Err(RpcError::new(
+                code::INVALID_PARAMS,
+                format!("tasks.list: cursor {c:?} is not an instance id (pass the next_cursor of the previous page)"),
+            ));
+        }
         let items = self
             .scheduler
             .store

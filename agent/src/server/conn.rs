@@ -11,11 +11,43 @@ use std::sync::Arc;
 use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 
 /// Lines queued for one client; past this a subscriber is behind and gets a resync.
 const OUTBOX: usize = 1024;
+/// Bytes queued for one client: past this an answer waits for the client to
+/// read, and a subscriber is behind. Memory per connection stays bounded
+/// whatever a client asks for and however slowly it reads.
+const OUTBOX_BYTES: usize = 4 * MAX_FRAME_BYTES;
+/// The longest request id echoed back.
+const MAX_ID_CHARS: usize = 256;
+
+/// What is queued for one client, bounded in lines and in bytes.
+#[derive(Clone)]
+struct Outbox {
+    tx: mpsc::Sender<(String, OwnedSemaphorePermit)>,
+    budget: Arc<Semaphore>,
+}
+
+impl Outbox {
+    fn cost(line: &str) -> u32 {
+        (line.len() + 1).min(OUTBOX_BYTES) as u32
+    }
+
+    /// Queues a line, waiting for room; false once the connection is gone.
+    async fn send(&self, line: String) -> bool {
+        let Ok(permit) = self.budget.clone().acquire_many_owned(Self::cost(&line)).await else { return false };
+        self.tx.send((line, permit)).await.is_ok()
+    }
+
+    /// Queues a line if there is room now.
+    fn try_send(&self, line: String) -> bool {
+        let Ok(permit) = self.budget.clone().try_acquire_many_owned(Self::cost(&line)) else { return false };
+        self.tx.try_send((line, permit)).is_ok()
+    }
+}
 /// Calls of one connection running at once; more wait to be read.
 const IN_FLIGHT: usize = 32;
 
@@ -24,6 +56,24 @@ fn reply(id: Value, result: Result<Value, RpcError>) -> Response {
         Ok(v) => Response::ok(id, v),
         Err(e) => Response::err(id, e),
     }
+}
+
+/// The line of an answer: an error's message is bounded, and an answer that
+/// would exceed the frame limit becomes an error saying so (a client never
+/// sees its connection dropped for it).
+fn answer(method: &str, r: &Response) -> String {
+    let mut r = r.clone();
+    r.error = r.error.map(RpcError::bounded);
+    let line = to_line(&r);
+    if line.len() < MAX_FRAME_BYTES {
+        return line;
+    }
+    let e = RpcError::new(
+        code::TOO_LARGE,
+        format!("the answer to {method} would be {} bytes, over the {MAX_FRAME_BYTES} byte frame limit", line.len()),
+    )
+    .with_hint("ask for less (a smaller limit, one instance at a time); large step outputs belong in files");
+    to_line(&Response::err(r.id, e))
 }
 
 pub async fn handle(stream: UnixStream, api: Arc<Api>, access: Arc<Access>, shutdown: CancellationToken) {
@@ -38,20 +88,22 @@ pub async fn handle(stream: UnixStream, api: Arc<Api>, access: Arc<Access>, shut
         None => "unknown peer".into(),
     };
     let (rd, mut wr) = stream.into_split();
-    let (tx, mut rx) = mpsc::channel::<String>(OUTBOX);
+    let (tx, mut rx) = mpsc::channel::<(String, OwnedSemaphorePermit)>(OUTBOX);
+    let tx = Outbox { tx, budget: Arc::new(Semaphore::new(OUTBOX_BYTES)) };
     let writer = tokio::spawn(async move {
-        while let Some(mut line) = rx.recv().await {
+        while let Some((mut line, permit)) = rx.recv().await {
             line.push('\n');
             if wr.write_all(line.as_bytes()).await.is_err() {
                 break;
             }
+            drop(permit);
         }
     });
     let Some(role) = role else {
         tracing::warn!(peer = %actor, "refused a connection: not an operator or observer");
         let e = RpcError::new(code::FORBIDDEN, format!("{actor} may not use this agent"))
             .with_hint("add the user to socket.operators or socket.observers in the agent's config");
-        let _ = tx.send(to_line(&Response::err(Value::Null, e))).await;
+        let _ = tx.send(answer("hello", &Response::err(Value::Null, e))).await;
         drop(tx);
         let _ = writer.await;
         return;
@@ -78,7 +130,9 @@ pub async fn handle(stream: UnixStream, api: Arc<Api>, access: Arc<Access>, shut
                 let (id, req) = match parse(&bytes) {
                     Ok(r) => r,
                     Err((id, e)) => {
-                        let _ = tx.send(to_line(&Response::err(id, e))).await;
+                        if !tx.send(answer("the request", &Response::err(id, e))).await {
+                            break;
+                        }
                         continue;
                     }
                 };
@@ -95,7 +149,7 @@ pub async fn handle(stream: UnixStream, api: Arc<Api>, access: Arc<Access>, shut
                         let result = api.call(&req.method, req.params.unwrap_or(Value::Null), role, &actor).await;
                         // A request without an id is a notification: no reply.
                         if req.id.is_some() {
-                            let _ = tx.send(to_line(&reply(id, result))).await;
+                            let _ = tx.send(answer(&req.method, &reply(id, result))).await;
                         }
                         drop(permit);
                     });
@@ -104,7 +158,7 @@ pub async fn handle(stream: UnixStream, api: Arc<Api>, access: Arc<Access>, shut
             }
         };
         if let Some(r) = reply {
-            if tx.send(to_line(&r)).await.is_err() {
+            if !tx.send(answer("subscribe", &r)).await {
                 break;
             }
         }
@@ -151,6 +205,9 @@ fn parse(bytes: &[u8]) -> Result<(Value, Option<Request>), (Value, RpcError)> {
     if !matches!(id, Value::Null | Value::String(_) | Value::Number(_)) {
         return invalid(Value::Null, "id must be a string or a number".into());
     }
+    if id.as_str().is_some_and(|s| s.chars().count() > MAX_ID_CHARS) {
+        return invalid(Value::Null, format!("id is longer than {MAX_ID_CHARS} characters"));
+    }
     if obj.get("jsonrpc") != Some(&json!("2.0")) {
         return invalid(id, "jsonrpc must be \"2.0\"".into());
     }
@@ -169,7 +226,7 @@ fn parse(bytes: &[u8]) -> Result<(Value, Option<Request>), (Value, RpcError)> {
 fn subscribe(
     api: &Api,
     params: Option<Value>,
-    tx: &mpsc::Sender<String>,
+    tx: &Outbox,
     current: &mut Option<tokio::task::JoinHandle<()>>,
 ) -> Result<Value, RpcError> {
     let p: SubscribeParams = serde_json::from_value(params.unwrap_or(Value::Null))
@@ -184,12 +241,22 @@ fn subscribe(
         old.abort();
     }
     let mut events = api.bus().subscribe();
-    let seq = api.bus().seq();
+    let bus = api.bus().clone();
+    let seq = bus.seq();
     let tx = tx.clone();
     let topics = p.topics;
     *current = Some(tokio::spawn(async move {
         let mut behind = false;
         loop {
+            if behind {
+                // The client missed events: it is told as soon as it has read
+                // enough to take the notice, not only when the next event comes.
+                let resync = Event { seq: bus.seq(), topic: "all".into(), kind: "resync".into(), data: json!({}) };
+                if !tx.send(notification(&resync)).await {
+                    break;
+                }
+                behind = false;
+            }
             let ev = match events.recv().await {
                 Ok(ev) => ev,
                 Err(broadcast::error::RecvError::Lagged(_)) => {
@@ -198,15 +265,7 @@ fn subscribe(
                 }
                 Err(broadcast::error::RecvError::Closed) => break,
             };
-            if behind {
-                let resync = Event { seq: ev.seq, topic: "all".into(), kind: "resync".into(), data: json!({}) };
-                if tx.try_send(notification(&resync)).is_ok() {
-                    behind = false;
-                } else {
-                    continue;
-                }
-            }
-            if topics.iter().any(|t| *t == ev.topic) && tx.try_send(notification(&ev)).is_err() {
+            if topics.iter().any(|t| *t == ev.topic) && !tx.try_send(notification(&ev)) {
                 // The client is not reading fast enough; it gets a resync instead of a backlog.
                 behind = true;
             }

@@ -174,6 +174,20 @@ impl Store {
         .await
     }
 
+    /// The event stored under a dedup key: its id and the instances it created.
+    pub async fn event_by_key(&self, key: &str) -> Result<Option<(String, serde_json::Value)>> {
+        let key = key.to_string();
+        self.read(move |c| {
+            let row: Option<(String, String)> = c
+                .query_row("SELECT id, instances FROM events WHERE dedup_key = ?1", [&key], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })
+                .optional()?;
+            Ok(row.map(|(id, i)| (id, serde_json::from_str(&i).unwrap_or_default())))
+        })
+        .await
+    }
+
     /// The last fire of every schedule.
     pub async fn cron_state(&self) -> Result<std::collections::HashMap<String, DateTime<Utc>>> {
         self.read(|c| {

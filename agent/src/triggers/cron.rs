@@ -105,6 +105,7 @@ impl CronRunner {
                         "fires were missed (agent down or clock jumped); catch-up policy applied"
                     );
                 }
+                let mut failed = false;
                 for f in &run {
                     if let Some(note) = &f.note {
                         tracing::warn!(task = %task, "{note}");
@@ -121,10 +122,21 @@ impl CronRunner {
                         })
                         .await;
                     if let Err(e) = r {
-                        tracing::error!(task = %task, error = %e, "scheduled trigger failed");
+                        // The fire stays unmarked and is tried again shortly: a
+                        // fire is never lost to a store that refused a write.
+                        tracing::error!(task = %task, error = %e, "scheduled trigger failed; it is tried again in 5s");
+                        failed = true;
+                        break;
                     }
                 }
-                let _ = store.set_cron_fire(&task, newest.at).await;
+                if failed {
+                    let again = now + chrono::Duration::seconds(5);
+                    next = Some(next.map_or(again, |x| x.min(again)));
+                    continue;
+                }
+                if let Err(e) = store.set_cron_fire(&task, newest.at).await {
+                    tracing::error!(task = %task, error = %e, "cannot record the schedule's last fire");
+                }
             }
             let after = last.max(now);
             if let Some(n) = next_fire(&l, after) {

@@ -19,6 +19,23 @@ pub fn matches(filter: &Map<String, Value>, data: &Value) -> bool {
 
 impl Triggers {
     pub async fn publish(&self, p: PublishParams, actor: &str) -> Result<Value, RpcError> {
+        if !matches!(p.data, None | Some(Value::Null) | Some(Value::Object(_))) {
+            return Err(RpcError::new(
+                apollo_shared::protocol::code::INVALID_PARAMS,
+                format!(
+                    "events.publish: data must be a JSON object (the payload definitions read as event.*), found {}",
+                    apollo_shared::def::kind(p.data.as_ref().unwrap_or(&Value::Null))
+                ),
+            ));
+        }
+        // A duplicate is known before anything is created: a definition added
+        // since the first delivery must not get an instance from the repeat.
+        if let Some(key) = &p.dedup_key {
+            if let Some((id, _)) = self.scheduler.store.event_by_key(key).await.map_err(store_error)? {
+                // `instances` lists what this call created: nothing.
+                return Ok(json!({ "event_id": id, "duplicate": true, "instances": [] }));
+            }
+        }
         let event_id = self.new_id();
         let key = p.dedup_key.clone().unwrap_or_else(|| event_id.clone());
         let data = p.data.clone().unwrap_or(Value::Null);

@@ -197,7 +197,7 @@ async fn refresh(
     let _ = news.send(News::Tasks { items: page.items, next_cursor: page.next_cursor, append: false }).await;
     if let Some(id) = &watch.instance {
         if let Ok(i) = client.call_as::<Instance>("tasks.get", json!({"id": id})).await {
-            let _ = news.send(News::Instance(i)).await;
+            let _ = news.send(News::Instance(Box::new(i))).await;
         }
         if let Some(step) = watch.logs {
             if let Ok(l) = client.call_as::<LogsResult>("steps.logs", json!({"id": id, "step": step})).await {

@@ -29,7 +29,7 @@ impl App {
             }
             News::Instance(i) => {
                 if self.instance.as_ref().is_none_or(|cur| cur.id == i.id) {
-                    self.instance = Some(i);
+                    self.instance = Some(*i);
                 }
             }
             News::Defs(d) => self.defs = d,

@@ -147,7 +147,7 @@ pub enum News {
         next_cursor: Option<String>,
         append: bool,
     },
-    Instance(Instance),
+    Instance(Box<Instance>),
     Defs(Vec<DefInfo>),
     Plugins(Vec<PluginInfo>),
     Alerts(Vec<Alert>),
