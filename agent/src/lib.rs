@@ -42,6 +42,20 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use tokio_util::sync::CancellationToken;
 
+/// A point where the fault tests can crash the agent, as a kill -9 would
+/// (`FAILPOINTS="<name>=return"`, or `"<name>=N*off->return"` for the N+1th
+/// pass). Compiled to nothing without the `failpoints` feature.
+#[macro_export]
+macro_rules! crash_point {
+    ($name:literal) => {
+        fail::fail_point!($name, |_| {
+            eprintln!("apollo-agent: crashing at fail point {}", $name);
+            let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+            std::process::abort()
+        })
+    };
+}
+
 /// The agent's name in history rows and `hello`: `<host>:<pid>`.
 pub fn agent_name() -> String {
     let host = nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "localhost".into());
@@ -152,6 +166,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         socket: socket.display().to_string(),
     });
     let access = Arc::new(server::Access::new(&config.socket));
+    scheduler.recover().await;
     tracing::info!(socket = %socket.display(), db = %store.path().display(), "agent ready");
     let server = tokio::spawn(server::serve(listener, api, access, shutdown.clone()));
     let reload_task = tokio::spawn(reloader.run(shutdown.clone()));

@@ -80,6 +80,9 @@ fn load(args: &Args) -> anyhow::Result<Config> {
 }
 
 fn main() -> ExitCode {
+    // Fault tests configure fail points through FAILPOINTS (a no-op unless
+    // built with the `failpoints` feature).
+    let _failpoints = fail::FailScenario::setup();
     let args = Args::parse();
     match real_main(args) {
         Ok(code) => code,

@@ -3,6 +3,7 @@
 //! `apollo` CLI or the client library. Nothing here mocks the store, the
 //! socket or the file system.
 
+pub mod chaos;
 pub mod console;
 
 use apollo_shared::protocol::Instance;
@@ -29,7 +30,18 @@ pub fn bin_dir() -> &'static Path {
         let release = dir.file_name().is_some_and(|n| n == "release");
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut cmd = Command::new(cargo);
-        cmd.current_dir(repo()).args(["build", "--quiet", "-p", "apollo-agent", "-p", "apollo-tui", "--bins"]);
+        // With fail points compiled in: inert unless a test sets FAILPOINTS.
+        cmd.current_dir(repo()).args([
+            "build",
+            "--quiet",
+            "-p",
+            "apollo-agent",
+            "-p",
+            "apollo-tui",
+            "--bins",
+            "--features",
+            "apollo-agent/failpoints",
+        ]);
         if release {
             cmd.arg("--release");
         }
@@ -149,6 +161,23 @@ impl Agent {
 
     /// Starts the agent process (again) and waits until its socket answers.
     pub fn spawn(&mut self) {
+        self.spawn_with(&[]);
+    }
+
+    /// Starts the agent with these extra environment variables (FAILPOINTS).
+    pub fn spawn_with(&mut self, env: &[(&str, &str)]) {
+        self.start_process(env);
+        self.wait_ready();
+    }
+
+    /// Starts the agent with `env` and waits for it to exit by itself before
+    /// it is ready (a fail point during start-up); returns its status.
+    pub fn run_until_exit(&mut self, env: &[(&str, &str)], limit: Duration) -> std::process::ExitStatus {
+        self.start_process(env);
+        self.wait_exit(limit)
+    }
+
+    fn start_process(&mut self, env: &[(&str, &str)]) {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(self.path().join("agent.log")).unwrap();
         let mut cmd = Command::new(agent_bin());
         cmd.current_dir(self.path())
@@ -156,10 +185,15 @@ impl Agent {
             .env("NO_COLOR", "1")
             .env_remove("APOLLO_SOCKET")
             .env_remove("APOLLO_CONFIG")
+            .env_remove("FAILPOINTS")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log);
         self.child = Some(cmd.spawn().expect("start apollo-agent"));
+    }
+
+    fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         // Ready means this process answers on the socket: after a kill -9 the
         // socket of the dead agent can be held a moment longer by a child it
@@ -187,6 +221,24 @@ impl Agent {
         if let Some(mut c) = self.child.take() {
             c.kill().unwrap();
             c.wait().unwrap();
+        }
+    }
+
+    /// Waits (up to `limit`) for the agent to exit by itself, e.g. at a fail
+    /// point; returns its status.
+    pub fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("running");
+        let pid = child.id() as i32;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait());
+        });
+        match rx.recv_timeout(limit) {
+            Ok(status) => status.unwrap(),
+            Err(_) => {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+                panic!("apollo-agent did not exit within {limit:?}:\n{}", self.log());
+            }
         }
     }
 

@@ -218,6 +218,7 @@ async fn run_step(
     };
     let result = result
         .and_then(|out| ctx.merge_output(&d.name, out.clone(), limits).map_err(PluginError::permanent).map(|_| out));
+    crate::crash_point!("executor.before_step_commit");
     async {
         match result {
             Ok(output) => {
@@ -295,6 +296,7 @@ async fn failed(
         }
     });
     let (failures, plan) = s.store.fail_step(id, seq, &message, true, decide).await?;
+    crate::crash_point!("executor.after_failure_commit");
     tracing::warn!(step = %name, failures, retries, permanent = e.permanent, "{located}");
     match plan {
         FailurePlan::Retry(at) => s.retry_at(at),
@@ -351,6 +353,7 @@ async fn rollback(
         match result {
             Ok(()) => {
                 s.store.step_rolled_back(id, step.seq).await?;
+                crate::crash_point!("executor.during_rollback");
                 tracing::info!(step = %d.name, "step rolled back");
             }
             Err(e) => {

@@ -124,19 +124,27 @@ impl Scheduler {
         self.config.scheduler.queues.iter().map(|(q, c)| (q.clone(), c.limit)).collect()
     }
 
-    /// The main loop; returns when the agent shuts down and running steps
-    /// have finished (or the grace period ran out).
-    pub async fn run(self: Arc<Self>) {
+    /// Takes back what an earlier life of the agent held: stops the processes
+    /// it left running for those steps, then resumes each instance. The agent
+    /// accepts connections only after this, so no client ever sees an
+    /// instance RUNNING with nobody working on it.
+    pub async fn recover(self: &Arc<Self>) {
         match self.store.recover(self.lease_until(), false, Vec::new()).await {
             Ok(found) => {
                 if !found.is_empty() {
                     tracing::info!(count = found.len(), "resuming instances held when the agent stopped");
                 }
                 self.stop_leftovers(&found).await;
+                crate::crash_point!("recovery.before_resume");
                 found.into_iter().for_each(|i| self.adopt(i));
             }
             Err(e) => tracing::error!(error = %e, "recovery failed"),
         }
+    }
+
+    /// The main loop; returns when the agent shuts down and running steps
+    /// have finished (or the grace period ran out).
+    pub async fn run(self: Arc<Self>) {
         let tick = (self.config.scheduler.lease / 3).max(Duration::from_millis(100));
         let mut maintenance = tokio::time::interval(tick);
         maintenance.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

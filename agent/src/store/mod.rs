@@ -281,8 +281,12 @@ fn run_batch(conn: &Connection, batch: Vec<Box<dyn Job>>) {
             tracing::error!(error = %e, "savepoint release failed");
         }
     }
+    crate::crash_point!("store.before_commit");
     match conn.execute_batch("COMMIT") {
-        Ok(()) => acks.into_iter().for_each(|ack| ack(None)),
+        Ok(()) => {
+            crate::crash_point!("store.after_commit");
+            acks.into_iter().for_each(|ack| ack(None))
+        }
         Err(e) => {
             tracing::error!(error = %e, "group commit failed");
             let _ = conn.execute_batch("ROLLBACK");

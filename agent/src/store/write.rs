@@ -433,7 +433,8 @@ pub fn manual_rollback(c: &Connection, id: &str, lease_until: DateTime<Utc>, rea
     let from = task_state(c, id)?;
     check_task(from, TaskState::RolledBack)?;
     c.prepare_cached(
-        "UPDATE task_instances SET rollback_pending = 1, lease_owner = ?2, lease_expires_at = ?3 WHERE id = ?1",
+        // Not finished while its rollback runs.
+        "UPDATE task_instances SET rollback_pending = 1, finished_at = NULL, lease_owner = ?2, lease_expires_at = ?3 WHERE id = ?1",
     )?
     .execute(params![id, actor, ts(lease_until)])?;
     history(c, id, None, Some("FAILED"), "FAILED", &format!("rollback requested: {reason}"), actor)
