@@ -412,6 +412,9 @@ pub struct AgentStatus {
     pub definition_errors: u64,
     pub concurrency: u32,
     pub shutting_down: bool,
+    /// Why the store cannot be written now (disk full, read-only), if so.
+    #[serde(default)]
+    pub store_error: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -401,6 +401,7 @@ impl Api {
             definition_errors: cat.errors.len() as u64,
             concurrency: cfg.scheduler.concurrency,
             shutting_down: self.scheduler.is_shutting_down(),
+            store_error: self.scheduler.store.unwritable(),
         })
     }
 }

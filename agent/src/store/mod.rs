@@ -40,6 +40,9 @@ pub enum StoreError {
     Invalid(String),
     #[error("commit failed: {0}")]
     Commit(String),
+    /// The database cannot be written (disk full, read-only, I/O error).
+    #[error("{0}")]
+    Unwritable(String),
     #[error("the store is closed")]
     Closed,
 }
@@ -101,6 +104,29 @@ struct Inner {
     bus: Bus,
     /// Who writes, for the history (`agent:<host>:<pid>`).
     agent: String,
+    /// Why writes fail, while the database cannot be written.
+    unwritable: Mutex<Option<String>>,
+}
+
+/// Whether an error means the database file cannot be written at all (as
+/// opposed to a refused or malformed write), and why.
+fn storage_failure(e: &StoreError) -> Option<String> {
+    use rusqlite::ErrorCode::*;
+    let text = match e {
+        StoreError::Sql(rusqlite::Error::SqliteFailure(f, m)) => match f.code {
+            DiskFull | ReadOnly | SystemIoFailure | CannotOpen => {
+                m.clone().unwrap_or_else(|| f.to_string())
+            }
+            _ => return None,
+        },
+        StoreError::Commit(m) => m.clone(),
+        _ => return None,
+    };
+    let lower = text.to_ascii_lowercase();
+    ["full", "readonly", "read-only", "i/o", "unable to open", "rolled the transaction back"]
+        .iter()
+        .any(|w| lower.contains(w))
+        .then_some(text)
 }
 
 impl Store {
@@ -127,6 +153,7 @@ impl Store {
                 readers: Mutex::new(Vec::new()),
                 bus,
                 agent,
+                unwritable: Mutex::new(None),
             }),
         })
     }
@@ -155,6 +182,7 @@ impl Store {
             let _ = tx.send(r);
         })?;
         let result = rx.await.map_err(|_| StoreError::Closed)?;
+        let result = self.note_health(result);
         if let Err(StoreError::Illegal(e)) = &result {
             tracing::warn!(error = %e, "refused an illegal transition");
             let message = e.to_string();
@@ -177,6 +205,56 @@ impl Store {
             );
         }
         result
+    }
+
+    /// Why the store cannot be written now, if it cannot.
+    pub fn unwritable(&self) -> Option<String> {
+        self.inner.unwritable.lock().expect("unwritable").clone()
+    }
+
+    /// Tracks whether the database can be written: the first write that fails
+    /// for want of space, permissions or I/O raises an alert (on the bus: the
+    /// alerts table cannot take it then) and turns the error into one that
+    /// says so; the first write that succeeds again records both alerts.
+    fn note_health<R>(&self, result: Result<R>) -> Result<R> {
+        match &result {
+            Err(e) => {
+                let Some(why) = storage_failure(e) else { return result };
+                let dir = self.inner.path.parent().unwrap_or(std::path::Path::new(".")).display().to_string();
+                let message = format!(
+                    "the store {} cannot be written ({why}); new work is refused and running steps wait — \
+                     free space on {dir} or make it writable, and the agent resumes by itself",
+                    self.inner.path.display()
+                );
+                let mut state = self.inner.unwritable.lock().expect("unwritable");
+                if state.is_none() {
+                    tracing::error!("{message}");
+                    self.bus().publish(
+                        "alerts",
+                        "alert.raised",
+                        serde_json::json!({ "kind": "store_unwritable", "message": message }),
+                    );
+                }
+                *state = Some(message.clone());
+                Err(StoreError::Unwritable(message))
+            }
+            Ok(_) => {
+                let was = self.inner.unwritable.lock().expect("unwritable").take();
+                if let Some(message) = was {
+                    let back = format!("the store {} can be written again", self.inner.path.display());
+                    tracing::info!("{back}");
+                    self.bus().publish("alerts", "alert.raised", serde_json::json!({ "kind": "store_writable", "message": back }));
+                    let _ = self.submit(
+                        move |c| {
+                            records::insert_alert(c, "store_unwritable", &message, None)?;
+                            records::insert_alert(c, "store_writable", &back, None)
+                        },
+                        |_| {},
+                    );
+                }
+                result
+            }
+        }
     }
 
     fn submit<R, F, D>(&self, f: F, deliver: D) -> Result<()>

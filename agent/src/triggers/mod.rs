@@ -60,6 +60,7 @@ pub fn store_error(e: StoreError) -> RpcError {
         StoreError::NotFound(m) => RpcError::new(code::NOT_FOUND, m).with_hint("list instances with `apollo ls`"),
         StoreError::Illegal(t) => RpcError::new(code::ILLEGAL_TRANSITION, t.to_string()),
         StoreError::Invalid(m) => RpcError::new(code::ILLEGAL_TRANSITION, m),
+        StoreError::Unwritable(m) => RpcError::new(code::BUSY, m),
         other => RpcError::new(code::INTERNAL, other.to_string()),
     }
 }
