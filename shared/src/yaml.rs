@@ -39,7 +39,7 @@ pub fn from_str<T: DeserializeOwned>(src: &str) -> Result<T, YamlError> {
         });
     }
     if src.trim().is_empty() {
-        return Err(YamlError { line: None, message: "document is empty".into() });
+        return Err(YamlError { line: Some(1), message: "document is empty".into() });
     }
     serde_yaml::from_str(src).map_err(|e| {
         let mut line = e.location().map(|l| l.line());

@@ -175,7 +175,7 @@ fn to_line<T: serde::Serialize>(v: &T) -> String {
 }
 
 /// Checks a frame is one JSON-RPC 2.0 request. `Ok((id, None))` is an empty line.
-fn parse(bytes: &[u8]) -> Result<(Value, Option<Request>), (Value, RpcError)> {
+pub fn parse(bytes: &[u8]) -> Result<(Value, Option<Request>), (Value, RpcError)> {
     let text = std::str::from_utf8(bytes).map_err(|_| {
         (
             Value::Null,

@@ -13,6 +13,8 @@ pub mod dial;
 mod frame;
 
 pub use api::Api;
+pub use conn::parse as parse_request;
+pub use frame::{Frame, FrameCodec};
 
 use apollo_shared::protocol::Role;
 use std::os::unix::fs::PermissionsExt;
