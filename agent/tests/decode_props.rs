@@ -41,7 +41,9 @@ fn request_like() -> impl Strategy<Value = Vec<u8>> {
             prop_oneof![Just("\"tasks.list\""), Just("7"), Just("\"\"")],
             prop_oneof![Just("{}"), Just("[]"), Just("\"x\""), Just("{\"limit\": -1}")],
         )
-            .prop_map(|(v, id, m, p)| format!("{{\"jsonrpc\":{v},\"id\":{id},\"method\":{m},\"params\":{p}}}").into_bytes()),
+            .prop_map(
+                |(v, id, m, p)| format!("{{\"jsonrpc\":{v},\"id\":{id},\"method\":{m},\"params\":{p}}}").into_bytes()
+            ),
     ]
 }
 

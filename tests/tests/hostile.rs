@@ -35,12 +35,18 @@ async fn hostile_clients_get_errors_memory_stays_bounded_and_others_are_served()
     let mut idle = Vec::new();
     for i in 0..500 {
         let mut s = UnixStream::connect(&agent.socket).unwrap();
-        send_line(&mut s, format!(r#"{{"jsonrpc":"2.0","id":{i},"method":"hello","params":{{"client":"idle"}}}}"#).as_bytes());
+        send_line(
+            &mut s,
+            format!(r#"{{"jsonrpc":"2.0","id":{i},"method":"hello","params":{{"client":"idle"}}}}"#).as_bytes(),
+        );
         idle.push(s);
     }
     // A subscriber to every topic that never reads.
     let mut deaf = UnixStream::connect(&agent.socket).unwrap();
-    send_line(&mut deaf, br#"{"jsonrpc":"2.0","id":1,"method":"subscribe","params":{"topics":["tasks","defs","alerts","queues"]}}"#);
+    send_line(
+        &mut deaf,
+        br#"{"jsonrpc":"2.0","id":1,"method":"subscribe","params":{"topics":["tasks","defs","alerts","queues"]}}"#,
+    );
 
     // An ordinary client measures its latency throughout.
     let probe = agent.client().await;
@@ -95,13 +101,38 @@ async fn hostile_clients_get_errors_memory_stays_bounded_and_others_are_served()
         }
         let batch: Vec<Value> =
             (0..10_000).map(|i| json!({"jsonrpc": "2.0", "id": i, "method": "agent.status"})).collect();
-        expect(&mut w, &mut r, serde_json::to_string(&batch).unwrap().as_bytes(), -32600, "batch requests are not supported");
+        expect(
+            &mut w,
+            &mut r,
+            serde_json::to_string(&batch).unwrap().as_bytes(),
+            -32600,
+            "batch requests are not supported",
+        );
         expect(&mut w, &mut r, b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"\xff\xfe\"}", -32700, "not UTF-8");
         expect(&mut w, &mut r, br#"{"jsonrpc":"2.0","id":2,"method":"tasks.explode"}"#, -32601, "unknown method");
-        expect(&mut w, &mut r, br#"{"jsonrpc":"2.0","id":3,"method":"tasks.get","params":{"id":7}}"#, -32602, "tasks.get");
-        expect(&mut w, &mut r, br#"{"jsonrpc":"2.0","id":4,"method":"tasks.list","params":{"limit":0}}"#, -32602, "limit 0");
-        expect(&mut w, &mut r, br#"{"jsonrpc":"2.0","id":5,"method":"tasks.trigger","params":{"task":"nope"}}"#, -32004, "no task");
-        let huge_id = format!(r#"{{"jsonrpc":"2.0","id":6,"method":"tasks.get","params":{{"id":"{}"}}}}"#, "z".repeat(900_000));
+        expect(
+            &mut w,
+            &mut r,
+            br#"{"jsonrpc":"2.0","id":3,"method":"tasks.get","params":{"id":7}}"#,
+            -32602,
+            "tasks.get",
+        );
+        expect(
+            &mut w,
+            &mut r,
+            br#"{"jsonrpc":"2.0","id":4,"method":"tasks.list","params":{"limit":0}}"#,
+            -32602,
+            "limit 0",
+        );
+        expect(
+            &mut w,
+            &mut r,
+            br#"{"jsonrpc":"2.0","id":5,"method":"tasks.trigger","params":{"task":"nope"}}"#,
+            -32004,
+            "no task",
+        );
+        let huge_id =
+            format!(r#"{{"jsonrpc":"2.0","id":6,"method":"tasks.get","params":{{"id":"{}"}}}}"#, "z".repeat(900_000));
         expect(&mut w, &mut r, huge_id.as_bytes(), -32004, "no instance");
         expect(&mut w, &mut r, br#"[1, 2"#, -32700, "parse error");
         // Still a working connection.

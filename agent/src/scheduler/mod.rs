@@ -63,7 +63,15 @@ pub struct Scheduler {
     defs: Mutex<HashMap<String, Arc<TaskDef>>>,
     tracker: TaskTracker,
     shutdown: CancellationToken,
+    /// The wall clock and the monotonic clock read together, to notice the
+    /// wall clock jumping (see [`Scheduler::watch_clock`]).
+    clock_anchor: Mutex<(chrono::DateTime<Utc>, Instant)>,
+    /// Notified when the wall clock jumped (the schedules look again).
+    pub clock_jumped: Notify,
 }
+
+/// A wall clock that moved more than this against the monotonic clock jumped.
+const CLOCK_JUMP: chrono::TimeDelta = chrono::TimeDelta::seconds(2);
 
 impl Scheduler {
     pub fn new(
@@ -86,6 +94,8 @@ impl Scheduler {
             defs: Mutex::new(HashMap::new()),
             tracker: TaskTracker::new(),
             shutdown,
+            clock_anchor: Mutex::new((Utc::now(), Instant::now())),
+            clock_jumped: Notify::new(),
         })
     }
 
@@ -151,6 +161,7 @@ impl Scheduler {
         let mut archive_at = Instant::now();
         self.load_retry_due(chrono::DateTime::<Utc>::MIN_UTC).await;
         loop {
+            self.watch_clock().await;
             let free = (self.config.scheduler.concurrency as usize).saturating_sub(self.running());
             if free > 0 && !self.shutdown.is_cancelled() {
                 match self.store.claim(free, self.lease_until(), self.queue_limits()).await {
@@ -245,6 +256,38 @@ impl Scheduler {
             }
             Err(e) => tracing::error!(error = %e, "lease check failed"),
         }
+    }
+
+    /// Notices the wall clock jumping (NTP stepping it, an operator setting
+    /// it) and moves the stored retry times and leases by the same amount, so
+    /// a retry due in 2 s runs in 2 s and a lease lasts its length whatever
+    /// the wall clock did. Schedules handle jumps themselves (see `cron`).
+    async fn watch_clock(&self) {
+        let (wall, mono) = (Utc::now(), Instant::now());
+        let delta = {
+            let mut anchor = self.clock_anchor.lock().expect("clock anchor");
+            let expected = anchor.0 + chrono::Duration::from_std(mono - anchor.1).unwrap_or_default();
+            *anchor = (wall, mono);
+            wall - expected
+        };
+        if delta.abs() < CLOCK_JUMP {
+            return;
+        }
+        let msg = format!(
+            "the wall clock jumped {}{:.1}s; retry times and leases were moved with it",
+            if delta > chrono::TimeDelta::zero() { "forward " } else { "back " },
+            delta.abs().num_milliseconds() as f64 / 1000.0
+        );
+        tracing::warn!("{msg}");
+        match self.store.shift_times(delta).await {
+            Ok(n) => tracing::info!(rows = n, "retry times and leases moved"),
+            Err(e) => tracing::error!(error = %e, "cannot move retry times after a clock jump"),
+        }
+        if let Some(due) = self.retry_due.lock().expect("retry due").as_mut() {
+            *due += delta;
+        }
+        let _ = self.store.alert("clock_jump", &msg, None).await;
+        self.clock_jumped.notify_one();
     }
 
     /// Before a taken-over instance runs again, stops whatever an earlier

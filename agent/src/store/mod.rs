@@ -114,9 +114,7 @@ fn storage_failure(e: &StoreError) -> Option<String> {
     use rusqlite::ErrorCode::*;
     let text = match e {
         StoreError::Sql(rusqlite::Error::SqliteFailure(f, m)) => match f.code {
-            DiskFull | ReadOnly | SystemIoFailure | CannotOpen => {
-                m.clone().unwrap_or_else(|| f.to_string())
-            }
+            DiskFull | ReadOnly | SystemIoFailure | CannotOpen => m.clone().unwrap_or_else(|| f.to_string()),
             _ => return None,
         },
         StoreError::Commit(m) => m.clone(),
@@ -243,7 +241,11 @@ impl Store {
                 if let Some(message) = was {
                     let back = format!("the store {} can be written again", self.inner.path.display());
                     tracing::info!("{back}");
-                    self.bus().publish("alerts", "alert.raised", serde_json::json!({ "kind": "store_writable", "message": back }));
+                    self.bus().publish(
+                        "alerts",
+                        "alert.raised",
+                        serde_json::json!({ "kind": "store_writable", "message": back }),
+                    );
                     let _ = self.submit(
                         move |c| {
                             records::insert_alert(c, "store_unwritable", &message, None)?;

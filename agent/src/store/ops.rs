@@ -175,6 +175,11 @@ impl Store {
         self.write(move |c| write::recover(c, &agent, lease_until, only_expired, &held)).await
     }
 
+    /// Moves retry times and leases by `delta` (after the wall clock jumped).
+    pub async fn shift_times(&self, delta: chrono::TimeDelta) -> Result<usize> {
+        self.write(move |c| write::shift_times(c, delta)).await
+    }
+
     pub async fn alert(&self, kind: &str, message: &str, instance: Option<&str>) -> Result<()> {
         let (k, m, i) = (kind.to_string(), message.to_string(), instance.map(str::to_string));
         self.write(move |c| records::insert_alert(c, &k, &m, i.as_deref())).await?;

@@ -478,6 +478,27 @@ pub fn renew_leases(c: &Connection, agent: &str, ids: &[String], until: DateTime
     Ok(())
 }
 
+/// Moves every pending retry time and every lease by `delta`.
+pub fn shift_times(c: &Connection, delta: chrono::TimeDelta) -> Result<usize> {
+    let rows: Vec<(String, Option<String>, Option<String>)> = c
+        .prepare_cached(
+            "SELECT id, next_run_at, lease_expires_at FROM task_instances WHERE state = 'RETRYING' \
+             UNION ALL SELECT id, NULL, lease_expires_at FROM task_instances WHERE state = 'RUNNING' \
+             UNION ALL SELECT id, NULL, lease_expires_at FROM task_instances INDEXED BY task_instances_rolling_back \
+             WHERE state = 'FAILED' AND rollback_pending = 1",
+        )?
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    let shift = |t: Option<String>| super::rows::parse_ts(t).map(|t| ts(t + delta));
+    let mut q = c.prepare_cached(
+        "UPDATE task_instances SET next_run_at = COALESCE(?2, next_run_at), lease_expires_at = COALESCE(?3, lease_expires_at) WHERE id = ?1",
+    )?;
+    for (id, next, lease) in &rows {
+        q.execute(params![id, shift(next.clone()), shift(lease.clone())])?;
+    }
+    Ok(rows.len())
+}
+
 /// Cancels a RUNNING instance that no executor works on (its lease has run
 /// out): its running step is marked failed as cancelled, the instance FAILED.
 pub fn cancel_orphan(c: &Connection, id: &str, reason: &str, actor: &str) -> Result<()> {

@@ -153,6 +153,8 @@ impl CronRunner {
             tokio::select! {
                 _ = self.clock.sleep_until(until) => {}
                 _ = self.reloaded.notified() => {}
+                // The scheduler noticed the wall clock jump: look again now.
+                _ = self.triggers.scheduler.clock_jumped.notified() => {}
                 _ = shutdown.cancelled() => return,
             }
         }
