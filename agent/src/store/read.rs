@@ -81,7 +81,7 @@ impl Store {
     pub async fn counts(&self) -> Result<BTreeMap<String, u64>> {
         self.read(|c| {
             let mut out: BTreeMap<String, u64> = TaskState::ALL.iter().map(|s| (s.to_string(), 0)).collect();
-            let mut q = c.prepare_cached("SELECT state, COUNT(*) FROM task_instances GROUP BY state")?;
+            let mut q = c.prepare_cached("SELECT state, n FROM state_counts")?;
             let mut rows = q.query([])?;
             while let Some(r) = rows.next()? {
                 out.insert(r.get(0)?, r.get(1)?);

@@ -1,0 +1,122 @@
+//! Costs that must not grow with history, and a socket that must not stall
+//! behind a large download. The real `apollo-agent`, driven over the socket:
+//!
+//!     cargo run --release -p apollo-tests --example history_bench -- [FAILED] [N] [DOWNLOAD_GB]
+//!
+//! 1. On an empty store: N three-step no-op instances from 64 callers
+//!    (instances/s), and 200 instances one at a time (milliseconds per step,
+//!    each step being two commits: its start, and its SUCCESS with the context).
+//! 2. The same with FAILED instances already in the store (default 200,000).
+//! 3. `agent.status` latency while a `file://` download of DOWNLOAD_GB
+//!    (default 4) copies and hashes a sparse file.
+
+use apollo_tests::*;
+use apollo_tui::client::Client;
+use serde_json::json;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const NOOP: &str =
+    "task: noop\nsteps:\n  - {name: a, plugin: sleep}\n  - {name: b, plugin: sleep}\n  - {name: c, plugin: sleep}\n";
+// Fails at once and for good: the rendered param is refused by validate.
+const FAILS: &str =
+    "task: fails\non_failure: stop\nsteps:\n  - plugin: sleep\n    params:\n      seconds: \"{{ params.x }}\"\n";
+const DOWNLOAD: &str = "task: dl\non_failure: stop\nsteps:\n  - plugin: file_downloader\n    timeout: 3600\n    params:\n      source: file://big.bin\n      target: big.copy\n";
+
+async fn count(c: &Client, state: &str) -> u64 {
+    let s = c.call("agent.status", json!({})).await.unwrap();
+    s["counts"][state].as_u64().unwrap_or(0)
+}
+
+async fn wait_count(c: &Client, state: &str, n: u64) {
+    while count(c, state).await < n {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn burst(agent: &Agent, task: &'static str, n: usize, params: serde_json::Value) -> Duration {
+    let t = Instant::now();
+    let per = n.div_ceil(64);
+    let mut hs = Vec::new();
+    for _ in 0..64 {
+        let c = Arc::new(agent.client().await);
+        let params = params.clone();
+        hs.push(tokio::spawn(async move {
+            for _ in 0..per {
+                c.call("tasks.trigger", json!({"task": task, "params": params})).await.unwrap();
+            }
+        }));
+    }
+    for h in hs {
+        h.await.unwrap();
+    }
+    t.elapsed()
+}
+
+/// (instances/s for n from 64 callers, ms per step one instance at a time)
+async fn engine(agent: &Agent, n: usize) -> (f64, f64) {
+    let c = agent.client().await;
+    let before = count(&c, "SUCCESS").await;
+    let t = Instant::now();
+    burst(agent, "noop", n, json!({})).await;
+    wait_count(&c, "SUCCESS", before + (n.div_ceil(64) * 64) as u64).await;
+    let rate = (n.div_ceil(64) * 64) as f64 / t.elapsed().as_secs_f64();
+    c.subscribe(&["tasks"]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    let t = Instant::now();
+    for _ in 0..200 {
+        let id = trigger(&c, "noop", json!({})).await;
+        wait_until(&c, &mut events, &id, "the end", ended).await;
+    }
+    let per_step = t.elapsed().as_secs_f64() * 1000.0 / (200.0 * 3.0);
+    (rate, per_step)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let failed = args.first().copied().unwrap_or(200_000);
+    let n = args.get(1).copied().unwrap_or(3000);
+    let gb = args.get(2).copied().unwrap_or(4);
+    let agent = Agent::builder().task("noop.yaml", NOOP).task("fails.yaml", FAILS).task("dl.yaml", DOWNLOAD).start();
+    let (rate0, step0) = engine(&agent, n).await;
+    println!("empty store: {rate0:.0} instances/s, {step0:.3} ms per step (idle)");
+
+    let t = Instant::now();
+    burst(&agent, "fails", failed, json!({"x": "not a number"})).await;
+    let c = agent.client().await;
+    wait_count(&c, "FAILED", (failed.div_ceil(64) * 64) as u64).await;
+    println!("filled {} FAILED instances in {:.1}s", count(&c, "FAILED").await, t.elapsed().as_secs_f64());
+    let (rate1, step1) = engine(&agent, n).await;
+    println!("with FAILED history: {rate1:.0} instances/s, {step1:.3} ms per step (idle)");
+    println!("ratio (history / empty): instances/s {:.3}, ms per step {:.3}", rate1 / rate0, step1 / step0);
+
+    let big = std::fs::File::create(agent.path().join("big.bin")).unwrap();
+    big.set_len((gb as u64) << 30).unwrap();
+    c.subscribe(&["tasks"]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    let id = trigger(&c, "dl", json!({})).await;
+    let t = Instant::now();
+    let mut lat = Vec::new();
+    loop {
+        let s = Instant::now();
+        c.call("agent.status", json!({})).await.unwrap();
+        lat.push(s.elapsed().as_secs_f64() * 1000.0);
+        if ended(&get(&c, &id).await) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let inst = wait_until(&c, &mut events, &id, "the download", ended).await;
+    lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    println!(
+        "{gb} GiB file:// download ({:?}) took {:.1}s; agent.status during it: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms over {} calls",
+        inst.state,
+        t.elapsed().as_secs_f64(),
+        lat[lat.len() / 2],
+        lat[lat.len() * 99 / 100],
+        lat[lat.len() - 1],
+        lat.len()
+    );
+    let _ = std::fs::remove_file(agent.path().join("big.bin"));
+}
