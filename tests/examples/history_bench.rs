@@ -3,10 +3,11 @@
 //!
 //!     cargo run --release -p apollo-tests --example history_bench -- [FAILED] [N] [DOWNLOAD_GB]
 //!
-//! 1. On an empty store: N three-step no-op instances from 64 callers
-//!    (instances/s), and 200 instances one at a time (milliseconds per step,
-//!    each step being two commits: its start, and its SUCCESS with the context).
-//! 2. The same with FAILED instances already in the store (default 200,000).
+//! 1. Two agents, one with FAILED instances in its store (default 200,000),
+//!    one empty, measured in turn three times each: N three-step no-op
+//!    instances from 64 callers (instances/s), and 200 instances one at a time
+//!    (milliseconds per step, each step being two commits: its start, and its
+//!    SUCCESS with the context). Medians and their ratio.
 //! 3. `agent.status` latency while a `file://` download of DOWNLOAD_GB
 //!    (default 4) copies and hashes a sparse file.
 
@@ -72,25 +73,48 @@ async fn engine(agent: &Agent, n: usize) -> (f64, f64) {
     (rate, per_step)
 }
 
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let failed = args.first().copied().unwrap_or(200_000);
     let n = args.get(1).copied().unwrap_or(3000);
     let gb = args.get(2).copied().unwrap_or(4);
-    let agent = Agent::builder().task("noop.yaml", NOOP).task("fails.yaml", FAILS).task("dl.yaml", DOWNLOAD).start();
-    let (rate0, step0) = engine(&agent, n).await;
-    println!("empty store: {rate0:.0} instances/s, {step0:.3} ms per step (idle)");
-
+    let start = || Agent::builder().task("noop.yaml", NOOP).task("fails.yaml", FAILS).task("dl.yaml", DOWNLOAD).start();
+    // Two agents side by side, one with the history and one empty, measured
+    // in turn (empty, history, empty, …) so machine noise hits both alike.
+    let history = start();
     let t = Instant::now();
-    burst(&agent, "fails", failed, json!({"x": "not a number"})).await;
-    let c = agent.client().await;
+    burst(&history, "fails", failed, json!({"x": "not a number"})).await;
+    let c = history.client().await;
     wait_count(&c, "FAILED", (failed.div_ceil(64) * 64) as u64).await;
     println!("filled {} FAILED instances in {:.1}s", count(&c, "FAILED").await, t.elapsed().as_secs_f64());
-    let (rate1, step1) = engine(&agent, n).await;
-    println!("with FAILED history: {rate1:.0} instances/s, {step1:.3} ms per step (idle)");
-    println!("ratio (history / empty): instances/s {:.3}, ms per step {:.3}", rate1 / rate0, step1 / step0);
+    let empty = start();
+    let (mut r0, mut s0, mut r1, mut s1) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for round in 1..=3 {
+        let (rate, step) = engine(&empty, n).await;
+        println!("round {round}, empty store: {rate:.0} instances/s, {step:.3} ms per step (idle)");
+        r0.push(rate);
+        s0.push(step);
+        let (rate, step) = engine(&history, n).await;
+        println!("round {round}, {failed} FAILED: {rate:.0} instances/s, {step:.3} ms per step (idle)");
+        r1.push(rate);
+        s1.push(step);
+    }
+    let (r0, s0, r1, s1) = (median(&mut r0), median(&mut s0), median(&mut r1), median(&mut s1));
+    println!(
+        "medians: empty {r0:.0}/s {s0:.3} ms; with history {r1:.0}/s {s1:.3} ms; ratio instances/s {:.3}, ms per step {:.3}",
+        r1 / r0,
+        s1 / s0
+    );
+    drop(history);
 
+    let agent = empty;
+    let c = agent.client().await;
     let big = std::fs::File::create(agent.path().join("big.bin")).unwrap();
     big.set_len((gb as u64) << 30).unwrap();
     c.subscribe(&["tasks"]).await.unwrap();

@@ -30,18 +30,13 @@ pub fn bin_dir() -> &'static Path {
         let release = dir.file_name().is_some_and(|n| n == "release");
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut cmd = Command::new(cargo);
-        // With fail points compiled in: inert unless a test sets FAILPOINTS.
-        cmd.current_dir(repo()).args([
-            "build",
-            "--quiet",
-            "-p",
-            "apollo-agent",
-            "-p",
-            "apollo-tui",
-            "--bins",
-            "--features",
-            "apollo-agent/failpoints",
-        ]);
+        cmd.current_dir(repo()).args(["build", "--quiet", "-p", "apollo-agent", "-p", "apollo-tui", "--bins"]);
+        // Tests get fail points compiled in (inert unless a test sets
+        // FAILPOINTS); the benchmarks (examples) measure the plain build.
+        let is_example = exe.parent().and_then(Path::file_name).is_some_and(|n| n == "examples");
+        if !is_example {
+            cmd.args(["--features", "apollo-agent/failpoints"]);
+        }
         if release {
             cmd.arg("--release");
         }

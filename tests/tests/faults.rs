@@ -355,3 +355,28 @@ async fn wrong_requests_get_an_error_that_says_what_was_wrong() {
     assert!(defs.iter().any(|d| d["task"] == "bom" && d["errors"] == json!([])), "{defs:#?}");
     let _: Instance = c.call_as("tasks.get", json!({"id": trigger(&c, "bom", json!({})).await})).await.unwrap();
 }
+
+#[tokio::test]
+async fn a_repeated_event_creates_nothing_even_for_a_definition_added_since() {
+    let agent = Agent::builder().task("a.yaml", "task: a\non_event: order.placed\nsteps:\n  - plugin: sleep\n").start();
+    let c = agent.client().await;
+    let first = c.call("events.publish", json!({"name": "order.placed", "dedup_key": "order-7"})).await.unwrap();
+    assert_eq!(first["instances"].as_array().unwrap().len(), 1, "{first:#}");
+    // A second listener appears (hot reload), then the same event is delivered again.
+    c.subscribe(&["defs"]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    std::fs::write(agent.path().join("tasks/b.yaml"), "task: b\non_event: order.placed\nsteps:\n  - plugin: sleep\n")
+        .unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(agent.pid()), nix::sys::signal::Signal::SIGHUP).unwrap();
+    loop {
+        let ev = tokio::time::timeout(Duration::from_secs(30), events.recv()).await.unwrap().unwrap();
+        if ev.kind == "defs.reloaded" {
+            break;
+        }
+    }
+    let again = c.call("events.publish", json!({"name": "order.placed", "dedup_key": "order-7"})).await.unwrap();
+    assert_eq!(again["duplicate"], true, "{again:#}");
+    assert_eq!(again["event_id"], first["event_id"], "the original event is named");
+    let page: Value = c.call("tasks.list", json!({"task": "b"})).await.unwrap();
+    assert_eq!(page["items"], json!([]), "the repeat created an instance of b");
+}

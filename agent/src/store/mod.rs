@@ -89,6 +89,8 @@ where
 /// Largest number of writes grouped into one transaction.
 const MAX_BATCH: usize = 1024;
 const READERS: usize = 4;
+/// SQLite's page cache of the writer, in KiB (negative: a size, not pages).
+const CACHE_KIB: i64 = -32 * 1024;
 
 /// A cheap handle; clones share the writer and the read pool.
 #[derive(Clone)]
@@ -138,6 +140,9 @@ impl Store {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", if synchronous_full { "FULL" } else { "NORMAL" })?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
+        // The pages every write touches (the heads of the indexes) stay
+        // cached however large the history grows.
+        conn.pragma_update(None, "cache_size", CACHE_KIB)?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         schema::migrate(&mut conn)?;
         let (tx, rx) = mpsc::channel::<Box<dyn Job>>();
@@ -294,6 +299,7 @@ impl Store {
                     OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI,
                 )?;
                 c.busy_timeout(std::time::Duration::from_secs(5))?;
+                c.pragma_update(None, "cache_size", CACHE_KIB / 4)?;
                 c
             }
         };
