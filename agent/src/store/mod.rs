@@ -11,6 +11,7 @@
 //! first; a refused transition leaves the row as it was, is logged as a
 //! warning and raised as an alert.
 
+mod leases;
 mod ops;
 mod read;
 mod records;

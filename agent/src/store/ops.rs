@@ -1,8 +1,8 @@
 //! The store's operations as the scheduler and the server call them: each
 //! one write (group-committed), followed by a notice on the bus.
 
-use super::records;
 use super::write::{self, Claimed, FailurePlan, NewInstance};
+use super::{leases, records};
 use super::{Result, Store};
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
@@ -39,7 +39,7 @@ impl Store {
         queue_limits: HashMap<String, u32>,
     ) -> Result<Vec<Claimed>> {
         let agent = self.agent().to_string();
-        let claimed = self.write(move |c| write::claim(c, &agent, n, lease_until, &queue_limits)).await?;
+        let claimed = self.write(move |c| leases::claim(c, &agent, n, lease_until, &queue_limits)).await?;
         for i in &claimed {
             self.changed(&i.id, "RUNNING", None);
         }
@@ -137,7 +137,7 @@ impl Store {
 
     pub async fn renew_leases(&self, ids: Vec<String>, until: DateTime<Utc>) -> Result<()> {
         let agent = self.agent().to_string();
-        self.write(move |c| write::renew_leases(c, &agent, &ids, until)).await
+        self.write(move |c| leases::renew_leases(c, &agent, &ids, until)).await
     }
 
     pub async fn cancel_orphan(&self, id: &str, reason: &str, actor: &str) -> Result<()> {
@@ -172,12 +172,12 @@ impl Store {
         held: Vec<String>,
     ) -> Result<Vec<Claimed>> {
         let agent = self.agent().to_string();
-        self.write(move |c| write::recover(c, &agent, lease_until, only_expired, &held)).await
+        self.write(move |c| leases::recover(c, &agent, lease_until, only_expired, &held)).await
     }
 
     /// Moves retry times and leases by `delta` (after the wall clock jumped).
     pub async fn shift_times(&self, delta: chrono::TimeDelta) -> Result<usize> {
-        self.write(move |c| write::shift_times(c, delta)).await
+        self.write(move |c| leases::shift_times(c, delta)).await
     }
 
     pub async fn alert(&self, kind: &str, message: &str, instance: Option<&str>) -> Result<()> {

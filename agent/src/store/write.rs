@@ -9,7 +9,6 @@ use apollo_shared::state::{check_step, check_task, StepState, TaskState};
 use chrono::{DateTime, Utc};
 use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::{Map, Value};
-use std::collections::HashMap;
 
 /// What a trigger asks the store to create.
 #[derive(Debug, Clone)]
@@ -160,90 +159,6 @@ pub fn create(c: &Connection, n: &NewInstance, actor: &str) -> Result<(String, b
     }
     history(c, &n.id, None, None, "PENDING", &format!("created by {}", n.trigger), actor)?;
     Ok((n.id.clone(), true))
-}
-
-/// Claims up to `n` runnable instances by priority then age, respecting the
-/// per-queue limits and each instance's `max_active`.
-///
-/// Candidates are read per task (the head of each task's runnable rows, by a
-/// loose scan of the per-task index), so a long backlog of a task at its
-/// `max_active` or of a full queue never hides the work behind it: the cost
-/// is one index seek per task with runnable work, not a walk of the backlog.
-pub fn claim(
-    c: &Connection,
-    agent: &str,
-    n: usize,
-    lease_until: DateTime<Utc>,
-    queue_limits: &HashMap<String, u32>,
-) -> Result<Vec<Claimed>> {
-    let now = Utc::now();
-    let mut per_queue: HashMap<String, u32> = HashMap::new();
-    let mut per_task: HashMap<String, u32> = HashMap::new();
-    {
-        let mut q = c.prepare_cached(
-            // Two indexed lookups rather than an OR that scans the table.
-            "SELECT queue, task, COUNT(*) FROM task_instances WHERE state = 'RUNNING' GROUP BY queue, task \
-             UNION ALL \
-             SELECT queue, task, COUNT(*) FROM task_instances INDEXED BY task_instances_rolling_back \
-             WHERE state = 'FAILED' AND rollback_pending = 1 GROUP BY queue, task",
-        )?;
-        let mut rows = q.query([])?;
-        while let Some(r) = rows.next()? {
-            let count: u32 = r.get(2)?;
-            *per_queue.entry(r.get(0)?).or_default() += count;
-            *per_task.entry(r.get(1)?).or_default() += count;
-        }
-    }
-    let tasks: Vec<String> = c
-        .prepare_cached(
-            "WITH RECURSIVE t(task) AS (\
-               SELECT MIN(task) FROM task_instances INDEXED BY task_instances_runnable_task \
-               WHERE state IN ('PENDING', 'RETRYING') \
-               UNION ALL \
-               SELECT (SELECT MIN(task) FROM task_instances INDEXED BY task_instances_runnable_task \
-                       WHERE state IN ('PENDING', 'RETRYING') AND task > t.task) FROM t WHERE t.task IS NOT NULL) \
-             SELECT task FROM t WHERE task IS NOT NULL",
-        )?
-        .query_map([], |r| r.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
-    type Candidate = (i64, String, String, String, Option<u32>, String);
-    let mut candidates: Vec<Candidate> = Vec::new();
-    let mut heads = c.prepare_cached(
-        "SELECT priority, id, task, queue, max_active, state FROM task_instances INDEXED BY task_instances_runnable_task \
-         WHERE task = ?1 AND state IN ('PENDING', 'RETRYING') AND (next_run_at IS NULL OR next_run_at <= ?2) \
-         ORDER BY priority DESC, id LIMIT ?3",
-    )?;
-    for task in tasks {
-        let rows = heads.query_map(params![task, ts(now), n as i64], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
-        })?;
-        for row in rows {
-            candidates.push(row?);
-        }
-    }
-    candidates.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
-    let mut claimed = Vec::new();
-    for (_, id, task, queue, max_active, state) in candidates {
-        if claimed.len() >= n {
-            break;
-        }
-        let q_running = per_queue.get(&queue).copied().unwrap_or(0);
-        let t_running = per_task.get(&task).copied().unwrap_or(0);
-        if queue_limits.get(&queue).is_some_and(|&l| q_running >= l) || max_active.is_some_and(|m| t_running >= m) {
-            continue;
-        }
-        let reason = if state == "RETRYING" { "claimed for retry" } else { "claimed" };
-        move_task(c, &id, TaskState::Running, reason, agent)?;
-        c.prepare_cached(
-            "UPDATE task_instances SET attempt = attempt + ?5, started_at = COALESCE(started_at, ?2), \
-             next_run_at = NULL, lease_owner = ?3, lease_expires_at = ?4, finished_at = NULL WHERE id = ?1",
-        )?
-        .execute(params![id, ts(now), agent, ts(lease_until), (state == "RETRYING") as i64])?;
-        *per_queue.entry(queue).or_default() += 1;
-        *per_task.entry(task).or_default() += 1;
-        claimed.push(super::read::instance_with_steps(c, &id)?);
-    }
-    Ok(claimed)
 }
 
 /// Refuses a step write on an instance this agent does not hold RUNNING:
@@ -465,40 +380,6 @@ pub fn cancel_waiting(c: &Connection, id: &str, reason: &str, actor: &str) -> Re
     fail(c, id, reason, FailurePlan::Stop, actor)
 }
 
-/// Extends the leases this agent holds on instances it still runs (RUNNING,
-/// or FAILED with its rollback under way); a lease on anything else is left.
-pub fn renew_leases(c: &Connection, agent: &str, ids: &[String], until: DateTime<Utc>) -> Result<()> {
-    let mut q = c.prepare_cached(
-        "UPDATE task_instances SET lease_expires_at = ?2 WHERE id = ?1 AND lease_owner = ?3 \
-         AND (state = 'RUNNING' OR (state = 'FAILED' AND rollback_pending = 1))",
-    )?;
-    for id in ids {
-        q.execute(params![id, ts(until), agent])?;
-    }
-    Ok(())
-}
-
-/// Moves every pending retry time and every lease by `delta`.
-pub fn shift_times(c: &Connection, delta: chrono::TimeDelta) -> Result<usize> {
-    let rows: Vec<(String, Option<String>, Option<String>)> = c
-        .prepare_cached(
-            "SELECT id, next_run_at, lease_expires_at FROM task_instances WHERE state = 'RETRYING' \
-             UNION ALL SELECT id, NULL, lease_expires_at FROM task_instances WHERE state = 'RUNNING' \
-             UNION ALL SELECT id, NULL, lease_expires_at FROM task_instances INDEXED BY task_instances_rolling_back \
-             WHERE state = 'FAILED' AND rollback_pending = 1",
-        )?
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
-        .collect::<rusqlite::Result<_>>()?;
-    let shift = |t: Option<String>| super::rows::parse_ts(t).map(|t| ts(t + delta));
-    let mut q = c.prepare_cached(
-        "UPDATE task_instances SET next_run_at = COALESCE(?2, next_run_at), lease_expires_at = COALESCE(?3, lease_expires_at) WHERE id = ?1",
-    )?;
-    for (id, next, lease) in &rows {
-        q.execute(params![id, shift(next.clone()), shift(lease.clone())])?;
-    }
-    Ok(rows.len())
-}
-
 /// Cancels a RUNNING instance that no executor works on (its lease has run
 /// out): its running step is marked failed as cancelled, the instance FAILED.
 pub fn cancel_orphan(c: &Connection, id: &str, reason: &str, actor: &str) -> Result<()> {
@@ -520,47 +401,4 @@ pub fn cancel_orphan(c: &Connection, id: &str, reason: &str, actor: &str) -> Res
         step_fail(c, id, seq, &format!("cancelled: {reason}"), false, actor)?;
     }
     fail(c, id, reason, FailurePlan::Stop, actor)
-}
-
-/// Takes over instances whose holder is gone: every RUNNING instance and every
-/// FAILED one with a rollback pending, except those in `held`. With
-/// `only_expired`, only those whose lease has run out. Steps that were
-/// RUNNING are marked FAILED as interrupted (not counted against retries),
-/// so they run again: at-least-once.
-pub fn recover(
-    c: &Connection,
-    agent: &str,
-    lease_until: DateTime<Utc>,
-    only_expired: bool,
-    held: &[String],
-) -> Result<Vec<Claimed>> {
-    let ids: Vec<String> = c
-        .prepare_cached(
-            // Each branch uses the state index; an OR across them would scan the table.
-            "SELECT id FROM (\
-               SELECT id, priority, lease_expires_at FROM task_instances WHERE state = 'RUNNING' \
-               UNION ALL \
-               SELECT id, priority, lease_expires_at FROM task_instances INDEXED BY task_instances_rolling_back \
-               WHERE state = 'FAILED' AND rollback_pending = 1) \
-             WHERE ?1 = 0 OR lease_expires_at IS NULL OR lease_expires_at < ?2 ORDER BY priority DESC, id",
-        )?
-        .query_map(params![only_expired as i64, ts(Utc::now())], |r| r.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
-    let mut out = Vec::new();
-    for id in ids.into_iter().filter(|id| !held.contains(id)) {
-        let running: Vec<u32> = c
-            .prepare_cached("SELECT seq FROM step_runs WHERE instance_id = ?1 AND state = 'RUNNING'")?
-            .query_map([&id], |r| r.get(0))?
-            .collect::<rusqlite::Result<_>>()?;
-        for seq in running {
-            step_fail(c, &id, seq, "interrupted: the agent stopped while this step ran; it runs again", false, agent)?;
-        }
-        c.prepare_cached("UPDATE task_instances SET lease_owner = ?2, lease_expires_at = ?3 WHERE id = ?1")?
-            .execute(params![id, agent, ts(lease_until)])?;
-        // A note, not a move: the instance keeps its state and changes hands.
-        let state = task_state(c, &id)?;
-        history(c, &id, None, Some(state.as_str()), state.as_str(), "recovered: resumed by this agent", agent)?;
-        out.push(super::read::instance_with_steps(c, &id)?);
-    }
-    Ok(out)
 }
