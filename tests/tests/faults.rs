@@ -336,7 +336,10 @@ steps:
 
 #[tokio::test]
 async fn wrong_requests_get_an_error_that_says_what_was_wrong() {
-    let agent = Agent::builder().task("bom.yaml", "\u{feff}task: bom\nsteps:\n  - plugin: sleep\n").start();
+    let agent = Agent::builder()
+        .task("bom.yaml", "\u{feff}task: bom\nsteps:\n  - plugin: sleep\n")
+        .task("argv.yaml", "task: argv\nsteps:\n  - plugin: shell\n    params:\n      command: []\n")
+        .start();
     let c = agent.client().await;
     let cases = [
         ("tasks.list", json!({"limit": 0}), "limit 0 is out of range"),
@@ -353,6 +356,10 @@ async fn wrong_requests_get_an_error_that_says_what_was_wrong() {
     // A definition saved with a byte-order mark loads.
     let defs: Vec<Value> = c.call_as("defs.list", json!({})).await.unwrap();
     assert!(defs.iter().any(|d| d["task"] == "bom" && d["errors"] == json!([])), "{defs:#?}");
+    // What `apollo-agent check` refuses, the agent refuses at load (it used to
+    // load it and fail at run time).
+    let argv = defs.iter().find(|d| d["file"].as_str().unwrap_or_default().ends_with("argv.yaml")).unwrap();
+    assert!(argv["errors"].to_string().contains("line 3: steps[0].params: command"), "{argv:#}");
     let _: Instance = c.call_as("tasks.get", json!({"id": trigger(&c, "bom", json!({})).await})).await.unwrap();
 }
 
@@ -379,4 +386,40 @@ async fn a_repeated_event_creates_nothing_even_for_a_definition_added_since() {
     assert_eq!(again["event_id"], first["event_id"], "the original event is named");
     let page: Value = c.call("tasks.list", json!({"task": "b"})).await.unwrap();
     assert_eq!(page["items"], json!([]), "the repeat created an instance of b");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pushed_events_arrive_in_sequence_order_under_concurrent_commits() {
+    let agent = Agent::builder()
+        .config("scheduler:\n  concurrency: 8\n")
+        .task("noop.yaml", "task: noop\nsteps:\n  - plugin: sleep\n  - plugin: sleep\n")
+        .start();
+    let watcher = agent.client().await;
+    watcher.subscribe(&["tasks"]).await.unwrap();
+    let mut events = watcher.take_events().unwrap();
+    let mut callers = Vec::new();
+    for _ in 0..8 {
+        let c = agent.client().await;
+        callers.push(tokio::spawn(async move {
+            for _ in 0..50 {
+                trigger(&c, "noop", json!({})).await;
+            }
+        }));
+    }
+    for c in callers {
+        c.await.unwrap();
+    }
+    // 400 instances, each created, claimed, 2 × 2 step moves, finished.
+    let (mut last, mut seen, mut finished) = (0u64, 0usize, 0usize);
+    while finished < 400 {
+        let ev = tokio::time::timeout(Duration::from_secs(60), events.recv()).await.unwrap().unwrap();
+        assert_ne!(ev.kind, "resync", "this subscriber reads as fast as it can");
+        assert!(ev.seq > last, "event {} arrived after {last}", ev.seq);
+        last = ev.seq;
+        seen += 1;
+        if ev.data.get("step").is_none() && ev.data["state"] == "SUCCESS" {
+            finished += 1;
+        }
+    }
+    assert!(seen >= 400 * 7, "{seen} events");
 }
