@@ -1,8 +1,10 @@
-//! A store that cannot grow: the agent's data dir on a small filesystem the
-//! test mounts (tmpfs), filled to the last byte while work runs. The agent
-//! refuses new work with a clear error, raises an alert, keeps answering
-//! reads, and resumes by itself when space returns; nothing acknowledged is
-//! lost. Needs root (mount), as CI and the development machines run.
+//! A store that cannot be written: the agent's data dir on a small
+//! filesystem the test mounts (tmpfs), filled to the last byte while work
+//! runs; and the database made immutable (`chattr +i`). The agent refuses new
+//! work with a clear error, raises an alert, keeps answering reads, and
+//! resumes by itself when space returns or the files are writable again;
+//! nothing acknowledged is lost. Needs root (mount, chattr), as CI and the
+//! development machines run.
 
 use apollo_shared::protocol::{code, AgentStatus};
 use apollo_shared::state::TaskState;
@@ -105,5 +107,70 @@ async fn a_full_disk_refuses_new_work_keeps_reads_and_resumes_when_space_returns
     let text = alerts.to_string();
     assert!(text.contains("store_unwritable") && text.contains("store_writable"), "{alerts:#}");
     println!("disk full: {} acknowledged triggers kept, all finished", acked.len());
+    agent.kill9();
+}
+
+/// Sets or clears the immutable attribute: even root cannot write the file
+/// then, through descriptors already open too.
+fn immutable(path: &std::path::Path, on: bool) {
+    let flag = if on { "+i" } else { "-i" };
+    let status = Command::new("chattr").arg(flag).arg(path).status().unwrap();
+    assert!(status.success(), "chattr {flag} {} (needs root and a file system with attributes)", path.display());
+}
+
+/// Clears the attribute when the test ends, however it ends.
+struct Writable(Vec<PathBuf>);
+
+impl Drop for Writable {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = Command::new("chattr").arg("-i").arg(p).status();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_store_refuses_new_work_keeps_reads_and_resumes_when_writable() {
+    let mut agent = Agent::builder()
+        .config("scheduler:\n  lease: 2s\n")
+        .task("work.yaml", "task: work\nsteps:\n  - plugin: sleep\n    params:\n      seconds: 0.3\n")
+        .start();
+    let c = agent.client().await;
+    c.subscribe(&["tasks", "alerts"]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    let mut acked = vec![trigger(&c, "work", json!({})).await];
+    let files: Vec<PathBuf> =
+        ["apollo.db", "apollo.db-wal"].iter().map(|f| agent.path().join("data").join(f)).collect();
+    let _guard = Writable(files.clone());
+    for f in &files {
+        immutable(f, true);
+    }
+    let e = match c.call("tasks.trigger", json!({"task": "work"})).await {
+        Err(ClientError::Rpc(e)) => e,
+        other => panic!("a read-only store must refuse new work: {other:?}"),
+    };
+    assert_eq!(e.code, code::BUSY, "{}", e.message);
+    assert!(e.message.contains("cannot be written"), "{}", e.message);
+    let st: AgentStatus = c.call_as("agent.status", json!({})).await.unwrap();
+    assert!(st.store_error.is_some(), "{st:?}");
+    let _: apollo_shared::protocol::Instance = c.call_as("tasks.get", json!({"id": acked[0]})).await.unwrap();
+    for f in &files {
+        immutable(f, false);
+    }
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let ev = tokio::time::timeout_at(deadline, events.recv()).await.expect("the store_writable alert").unwrap();
+        if ev.topic == "alerts" && ev.data["kind"] == "store_writable" {
+            break;
+        }
+    }
+    let c = agent.client().await;
+    c.subscribe(&["tasks"]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    acked.push(trigger(&c, "work", json!({})).await);
+    for id in &acked {
+        let inst = wait_until(&c, &mut events, id, "the instance to finish", ended).await;
+        assert_eq!(inst.state, TaskState::Success, "{inst:#?}");
+    }
     agent.kill9();
 }
