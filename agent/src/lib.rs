@@ -28,6 +28,7 @@ pub mod catalog;
 pub mod check;
 pub mod config;
 pub mod logs;
+pub mod notify;
 pub mod plugins;
 pub mod reload;
 pub mod scheduler;
@@ -169,6 +170,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     scheduler.recover().await;
     tracing::info!(socket = %socket.display(), db = %store.path().display(), "agent ready");
     let server = tokio::spawn(server::serve(listener, api, access, shutdown.clone()));
+    notify::ready(&scheduler.status_line().await);
     let reload_task = tokio::spawn(reloader.run(shutdown.clone()));
     let cron_task = tokio::spawn(cron.run(shutdown.clone()));
     scheduler.run().await;

@@ -7,6 +7,15 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{fmt, EnvFilter, Layer};
 
+/// Whether stderr is connected to journald (systemd sets `JOURNAL_STREAM` to
+/// the device and inode of the stream it connected; they must match ours).
+fn under_journald() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Some(stream) = std::env::var_os("JOURNAL_STREAM") else { return false };
+    let Ok(meta) = std::fs::metadata("/proc/self/fd/2") else { return false };
+    stream.to_string_lossy() == format!("{}:{}", meta.dev(), meta.ino())
+}
+
 /// Keep the returned guard alive: it flushes the log file on drop.
 pub fn init(
     cfg: &Logging,
@@ -26,7 +35,12 @@ pub fn init(
     } else {
         use std::io::IsTerminal;
         let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-        fmt::layer().with_ansi(ansi).with_writer(std::io::stderr).with_filter(filter()).boxed()
+        if under_journald() {
+            // journald stamps each line itself: no second timestamp, no colour.
+            fmt::layer().with_ansi(false).without_time().with_writer(std::io::stderr).with_filter(filter()).boxed()
+        } else {
+            fmt::layer().with_ansi(ansi).with_writer(std::io::stderr).with_filter(filter()).boxed()
+        }
     };
     let (file, guard) = match dir {
         Some(dir) => {

@@ -160,7 +160,12 @@ impl Scheduler {
         maintenance.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut archive_at = Instant::now();
         self.load_retry_due(chrono::DateTime::<Utc>::MIN_UTC).await;
+        // WATCHDOG=1 comes from this loop, so a loop that stops turning stops it.
+        let mut watchdog = tokio::time::interval(crate::notify::watchdog_every().unwrap_or(Duration::from_secs(3600)));
+        watchdog.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let watching = crate::notify::watchdog_every().is_some();
         loop {
+            fail::fail_point!("scheduler.stall");
             self.watch_clock().await;
             let free = (self.config.scheduler.concurrency as usize).saturating_sub(self.running());
             if free > 0 && !self.shutdown.is_cancelled() {
@@ -187,9 +192,14 @@ impl Scheduler {
                         self.archive().await;
                     }
                 }
+                _ = watchdog.tick(), if watching => {
+                    crate::notify::alive(&self.status_line().await);
+                }
                 _ = self.shutdown.cancelled() => break,
             }
         }
+        let cfg = &self.config.scheduler;
+        crate::notify::stopping(cfg.shutdown_grace + cfg.kill_grace + Duration::from_secs(5));
         self.drain().await;
     }
 
@@ -256,6 +266,19 @@ impl Scheduler {
             }
             Err(e) => tracing::error!(error = %e, "lease check failed"),
         }
+    }
+
+    /// What runs and waits, for the service manager's status line.
+    pub async fn status_line(&self) -> String {
+        let waiting = match self.store.counts().await {
+            Ok(c) => c.get("PENDING").copied().unwrap_or(0) + c.get("RETRYING").copied().unwrap_or(0),
+            Err(_) => 0,
+        };
+        let mut line = format!("{} running, {waiting} queued", self.running());
+        if let Some(e) = self.store.unwritable() {
+            line.push_str(&format!("; {e}"));
+        }
+        line
     }
 
     /// Notices the wall clock jumping (NTP stepping it, an operator setting
