@@ -42,6 +42,13 @@ enum Command {
     Check,
     /// Bridge stdin/stdout to the agent's socket (used through SSH).
     DialStdio,
+    /// Write a consistent copy of the store to FILE, while the agent runs or
+    /// not. To restore: stop the agent, put the copy at <data dir>/apollo.db
+    /// (removing apollo.db-wal and apollo.db-shm), start it.
+    Backup {
+        /// Where to write the copy (written to FILE.partial, then renamed).
+        file: PathBuf,
+    },
     /// Tools for plugin authors.
     #[command(subcommand)]
     Plugin(PluginCmd),
@@ -109,6 +116,12 @@ fn real_main(args: Args) -> anyhow::Result<ExitCode> {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             let ok = rt.block_on(apollo_agent::plugins::kit::run(&exe, params, &mut std::io::stdout()))?;
             Ok(if ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
+        }
+        Command::Backup { file } => {
+            let db = cfg.db_path();
+            let report = apollo_agent::store::backup(&db, &file)?;
+            println!("{report}");
+            Ok(ExitCode::SUCCESS)
         }
         Command::DialStdio => {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;

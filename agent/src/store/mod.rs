@@ -322,6 +322,47 @@ impl Store {
     }
 }
 
+/// Copies the database at `db` to `to` with SQLite's online backup API: a
+/// consistent snapshot even while an agent writes (the copy is taken in one
+/// read transaction), checked with `PRAGMA quick_check`, written to a
+/// `.partial` file and renamed, so `to` is whole or absent.
+pub fn backup(db: &Path, to: &Path) -> anyhow::Result<String> {
+    use anyhow::Context as _;
+    if !db.exists() {
+        anyhow::bail!("{}: no store here (is --data-dir or the config right?)", db.display());
+    }
+    let src = Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
+        .with_context(|| format!("{}: cannot open the store", db.display()))?;
+    src.busy_timeout(std::time::Duration::from_secs(30))?;
+    let partial = to.with_extension("partial");
+    let _ = std::fs::remove_file(&partial);
+    {
+        let mut dst = Connection::open(&partial).with_context(|| format!("{}: cannot create", partial.display()))?;
+        let b = rusqlite::backup::Backup::new(&src, &mut dst)?;
+        // Every page in one step: one read transaction, one snapshot.
+        loop {
+            use rusqlite::backup::StepResult;
+            match b.step(-1).with_context(|| format!("copying {} to {}", db.display(), partial.display()))? {
+                StepResult::Done => break,
+                StepResult::More | StepResult::Busy | StepResult::Locked => {
+                    std::thread::sleep(std::time::Duration::from_millis(10))
+                }
+                _ => std::thread::sleep(std::time::Duration::from_millis(10)),
+            }
+        }
+    }
+    let dst = Connection::open(&partial)?;
+    let check: String = dst.query_row("PRAGMA quick_check", [], |r| r.get(0))?;
+    if check != "ok" {
+        anyhow::bail!("{}: the copy does not check out: {check}", partial.display());
+    }
+    let instances: i64 = dst.query_row("SELECT COUNT(*) FROM task_instances", [], |r| r.get(0))?;
+    let version: i64 = dst.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    drop(dst);
+    std::fs::rename(&partial, to).with_context(|| format!("{}: cannot rename into place", to.display()))?;
+    Ok(format!("{}: backup of {} ({instances} instances, schema {version})", to.display(), db.display()))
+}
+
 fn writer_loop(conn: Connection, rx: mpsc::Receiver<Box<dyn Job>>) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
