@@ -38,6 +38,10 @@ pub struct Config {
     /// The file this was read from, for messages and relative paths.
     #[serde(skip)]
     pub source: Option<PathBuf>,
+    /// The installation it belongs to: a system one defaults its tasks, data
+    /// and socket to /etc/apollo/tasks, /var/lib/apollo, /run/apollo.
+    #[serde(skip)]
+    pub install: apollo_shared::paths::Install,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -246,17 +250,12 @@ fn opt_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::
     duration(d).map(Some)
 }
 
-/// Where the config came from: an explicit file, `APOLLO_CONFIG`, or
-/// `./apollo.yaml` when present.
-pub fn resolve_path(flag: Option<&Path>) -> Option<PathBuf> {
-    if let Some(p) = flag {
-        return Some(p.to_path_buf());
-    }
-    if let Some(p) = std::env::var_os("APOLLO_CONFIG").filter(|p| !p.is_empty()) {
-        return Some(PathBuf::from(p));
-    }
-    let local = PathBuf::from("apollo.yaml");
-    local.exists().then_some(local)
+/// Where the config comes from, in the order of `apollo_shared::paths`: an
+/// explicit file, `APOLLO_CONFIG`, `./apollo.yaml`, `/etc/apollo/apollo.yaml`
+/// (outside a project directory); `None` for the built-in defaults.
+pub fn resolve_path(flag: Option<&Path>) -> (Option<PathBuf>, apollo_shared::paths::Install) {
+    let env = std::env::var_os("APOLLO_CONFIG").filter(|p| !p.is_empty()).map(PathBuf::from);
+    apollo_shared::paths::config(flag, env.as_deref(), &|p: &Path| p.exists())
 }
 
 impl Default for Config {
@@ -341,16 +340,28 @@ impl Config {
         }
     }
 
+    fn system(&self) -> bool {
+        self.install == apollo_shared::paths::Install::System
+    }
+
     pub fn data_dir(&self) -> PathBuf {
-        self.data_dir.as_deref().map(|p| self.rel(p)).unwrap_or_else(|| self.rel(Path::new(".apollo")))
+        use apollo_shared::paths::{PROJECT_DATA, SYSTEM_DATA};
+        let default = if self.system() { SYSTEM_DATA } else { PROJECT_DATA };
+        self.rel(self.data_dir.as_deref().unwrap_or(Path::new(default)))
     }
 
     pub fn tasks_dir(&self) -> PathBuf {
-        self.tasks.as_deref().map(|p| self.rel(p)).unwrap_or_else(|| self.rel(Path::new("tasks")))
+        use apollo_shared::paths::{PROJECT_TASKS, SYSTEM_TASKS};
+        let default = if self.system() { SYSTEM_TASKS } else { PROJECT_TASKS };
+        self.rel(self.tasks.as_deref().unwrap_or(Path::new(default)))
     }
 
     pub fn socket_path(&self) -> PathBuf {
-        self.socket.path.as_deref().map(|p| self.rel(p)).unwrap_or_else(|| self.data_dir().join("agent.sock"))
+        match self.socket.path.as_deref() {
+            Some(p) => self.rel(p),
+            None if self.system() && self.data_dir.is_none() => PathBuf::from(apollo_shared::paths::SYSTEM_SOCKET),
+            None => self.data_dir().join("agent.sock"),
+        }
     }
 
     /// The rolling log directory, relative to the config file.
@@ -395,6 +406,17 @@ mod tests {
         assert!(e.contains("scheduler.lease") && e.contains("duration like"), "{e}");
         let e = Config::parse("plugins:\n  - name: x\n    class: nope\n", "a.yaml").unwrap_err().to_string();
         assert!(e.contains("unknown class \"nope\""), "{e}");
+    }
+
+    #[test]
+    fn a_system_config_defaults_to_the_system_paths() {
+        let mut c = Config::parse("scheduler:\n  concurrency: 2\n", "x").unwrap();
+        c.source = Some(PathBuf::from("/etc/apollo/apollo.yaml"));
+        c.install = apollo_shared::paths::Install::System;
+        assert_eq!(c.tasks_dir(), PathBuf::from("/etc/apollo/tasks"));
+        assert_eq!(c.data_dir(), PathBuf::from("/var/lib/apollo"));
+        assert_eq!(c.socket_path(), PathBuf::from("/run/apollo/agent.sock"));
+        assert_eq!(c.db_path(), PathBuf::from("/var/lib/apollo/apollo.db"));
     }
 
     #[test]

@@ -15,16 +15,16 @@ use tokio_util::sync::CancellationToken;
     about = "Apollo-11 agent: runs task definitions as recoverable chains of steps"
 )]
 struct Args {
-    /// Config file (default: $APOLLO_CONFIG, else ./apollo.yaml when present, else built-in defaults).
+    /// Config file (default: $APOLLO_CONFIG, else ./apollo.yaml, else /etc/apollo/apollo.yaml outside a project directory, else built-in defaults).
     #[arg(long, global = true)]
     config: Option<PathBuf>,
-    /// Definitions directory (default: ./tasks).
+    /// Definitions directory (default: ./tasks; /etc/apollo/tasks for the system config).
     #[arg(long, global = true)]
     tasks: Option<PathBuf>,
-    /// Data directory: database, logs, work dirs (default: ./.apollo).
+    /// Data directory: database, logs, work dirs (default: ./.apollo; /var/lib/apollo for the system config).
     #[arg(long, global = true)]
     data_dir: Option<PathBuf>,
-    /// Socket path (default: $APOLLO_SOCKET, else <data dir>/agent.sock).
+    /// Socket path (default: $APOLLO_SOCKET, else <data dir>/agent.sock; /run/apollo/agent.sock for the system config).
     #[arg(long, global = true)]
     socket: Option<PathBuf>,
     /// Log format on stderr.
@@ -67,11 +67,17 @@ enum PluginCmd {
     },
 }
 
+fn env_socket() -> Option<PathBuf> {
+    std::env::var_os("APOLLO_SOCKET").filter(|s| !s.is_empty()).map(PathBuf::from)
+}
+
 fn load(args: &Args) -> anyhow::Result<Config> {
-    let mut cfg = match config::resolve_path(args.config.as_deref()) {
+    let (path, install) = config::resolve_path(args.config.as_deref());
+    let mut cfg = match path {
         Some(path) => Config::load(&path)?,
         None => Config::default(),
     };
+    cfg.install = install;
     let cwd = std::env::current_dir()?;
     if let Some(t) = &args.tasks {
         cfg.tasks = Some(cwd.join(t));
@@ -79,8 +85,7 @@ fn load(args: &Args) -> anyhow::Result<Config> {
     if let Some(d) = &args.data_dir {
         cfg.data_dir = Some(cwd.join(d));
     }
-    let env_socket = std::env::var_os("APOLLO_SOCKET").filter(|s| !s.is_empty()).map(PathBuf::from);
-    if let Some(s) = args.socket.clone().or(env_socket) {
+    if let Some(s) = args.socket.clone().or(env_socket()) {
         cfg.socket.path = Some(cwd.join(s));
     }
     Ok(cfg)
@@ -124,8 +129,21 @@ fn real_main(args: Args) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::DialStdio => {
+            // Reached through SSH in a login directory: with nothing said
+            // there, the first socket that exists of the project's and the
+            // system's (the order the clients use).
+            let said =
+                args.socket.is_some() || env_socket().is_some() || cfg.source.is_some() || args.data_dir.is_some();
+            let socket = if said {
+                cfg.socket_path()
+            } else {
+                apollo_shared::paths::client_sockets(None, None)
+                    .into_iter()
+                    .find(|p| p.exists())
+                    .unwrap_or_else(|| cfg.socket_path())
+            };
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            rt.block_on(apollo_agent::server::dial::run(&cfg.socket_path()))?;
+            rt.block_on(apollo_agent::server::dial::run(&socket))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Run => {

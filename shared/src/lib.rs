@@ -12,10 +12,12 @@
 //! - [`cron`]: cron expression parsing.
 //! - [`context`]: the per-instance context and its size limits.
 //! - [`protocol`]: JSON-RPC 2.0 types, methods, error codes, frame limit.
+//! - [`paths`]: the one resolution order of config, tasks, data and socket.
 
 pub mod context;
 pub mod cron;
 pub mod def;
+pub mod paths;
 pub mod protocol;
 pub mod state;
 pub mod template;

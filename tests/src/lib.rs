@@ -90,6 +90,7 @@ pub struct AgentBuilder {
     dir: tempfile::TempDir,
     config: Option<String>,
     bundled: bool,
+    socket: Option<PathBuf>,
 }
 
 impl AgentBuilder {
@@ -124,6 +125,12 @@ impl AgentBuilder {
         self
     }
 
+    /// Listens on this socket instead of `<dir>/agent.sock`.
+    pub fn socket(mut self, path: &Path) -> Self {
+        self.socket = Some(path.to_path_buf());
+        self
+    }
+
     /// Uses this `apollo.yaml` (written into the agent's dir).
     pub fn config(mut self, yaml: &str) -> Self {
         self.config = Some(yaml.to_string());
@@ -138,7 +145,7 @@ impl AgentBuilder {
         if let Some(c) = &self.config {
             std::fs::write(self.dir.path().join("apollo.yaml"), c).unwrap();
         }
-        let socket = self.dir.path().join("agent.sock");
+        let socket = self.socket.clone().unwrap_or_else(|| self.dir.path().join("agent.sock"));
         let mut agent = Agent { dir: self.dir, child: None, socket };
         agent.spawn();
         agent
@@ -147,7 +154,7 @@ impl AgentBuilder {
 
 impl Agent {
     pub fn builder() -> AgentBuilder {
-        AgentBuilder { dir: tempfile::tempdir().unwrap(), config: None, bundled: false }
+        AgentBuilder { dir: tempfile::tempdir().unwrap(), config: None, bundled: false, socket: None }
     }
 
     pub fn path(&self) -> &Path {
@@ -176,7 +183,9 @@ impl Agent {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(self.path().join("agent.log")).unwrap();
         let mut cmd = Command::new(agent_bin());
         cmd.current_dir(self.path())
-            .args(["--socket", "agent.sock", "--data-dir", "data", "--tasks", "tasks"])
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(["--data-dir", "data", "--tasks", "tasks"])
             .env("NO_COLOR", "1")
             .env_remove("APOLLO_SOCKET")
             .env_remove("APOLLO_CONFIG")

@@ -109,3 +109,48 @@ fn the_console_shows_a_lost_agent_and_reconnects_to_the_restarted_one() {
     c.wait_for(&["● connected", &first, &second]);
     assert_eq!(c.quit(), 0);
 }
+
+#[test]
+fn over_ssh_with_no_socket_flag_the_system_agent_is_reached() {
+    // An agent at the system socket path, as the packaged service runs it.
+    let run = std::path::Path::new("/run/apollo");
+    let created = !run.exists();
+    std::fs::create_dir_all(run).expect("creating /run/apollo needs root, as CI and the development machines run");
+    let system = run.join("agent.sock");
+    assert!(
+        std::os::unix::net::UnixStream::connect(&system).is_err(),
+        "an agent already listens on {}; stop it to run this test",
+        system.display()
+    );
+    let agent = Agent::builder().task("gate.yaml", GATE).socket(&system).start();
+    let failed = failed_gate(&agent);
+    // The stand-in runs the remote command in an empty login directory.
+    let fake = tempfile::tempdir().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let ssh = fake.path().join("ssh");
+    std::fs::write(
+        &ssh,
+        format!(
+            "#!/bin/sh\nwhile [ $# -gt 0 ]; do case \"$1\" in -T) shift;; -o|-p) shift 2;; *) break;; esac; done\nshift\ncd {}\nexec \"$@\"\n",
+            home.path().display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&ssh, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!("{}:{}:{}", fake.path().display(), bin_dir().display(), std::env::var("PATH").unwrap());
+    let out = std::process::Command::new(cli_bin())
+        .current_dir(home.path())
+        .args(["--ssh", "ops@db-7", "--json", "ls"])
+        .env("PATH", &path)
+        .env_remove("APOLLO_SOCKET")
+        .output()
+        .unwrap();
+    drop(agent);
+    let _ = std::fs::remove_file(&system);
+    if created {
+        let _ = std::fs::remove_dir(run);
+    }
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&failed));
+}

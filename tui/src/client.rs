@@ -182,13 +182,8 @@ impl Client {
 /// `./.apollo/agent.sock`, then the system path. Returns every candidate
 /// tried, for the message when none answers.
 pub fn socket_candidates(flag: Option<&Path>) -> Vec<PathBuf> {
-    if let Some(p) = flag {
-        return vec![p.to_path_buf()];
-    }
-    if let Some(p) = std::env::var_os("APOLLO_SOCKET").filter(|p| !p.is_empty()) {
-        return vec![PathBuf::from(p)];
-    }
-    vec![PathBuf::from(".apollo/agent.sock"), PathBuf::from("/run/apollo/agent.sock")]
+    let env = std::env::var_os("APOLLO_SOCKET").filter(|p| !p.is_empty()).map(PathBuf::from);
+    apollo_shared::paths::client_sockets(flag, env.as_deref())
 }
 
 /// Connects to the first candidate that answers.
