@@ -240,6 +240,9 @@ pub struct ListParams {
     /// The `next_cursor` of the previous page.
     #[serde(default)]
     pub cursor: Option<String>,
+    /// List the archive (instances past the retention window) instead.
+    #[serde(default)]
+    pub archived: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

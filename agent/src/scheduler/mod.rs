@@ -158,7 +158,6 @@ impl Scheduler {
         let tick = (self.config.scheduler.lease / 3).max(Duration::from_millis(100));
         let mut maintenance = tokio::time::interval(tick);
         maintenance.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut archive_at = Instant::now();
         self.load_retry_due(chrono::DateTime::<Utc>::MIN_UTC).await;
         // WATCHDOG=1 comes from this loop, so a loop that stops turning stops it.
         let mut watchdog = tokio::time::interval(crate::notify::watchdog_every().unwrap_or(Duration::from_secs(3600)));
@@ -187,10 +186,7 @@ impl Scheduler {
                 }
                 _ = maintenance.tick() => {
                     self.maintain().await;
-                    if archive_at.elapsed() > Duration::from_secs(600) {
-                        archive_at = Instant::now();
-                        self.archive().await;
-                    }
+                    self.archive().await;
                 }
                 _ = watchdog.tick(), if watching => {
                     crate::notify::alive(&self.status_line().await);
@@ -345,12 +341,29 @@ impl Scheduler {
         }
     }
 
+    /// Moves finished instances past the retention window to the archive, in
+    /// batches of 1,000 (one write each) and at most 20 batches a tick: up to
+    /// 20,000 per maintenance tick, so it keeps up with any steady rate the
+    /// engine reaches.
     async fn archive(&self) {
         let Ok(window) = chrono::Duration::from_std(self.config.scheduler.retention) else { return };
-        match self.store.archive(Utc::now() - window, 1000).await {
-            Ok(0) => {}
-            Ok(n) => tracing::info!(count = n, "archived finished instances past the retention window"),
-            Err(e) => tracing::error!(error = %e, "archiving failed"),
+        let mut total = 0;
+        for _ in 0..20 {
+            match self.store.archive(Utc::now() - window, 1000).await {
+                Ok(n) => {
+                    total += n;
+                    if n < 1000 {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "archiving failed");
+                    break;
+                }
+            }
+        }
+        if total > 0 {
+            tracing::info!(count = total, "archived finished instances past the retention window");
         }
     }
 

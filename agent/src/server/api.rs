@@ -84,7 +84,7 @@ impl Api {
                 let p: IdParams = params(method, p, "id")?;
                 to_value(self.scheduler.store.get(&p.id).await.map_err(store_err)?)
             }
-            "tasks.list" => self.list(params(method, p, "state?, task?, queue?, limit?, cursor?")?).await,
+            "tasks.list" => self.list(params(method, p, "state?, task?, queue?, limit?, cursor?, archived?")?).await,
             "tasks.retry" => {
                 let p: IdParams = params(method, p, "id, reason?")?;
                 let reason = p.reason.unwrap_or_else(|| "retry requested".into());
@@ -214,12 +214,10 @@ impl Api {
                 format!("tasks.list: cursor {c:?} is not an instance id (pass the next_cursor of the previous page)"),
             ));
         }
-        let items = self
-            .scheduler
-            .store
-            .list(ListFilter { state: p.state, task: p.task, queue: p.queue, limit, before: p.cursor })
-            .await
-            .map_err(store_err)?;
+        let filter = ListFilter { state: p.state, task: p.task, queue: p.queue, limit, before: p.cursor };
+        let store = &self.scheduler.store;
+        let items =
+            if p.archived { store.list_archived(filter).await } else { store.list(filter).await }.map_err(store_err)?;
         let next_cursor = (items.len() as u32 == limit).then(|| items.last().map(|i| i.id.clone())).flatten();
         to_value(ListResult { items, next_cursor })
     }

@@ -217,6 +217,10 @@ impl Store {
     }
 
     pub async fn archive(&self, cutoff: DateTime<Utc>, max: usize) -> Result<usize> {
-        self.write(move |c| records::archive(c, cutoff, max)).await
+        let ids = self.write(move |c| records::archive(c, cutoff, max)).await?;
+        for id in &ids {
+            self.bus().publish("tasks", "instance.archived", json!({ "id": id }));
+        }
+        Ok(ids.len())
     }
 }

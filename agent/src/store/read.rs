@@ -78,6 +78,32 @@ impl Store {
         .await
     }
 
+    /// Archived instances newest first, as summaries, with the same filters.
+    pub async fn list_archived(&self, f: ListFilter) -> Result<Vec<Instance>> {
+        self.read(move |c| {
+            let docs: Vec<String> = c
+                .prepare_cached(
+                    "SELECT doc FROM archive WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR task = ?2) \
+                     AND (?3 IS NULL OR queue = ?3) AND (?4 IS NULL OR id < ?4) ORDER BY id DESC LIMIT ?5",
+                )?
+                .query_map(params![f.state.map(|s| s.as_str()), f.task, f.queue, f.before, f.limit as i64], |r| {
+                    r.get(0)
+                })?
+                .collect::<rusqlite::Result<_>>()?;
+            Ok(docs
+                .iter()
+                .filter_map(|d| serde_json::from_str::<Instance>(d).ok())
+                .map(|mut i| {
+                    i.context = serde_json::Value::Null;
+                    i.steps = None;
+                    i.transitions = None;
+                    i
+                })
+                .collect())
+        })
+        .await
+    }
+
     pub async fn counts(&self) -> Result<BTreeMap<String, u64>> {
         self.read(|c| {
             let mut out: BTreeMap<String, u64> = TaskState::ALL.iter().map(|s| (s.to_string(), 0)).collect();

@@ -131,6 +131,16 @@ CREATE TRIGGER state_counts_update AFTER UPDATE OF state ON task_instances WHEN 
 CREATE TRIGGER state_counts_delete AFTER DELETE ON task_instances
     BEGIN UPDATE state_counts SET n = n - 1 WHERE state = OLD.state; END;
 "#,
+    // 5: the archive keeps dedup keys (a duplicate is refused after its
+    // instance is archived) and the queue, for listing with filters.
+    r#"
+ALTER TABLE archive ADD COLUMN dedup_key TEXT;
+ALTER TABLE archive ADD COLUMN queue TEXT;
+UPDATE archive SET dedup_key = json_extract(doc, '$.dedup_key'), queue = json_extract(doc, '$.queue');
+CREATE UNIQUE INDEX archive_dedup ON archive(dedup_key) WHERE dedup_key IS NOT NULL;
+CREATE INDEX archive_task ON archive(task, id);
+CREATE INDEX task_instances_finished ON task_instances(finished_at) WHERE finished_at IS NOT NULL;
+"#,
 ];
 
 /// The newest schema this build knows.

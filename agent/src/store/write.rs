@@ -122,8 +122,11 @@ pub fn put_def(c: &Connection, hash: &str, task: &str, file: &str, source: &str)
 /// that exists already, returns the existing instance's id and `false`.
 pub fn create(c: &Connection, n: &NewInstance, actor: &str) -> Result<(String, bool)> {
     if let Some(key) = &n.dedup_key {
+        // The key of an archived instance still refuses a duplicate.
         let existing: Option<String> = c
-            .prepare_cached("SELECT id FROM task_instances WHERE dedup_key = ?1")?
+            .prepare_cached(
+                "SELECT id FROM task_instances WHERE dedup_key = ?1 UNION ALL SELECT id FROM archive WHERE dedup_key = ?1",
+            )?
             .query_row([key], |r| r.get(0))
             .optional()?;
         if let Some(id) = existing {

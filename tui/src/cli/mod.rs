@@ -68,6 +68,9 @@ enum Cmd {
         queue: Option<String>,
         #[arg(long, default_value_t = 20)]
         limit: u32,
+        /// List the archive (instances past the retention window) instead.
+        #[arg(long)]
+        archived: bool,
     },
     /// Show one instance with its steps and history.
     Show { id: String },
@@ -240,9 +243,12 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
             }
             Ok(if r.valid { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
-        Cmd::Ls { state, task, queue, limit } => {
+        Cmd::Ls { state, task, queue, limit, archived } => {
             let r: ListResult = client
-                .call_as("tasks.list", json!({"state": state, "task": task, "queue": queue, "limit": limit}))
+                .call_as(
+                    "tasks.list",
+                    json!({"state": state, "task": task, "queue": queue, "limit": limit, "archived": archived}),
+                )
                 .await?;
             if json {
                 print_json(&r.items);
