@@ -35,6 +35,8 @@ pub struct Config {
     pub socket: Socket,
     #[serde(default)]
     pub logging: Logging,
+    #[serde(default)]
+    pub metrics: MetricsConf,
     /// The file this was read from, for messages and relative paths.
     #[serde(skip)]
     pub source: Option<PathBuf>,
@@ -139,6 +141,15 @@ impl Default for Scheduler {
         // Deserializing an empty mapping applies every field default once.
         serde_json::from_value(serde_json::json!({})).expect("scheduler defaults")
     }
+}
+
+/// Prometheus metrics over HTTP; off unless `listen` is set.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConf {
+    /// `host:port` to serve `/metrics` on, e.g. `127.0.0.1:9464`.
+    #[serde(default)]
+    pub listen: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -28,6 +28,7 @@ pub mod catalog;
 pub mod check;
 pub mod config;
 pub mod logs;
+pub mod metrics;
 pub mod notify;
 pub mod plugins;
 pub mod reload;
@@ -170,11 +171,48 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     scheduler.recover().await;
     tracing::info!(socket = %socket.display(), db = %store.path().display(), "agent ready");
     let server = tokio::spawn(server::serve(listener, api, access, shutdown.clone()));
+    let metrics_task = match config.metrics.listen {
+        Some(addr) => {
+            let (scheduler, shutdown) = (scheduler.clone(), shutdown.clone());
+            Some(tokio::spawn(async move {
+                // A port that cannot be had is reported; the agent runs on.
+                if let Err(e) = metrics::serve(addr, scheduler, shutdown).await {
+                    tracing::error!("{e:#}");
+                }
+            }))
+        }
+        None => None,
+    };
+    // Alerts counted by kind, from the bus every alert is published on.
+    let alert_counter = {
+        let mut rx = bus.subscribe();
+        let stop = shutdown.clone();
+        tokio::spawn(async move {
+            loop {
+                let ev = tokio::select! {
+                    ev = rx.recv() => ev,
+                    _ = stop.cancelled() => return,
+                };
+                match ev {
+                    Ok(ev) if ev.topic == "alerts" => {
+                        let kind = ev.data["kind"].as_str().unwrap_or("unknown");
+                        metrics::get().alerts.get_or_create(&metrics::label("kind", kind)).inc();
+                    }
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(_) => return,
+                }
+            }
+        })
+    };
     notify::ready(&scheduler.status_line().await);
     let reload_task = tokio::spawn(reloader.run(shutdown.clone()));
     let cron_task = tokio::spawn(cron.run(shutdown.clone()));
     scheduler.run().await;
     let _ = server.await;
+    if let Some(t) = metrics_task {
+        let _ = t.await;
+    }
+    let _ = alert_counter.await;
     let _ = reload_task.await;
     let _ = cron_task.await;
     store.close();

@@ -26,6 +26,7 @@ pub const MAX_LIST_LIMIT: u32 = 1000;
 
 /// Every method the agent answers, for `unknown method` messages.
 pub const METHODS: &[&str] = &[
+    "agent.metrics",
     "hello",
     "agent.status",
     "tasks.list",

@@ -95,8 +95,14 @@ async fn run_inner(s: &Arc<Scheduler>, inst: Claimed, active: &Active) -> Result
         }
     }
     s.store.finish_success(&inst.id).await?;
+    finished(&inst.task, "SUCCESS");
     tracing::info!("instance succeeded");
     Ok(())
+}
+
+/// Counts an instance that ended, for the metrics.
+fn finished(task: &str, state: &str) {
+    crate::metrics::get().finished.get_or_create(&crate::metrics::labels(("task", task), ("state", state))).inc();
 }
 
 fn registration(s: &Scheduler, def: &TaskDef, seq: u32) -> Result<Registration, PluginError> {
@@ -208,7 +214,21 @@ async fn run_step(
             cancel: token.clone(),
             kill_grace: s.config.scheduler.kill_grace,
         };
-        watchdog(s, timeout, &token, Some(&active.token), reg.plugin.execute(call), "").await
+        let began = std::time::Instant::now();
+        let r = watchdog(s, timeout, &token, Some(&active.token), reg.plugin.execute(call), "").await;
+        let m = crate::metrics::get();
+        let outcome = match &r {
+            Ok(_) => "success",
+            Err(e) if e.message.starts_with("timed out after") => {
+                m.timeouts.get_or_create(&crate::metrics::label("plugin", &reg.name)).inc();
+                "timeout"
+            }
+            Err(_) => "failure",
+        };
+        m.step_seconds
+            .get_or_create(&crate::metrics::labels(("plugin", &reg.name), ("outcome", outcome)))
+            .observe(began.elapsed().as_secs_f64());
+        r
     }
     .instrument(span.clone())
     .await;
@@ -261,6 +281,7 @@ async fn failed(
             let msg = format!("cancelled: {reason}");
             let stop = msg.clone();
             s.store.fail_step(id, seq, &msg, false, Box::new(move |_| (FailurePlan::Stop, stop))).await?;
+            finished(&def.task, "FAILED");
             tracing::info!(step = %name, "instance cancelled");
             return Ok(Outcome::Ended);
         }
@@ -298,10 +319,14 @@ async fn failed(
     let (failures, plan) = s.store.fail_step(id, seq, &message, true, decide).await?;
     crate::crash_point!("executor.after_failure_commit");
     tracing::warn!(step = %name, failures, retries, permanent = e.permanent, "{located}");
+    let m = crate::metrics::get();
     match plan {
-        FailurePlan::Retry(at) => s.retry_at(at),
+        FailurePlan::Retry(at) => {
+            m.retries.get_or_create(&crate::metrics::label("task", &def.task)).inc();
+            s.retry_at(at)
+        }
         FailurePlan::Rollback => rollback(s, id, def, ctx, work_dir).await?,
-        FailurePlan::Stop => {}
+        FailurePlan::Stop => finished(&def.task, "FAILED"),
     }
     Ok(Outcome::Ended)
 }
@@ -316,6 +341,7 @@ async fn rollback(
 ) -> Result<(), StoreError> {
     let inst = s.store.get(id).await?;
     let steps = inst.steps.unwrap_or_default();
+    crate::metrics::get().rollbacks.get_or_create(&crate::metrics::label("task", &def.task)).inc();
     tracing::info!("rolling back");
     for step in steps.iter().rev().filter(|st| matches!(st.state, StepState::Success | StepState::Failed)) {
         let d = &def.steps[step.seq as usize];
@@ -361,11 +387,13 @@ async fn rollback(
                 tracing::error!("{msg}");
                 s.store.step_note_error(id, step.seq, &msg).await?;
                 s.store.rollback_failed(id, &msg).await?;
+                finished(&def.task, "FAILED");
                 return Ok(());
             }
         }
     }
     s.store.finish_rolled_back(id).await?;
+    finished(&def.task, "ROLLED_BACK");
     tracing::info!("instance rolled back");
     Ok(())
 }

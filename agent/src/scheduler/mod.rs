@@ -242,6 +242,7 @@ impl Scheduler {
                 );
                 tracing::warn!(task_id = %id, "{msg}");
                 let _ = self.store.alert("zombie_reaped", &msg, Some(&id)).await;
+                crate::metrics::get().reaped.inc();
                 a.why.lock().expect("why").get_or_insert(StopReason::Zombie(msg));
                 a.token.cancel();
             }

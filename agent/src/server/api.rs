@@ -67,6 +67,7 @@ impl Api {
                 })
             }
             "agent.status" => self.status().await,
+            "agent.metrics" => Ok(json!({ "text": crate::metrics::scrape(&self.scheduler).await })),
             "tasks.trigger" => {
                 let p: TriggerParams = params(method, p, "task, params?, dedup_key?")?;
                 let r = crate::triggers::Request {

@@ -87,6 +87,15 @@ pub async fn handle(stream: UnixStream, api: Arc<Api>, access: Arc<Access>, shut
             .unwrap_or_else(|| format!("uid {u}")),
         None => "unknown peer".into(),
     };
+    let clients = &crate::metrics::get().clients;
+    clients.inc();
+    struct Gone;
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            crate::metrics::get().clients.dec();
+        }
+    }
+    let _gone = Gone;
     let (rd, mut wr) = stream.into_split();
     let (tx, mut rx) = mpsc::channel::<(String, OwnedSemaphorePermit)>(OUTBOX);
     let tx = Outbox { tx, budget: Arc::new(Semaphore::new(OUTBOX_BYTES)) };

@@ -410,7 +410,12 @@ fn run_batch(conn: &Connection, batch: Vec<Box<dyn Job>>) {
         }
     }
     crate::crash_point!("store.before_commit");
-    match conn.execute_batch("COMMIT") {
+    let committing = std::time::Instant::now();
+    let m = crate::metrics::get();
+    m.batch_size.observe(acks.len() as f64);
+    let committed = conn.execute_batch("COMMIT");
+    m.commit_seconds.observe(committing.elapsed().as_secs_f64());
+    match committed {
         Ok(()) => {
             crate::crash_point!("store.after_commit");
             acks.into_iter().for_each(|ack| ack(None))

@@ -162,6 +162,7 @@ impl Triggers {
         };
         let (id, created) = store.create(n, &r.actor).await.map_err(store_error)?;
         if created {
+            crate::metrics::get().created.get_or_create(&crate::metrics::label("task", &def.task)).inc();
             tracing::info!(task_id = %id, task = %def.task, trigger = %r.trigger, "instance created");
             self.scheduler.wake();
         }

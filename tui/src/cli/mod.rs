@@ -128,6 +128,8 @@ enum Cmd {
     },
     /// The agent's status.
     Status,
+    /// The agent's Prometheus metrics, as text (the same as its /metrics).
+    Metrics,
 }
 
 /// What went wrong, and which exit code it means.
@@ -292,6 +294,9 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
         Cmd::Plugins => simple(&client, "plugins.list", json, |v| render::plugins(&out, v)).await,
         Cmd::Queues => simple(&client, "queues.stats", json, |v| render::queues(&out, v)).await,
         Cmd::Status => simple(&client, "agent.status", json, |v| render::status(&out, v)).await,
+        Cmd::Metrics => {
+            simple(&client, "agent.metrics", json, |v| print!("{}", v["text"].as_str().unwrap_or_default())).await
+        }
         Cmd::Events { limit } => {
             let v = client.call("events.list", json!({"limit": limit})).await?;
             if json {

@@ -1,0 +1,164 @@
+//! Prometheus metrics (the `prometheus-client` crate): what ran, how long
+//! steps took, what failed, how the store and the socket fare. Served as text
+//! at `/metrics` when `metrics.listen` is set (off by default), and over the
+//! socket (`agent.metrics`, `apollo metrics`) for hosts where no port may be
+//! opened. Queue depth and running counts are read from the store at scrape.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use std::sync::OnceLock;
+
+type Labels = Vec<(&'static str, String)>;
+type Histograms = Family<Labels, Histogram, fn() -> Histogram>;
+
+pub struct Metrics {
+    registry: Registry,
+    pub created: Family<Labels, Counter>,
+    pub finished: Family<Labels, Counter>,
+    pub step_seconds: Histograms,
+    pub retries: Family<Labels, Counter>,
+    pub rollbacks: Family<Labels, Counter>,
+    pub timeouts: Family<Labels, Counter>,
+    pub reaped: Counter,
+    pub alerts: Family<Labels, Counter>,
+    pub queue_pending: Family<Labels, Gauge>,
+    pub queue_running: Family<Labels, Gauge>,
+    pub commit_seconds: Histogram,
+    pub batch_size: Histogram,
+    pub clients: Gauge,
+}
+
+fn step_histogram() -> Histogram {
+    // 1 ms … about 9 minutes.
+    Histogram::new(exponential_buckets(0.001, 2.0, 20))
+}
+
+impl Metrics {
+    fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("apollo");
+        let m = Metrics {
+            created: Family::default(),
+            finished: Family::default(),
+            step_seconds: Family::new_with_constructor(step_histogram as fn() -> Histogram),
+            retries: Family::default(),
+            rollbacks: Family::default(),
+            timeouts: Family::default(),
+            reaped: Counter::default(),
+            alerts: Family::default(),
+            queue_pending: Family::default(),
+            queue_running: Family::default(),
+            commit_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
+            batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
+            clients: Gauge::default(),
+            registry: Registry::default(),
+        };
+        registry.register("instances_created", "Instances created, by task", m.created.clone());
+        registry.register("instances_finished", "Instances that ended, by task and state", m.finished.clone());
+        registry.register("step_duration_seconds", "Step executions, by plugin and outcome", m.step_seconds.clone());
+        registry.register("retries", "Retries scheduled after a failed step, by task", m.retries.clone());
+        registry.register("rollbacks", "Rollbacks started, by task", m.rollbacks.clone());
+        registry.register("step_timeouts", "Steps stopped at their timeout, by plugin", m.timeouts.clone());
+        registry.register("reaped", "Instances reaped as zombies", m.reaped.clone());
+        registry.register("alerts", "Alerts raised, by kind", m.alerts.clone());
+        registry.register(
+            "queue_pending",
+            "Instances waiting (PENDING or RETRYING), by queue",
+            m.queue_pending.clone(),
+        );
+        registry.register("queue_running", "Instances running, by queue", m.queue_running.clone());
+        registry.register("store_commit_seconds", "Time of one group commit", m.commit_seconds.clone());
+        registry.register("store_batch_writes", "Writes in one group commit", m.batch_size.clone());
+        registry.register("clients_connected", "Connections to the socket", m.clients.clone());
+        Metrics { registry, ..m }
+    }
+
+    /// The exposition text.
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// The agent's metrics (one set per process).
+pub fn get() -> &'static Metrics {
+    static M: OnceLock<Metrics> = OnceLock::new();
+    M.get_or_init(Metrics::new)
+}
+
+pub fn label(k: &'static str, v: &str) -> Labels {
+    vec![(k, v.to_string())]
+}
+
+pub fn labels(a: (&'static str, &str), b: (&'static str, &str)) -> Labels {
+    vec![(a.0, a.1.to_string()), (b.0, b.1.to_string())]
+}
+
+/// The text, with the per-queue gauges read from the store now (every queue
+/// a definition or the config names, idle ones at 0).
+pub async fn scrape(s: &crate::scheduler::Scheduler) -> String {
+    let m = get();
+    if let Ok(stats) = s.store.queue_stats().await {
+        let mut queues: std::collections::BTreeSet<String> =
+            s.catalog.read().expect("catalog").defs.values().map(|l| l.def.queue.clone()).collect();
+        queues.extend(s.config.scheduler.queues.keys().cloned());
+        m.queue_pending.clear();
+        m.queue_running.clear();
+        for q in queues {
+            let (pending, running) = stats
+                .iter()
+                .find(|st| st.queue == q)
+                .map(|st| (st.pending + st.retrying, st.running))
+                .unwrap_or((0, 0));
+            m.queue_pending.get_or_create(&label("queue", &q)).set(pending as i64);
+            m.queue_running.get_or_create(&label("queue", &q)).set(running as i64);
+        }
+        for st in stats {
+            m.queue_pending.get_or_create(&label("queue", &st.queue)).set((st.pending + st.retrying) as i64);
+            m.queue_running.get_or_create(&label("queue", &st.queue)).set(st.running as i64);
+        }
+    }
+    m.text()
+}
+
+/// Serves `GET /metrics` on `addr` until `shutdown`.
+pub async fn serve(
+    addr: std::net::SocketAddr,
+    scheduler: std::sync::Arc<crate::scheduler::Scheduler>,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<()> {
+    use http_body_util::Full;
+    use hyper::body::Bytes;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("metrics.listen {addr}: cannot listen: {e}"))?;
+    tracing::info!(%addr, "serving metrics at /metrics");
+    loop {
+        let (stream, _) = tokio::select! {
+            r = listener.accept() => match r { Ok(s) => s, Err(_) => continue },
+            _ = shutdown.cancelled() => return Ok(()),
+        };
+        let scheduler = scheduler.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                let scheduler = scheduler.clone();
+                async move {
+                    let resp = if req.uri().path() == "/metrics" {
+                        hyper::Response::builder()
+                            .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
+                            .body(Full::new(Bytes::from(scrape(&scheduler).await)))
+                    } else {
+                        hyper::Response::builder().status(404).body(Full::new(Bytes::from("see /metrics\n")))
+                    };
+                    Ok::<_, hyper::http::Error>(resp.expect("a valid response"))
+                }
+            });
+            let io = hyper_util::rt::TokioIo::new(stream);
+            let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, svc).await;
+        });
+    }
+}
