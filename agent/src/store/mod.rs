@@ -107,8 +107,12 @@ struct Inner {
     bus: Bus,
     /// Who writes, for the history (`agent:<host>:<pid>`).
     agent: String,
-    /// Why writes fail, while the database cannot be written.
-    unwritable: Mutex<Option<String>>,
+    /// Why writes fail, while the database cannot be written, and the count
+    /// of commits that changed something when that was noticed.
+    unwritable: Mutex<Option<(String, u64)>>,
+    /// Commits that changed something (a commit that changed nothing writes
+    /// nothing, so it proves nothing about the disk).
+    wrote: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Whether an error means the database file cannot be written at all (as
@@ -147,8 +151,11 @@ impl Store {
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         schema::migrate(&mut conn)?;
         let (tx, rx) = mpsc::channel::<Box<dyn Job>>();
-        let thread =
-            std::thread::Builder::new().name("apollo-store-writer".into()).spawn(move || writer_loop(conn, rx))?;
+        let wrote = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counter = wrote.clone();
+        let thread = std::thread::Builder::new()
+            .name("apollo-store-writer".into())
+            .spawn(move || writer_loop(conn, rx, &counter))?;
         Ok(Store {
             inner: Arc::new(Inner {
                 path: path.to_path_buf(),
@@ -158,6 +165,7 @@ impl Store {
                 bus,
                 agent,
                 unwritable: Mutex::new(None),
+                wrote,
             }),
         })
     }
@@ -213,7 +221,7 @@ impl Store {
 
     /// Why the store cannot be written now, if it cannot.
     pub fn unwritable(&self) -> Option<String> {
-        self.inner.unwritable.lock().expect("unwritable").clone()
+        self.inner.unwritable.lock().expect("unwritable").as_ref().map(|(m, _)| m.clone())
     }
 
     /// Tracks whether the database can be written: the first write that fails
@@ -230,6 +238,7 @@ impl Store {
                      free space on {dir} or make it writable, and the agent resumes by itself",
                     self.inner.path.display()
                 );
+                let wrote = self.inner.wrote.load(std::sync::atomic::Ordering::SeqCst);
                 let mut state = self.inner.unwritable.lock().expect("unwritable");
                 if state.is_none() {
                     tracing::error!("{message}");
@@ -239,11 +248,20 @@ impl Store {
                         serde_json::json!({ "kind": "store_unwritable", "message": message }),
                     );
                 }
-                *state = Some(message.clone());
+                *state = Some((message.clone(), wrote));
                 Err(StoreError::Unwritable(message))
             }
             Ok(_) => {
-                let was = self.inner.unwritable.lock().expect("unwritable").take();
+                let wrote = self.inner.wrote.load(std::sync::atomic::Ordering::SeqCst);
+                let was = {
+                    let mut state = self.inner.unwritable.lock().expect("unwritable");
+                    // Writable again only once a commit has changed something since.
+                    if state.as_ref().is_some_and(|(_, at)| wrote > *at) {
+                        state.take().map(|(m, _)| m)
+                    } else {
+                        None
+                    }
+                };
                 if let Some(message) = was {
                     let back = format!("the store {} can be written again", self.inner.path.display());
                     tracing::info!("{back}");
@@ -363,7 +381,7 @@ pub fn backup(db: &Path, to: &Path) -> anyhow::Result<String> {
     Ok(format!("{}: backup of {} ({instances} instances, schema {version})", to.display(), db.display()))
 }
 
-fn writer_loop(conn: Connection, rx: mpsc::Receiver<Box<dyn Job>>) {
+fn writer_loop(conn: Connection, rx: mpsc::Receiver<Box<dyn Job>>, wrote: &std::sync::atomic::AtomicU64) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -372,11 +390,12 @@ fn writer_loop(conn: Connection, rx: mpsc::Receiver<Box<dyn Job>>) {
                 Err(_) => break,
             }
         }
-        run_batch(&conn, batch);
+        run_batch(&conn, batch, wrote);
     }
 }
 
-fn run_batch(conn: &Connection, batch: Vec<Box<dyn Job>>) {
+fn run_batch(conn: &Connection, batch: Vec<Box<dyn Job>>, wrote: &std::sync::atomic::AtomicU64) {
+    let changes_before = conn.total_changes();
     if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
         let msg = e.to_string();
         // Nothing ran; each caller learns why.
@@ -400,7 +419,7 @@ fn run_batch(conn: &Connection, batch: Vec<Box<dyn Job>>) {
             acks.into_iter().for_each(|ack| ack(Some(msg)));
             let rest: Vec<Box<dyn Job>> = jobs.collect();
             if !rest.is_empty() {
-                run_batch(conn, rest);
+                run_batch(conn, rest, wrote);
             }
             return;
         }
@@ -417,6 +436,9 @@ fn run_batch(conn: &Connection, batch: Vec<Box<dyn Job>>) {
     m.commit_seconds.observe(committing.elapsed().as_secs_f64());
     match committed {
         Ok(()) => {
+            if conn.total_changes() > changes_before {
+                wrote.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
             crate::crash_point!("store.after_commit");
             acks.into_iter().for_each(|ack| ack(None))
         }
