@@ -37,6 +37,8 @@ pub struct Config {
     pub logging: Logging,
     #[serde(default)]
     pub metrics: MetricsConf,
+    #[serde(default)]
+    pub alerts: AlertsConf,
     /// The file this was read from, for messages and relative paths.
     #[serde(skip)]
     pub source: Option<PathBuf>,
@@ -141,6 +143,36 @@ impl Default for Scheduler {
         // Deserializing an empty mapping applies every field default once.
         serde_json::from_value(serde_json::json!({})).expect("scheduler defaults")
     }
+}
+
+/// Where alerts go besides the store and the bus.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct AlertsConf {
+    #[serde(default)]
+    pub hooks: Vec<HookConf>,
+}
+
+/// One alert hook: a command (the alert as JSON on its stdin) or a webhook
+/// (POSTed as JSON), for the alerts its filters let through.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HookConf {
+    /// argv of a command, relative to the config file.
+    #[serde(default)]
+    pub command: Option<Vec<String>>,
+    /// An http(s) URL.
+    #[serde(default)]
+    pub webhook: Option<String>,
+    /// Header name → the environment variable holding its value.
+    #[serde(default)]
+    pub headers: std::collections::BTreeMap<String, String>,
+    /// Alert kinds to deliver (default: all).
+    #[serde(default)]
+    pub kinds: Vec<String>,
+    /// Tasks whose instances' alerts to deliver (default: all).
+    #[serde(default)]
+    pub tasks: Vec<String>,
 }
 
 /// Prometheus metrics over HTTP; off unless `listen` is set.
@@ -322,6 +354,14 @@ impl Config {
                 "{file}: logging.level: {:?} is not valid (expected error, warn, info, debug, trace, or directives like \"info,apollo_agent=debug\")",
                 self.logging.level
             );
+        }
+        for (i, h) in self.alerts.hooks.iter().enumerate() {
+            match (&h.command, &h.webhook) {
+                (Some(c), None) if !c.is_empty() => {}
+                (None, Some(u)) if u.starts_with("http://") || u.starts_with("https://") => {}
+                (None, Some(u)) => bail!("{file}: alerts.hooks[{i}].webhook: {u:?} is not an http:// or https:// URL"),
+                _ => bail!("{file}: alerts.hooks[{i}]: expected exactly one of command: [argv…] or webhook: URL"),
+            }
         }
         for (i, p) in self.plugins.iter().enumerate() {
             match (&p.class, &p.command) {

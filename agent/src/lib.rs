@@ -27,6 +27,7 @@ pub mod bus;
 pub mod catalog;
 pub mod check;
 pub mod config;
+pub mod hooks;
 pub mod logs;
 pub mod metrics;
 pub mod notify;
@@ -171,6 +172,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     scheduler.recover().await;
     tracing::info!(socket = %socket.display(), db = %store.path().display(), "agent ready");
     let server = tokio::spawn(server::serve(listener, api, access, shutdown.clone()));
+    let hooks_task = hooks::start(&config, store.clone(), shutdown.clone());
     let metrics_task = match config.metrics.listen {
         Some(addr) => {
             let (scheduler, shutdown) = (scheduler.clone(), shutdown.clone());
@@ -213,6 +215,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         let _ = t.await;
     }
     let _ = alert_counter.await;
+    if let Some(t) = hooks_task {
+        let _ = t.await;
+    }
     let _ = reload_task.await;
     let _ = cron_task.await;
     store.close();

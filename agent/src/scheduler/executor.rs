@@ -318,6 +318,11 @@ async fn failed(
     });
     let (failures, plan) = s.store.fail_step(id, seq, &message, true, decide).await?;
     crate::crash_point!("executor.after_failure_commit");
+    if !matches!(plan, FailurePlan::Retry(_)) {
+        let what = if plan == FailurePlan::Rollback { "rolling back" } else { "left FAILED" };
+        let msg = format!("task {}: {located} ({what} after {failures} attempt(s))", def.task);
+        let _ = s.store.alert("instance_failed", &msg, Some(id)).await;
+    }
     tracing::warn!(step = %name, failures, retries, permanent = e.permanent, "{located}");
     let m = crate::metrics::get();
     match plan {

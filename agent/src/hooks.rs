@@ -1,0 +1,186 @@
+//! Alert hooks: every alert raised on the bus is handed, through a bounded
+//! queue, to the hooks whose filters (kind, task) let it through — a command
+//! (the alert as JSON on stdin, a clean environment, 10 s at most) or a
+//! webhook (POSTed as JSON, headers from named environment variables, 10 s
+//! at most). Each delivery is tried 4 times with growing pauses; one that
+//! still fails is recorded as a `hook_failed` alert (which no hook is sent).
+//! The same alert repeated within a minute is delivered once. Nothing here
+//! can block the scheduler: the bus never waits, and a full queue drops (and
+//! logs) what it cannot hold.
+
+use crate::config::{Config, HookConf};
+use crate::store::Store;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+const QUEUE: usize = 1000;
+const ATTEMPTS: u32 = 4;
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+const REPEAT_WINDOW: Duration = Duration::from_secs(60);
+
+struct Hook {
+    conf: HookConf,
+    command: Option<Vec<String>>,
+}
+
+impl Hook {
+    fn describe(&self) -> String {
+        match (&self.command, &self.conf.webhook) {
+            (Some(c), _) => format!("command {:?}", c.join(" ")),
+            (_, Some(u)) => format!("webhook {u}"),
+            _ => "hook".into(),
+        }
+    }
+
+    async fn deliver(&self, http: &reqwest::Client, alert: &Value) -> Result<(), String> {
+        if let Some(argv) = &self.command {
+            use crate::plugins::process::{self, Spec};
+            let cancel = CancellationToken::new();
+            let timer = cancel.clone();
+            let guard = tokio::spawn(async move {
+                tokio::time::sleep(CALL_TIMEOUT).await;
+                timer.cancel();
+            });
+            let spec = Spec {
+                argv: argv.clone(),
+                env: process::clean_env(&[], Vec::new()),
+                cwd: std::env::temp_dir(),
+                clean_env: true,
+                stdin: Some(serde_json::to_vec(alert).unwrap_or_default()),
+                capture_stdout: Some(4096),
+                step_key: None,
+            };
+            let out = process::run(spec, None, cancel, Duration::from_secs(1)).await;
+            guard.abort();
+            let out = out?;
+            return match (out.stopped, out.code) {
+                (true, _) => Err(format!("did not finish within {}s", CALL_TIMEOUT.as_secs())),
+                (false, Some(0)) => Ok(()),
+                _ => Err(format!("{}; stderr: {}", process::describe_exit(&out), out.stderr_tail.trim())),
+            };
+        }
+        let url = self.conf.webhook.as_deref().unwrap_or_default();
+        let mut req = http.post(url).timeout(CALL_TIMEOUT).json(alert);
+        for (header, var) in &self.conf.headers {
+            let value = std::env::var(var).map_err(|_| format!("header {header}: ${var} is not set"))?;
+            req = req.header(header.as_str(), value);
+        }
+        let resp = req.send().await.map_err(|e| format!("POST {url}: {e}"))?;
+        if resp.status().is_success() {
+            Ok(())
+        } else {
+            Err(format!("POST {url}: HTTP {}", resp.status()))
+        }
+    }
+}
+
+/// Starts delivering alerts to the configured hooks; `None` without hooks.
+pub fn start(config: &Config, store: Store, shutdown: CancellationToken) -> Option<tokio::task::JoinHandle<()>> {
+    if config.alerts.hooks.is_empty() {
+        return None;
+    }
+    let hooks: Arc<Vec<Hook>> = Arc::new(
+        config
+            .alerts
+            .hooks
+            .iter()
+            .map(|h| Hook {
+                conf: h.clone(),
+                command: h.command.as_ref().map(|c| {
+                    let mut argv = c.clone();
+                    // A path is relative to the config file (the hook runs elsewhere).
+                    if argv[0].contains('/') {
+                        let p = config.command_path(&argv[0]);
+                        argv[0] = std::path::absolute(&p).unwrap_or(p).display().to_string();
+                    }
+                    argv
+                }),
+            })
+            .collect(),
+    );
+    let (tx, mut queue) = tokio::sync::mpsc::channel::<Value>(QUEUE);
+    let mut events = store.bus().subscribe();
+    let stop = shutdown.clone();
+    // From the bus to the queue, never waiting.
+    tokio::spawn(async move {
+        loop {
+            let ev = tokio::select! {
+                ev = events.recv() => ev,
+                _ = stop.cancelled() => return,
+            };
+            match ev {
+                Ok(ev) if ev.topic == "alerts" && ev.data["kind"] != "hook_failed" => {
+                    if tx.try_send(ev.data.clone()).is_err() {
+                        tracing::warn!("alert hook queue full; an alert was not delivered to the hooks");
+                    }
+                }
+                Ok(_) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                    tracing::warn!(missed = n, "alert hooks fell behind the bus; some alerts were not delivered");
+                }
+                Err(_) => return,
+            }
+        }
+    });
+    Some(tokio::spawn(async move {
+        let http = reqwest::Client::new();
+        let mut recent: HashMap<String, Instant> = HashMap::new();
+        let deliveries = tokio_util::task::TaskTracker::new();
+        loop {
+            let alert = tokio::select! {
+                a = queue.recv() => match a { Some(a) => a, None => break },
+                _ = shutdown.cancelled() => break,
+            };
+            let key = format!("{}|{}|{}", alert["kind"], alert["instance"], alert["message"]);
+            let now = Instant::now();
+            recent.retain(|_, at| now.duration_since(*at) < REPEAT_WINDOW);
+            if recent.insert(key, now).is_some() {
+                continue; // the same alert within the window: delivered once
+            }
+            let task = match alert["instance"].as_str() {
+                Some(id) => store.get(id).await.ok().map(|i| i.task),
+                None => None,
+            };
+            let mut alert = alert;
+            alert["task"] = json!(task);
+            alert["at"] = json!(chrono::Utc::now().to_rfc3339());
+            alert["agent"] = json!(store.agent());
+            for (i, hook) in hooks.iter().enumerate() {
+                let kind = alert["kind"].as_str().unwrap_or_default();
+                if !hook.conf.kinds.is_empty() && !hook.conf.kinds.iter().any(|k| k == kind) {
+                    continue;
+                }
+                if !hook.conf.tasks.is_empty() && !task.as_ref().is_some_and(|t| hook.conf.tasks.contains(t)) {
+                    continue;
+                }
+                let (hooks, http, store, alert) = (hooks.clone(), http.clone(), store.clone(), alert.clone());
+                deliveries.spawn(async move {
+                    let hook = &hooks[i];
+                    let mut last = String::new();
+                    for attempt in 1..=ATTEMPTS {
+                        match hook.deliver(&http, &alert).await {
+                            Ok(()) => return,
+                            Err(e) => last = e,
+                        }
+                        if attempt < ATTEMPTS {
+                            tokio::time::sleep(Duration::from_millis(250 << attempt)).await;
+                        }
+                    }
+                    let msg = format!(
+                        "alert hook {} failed {ATTEMPTS} times: {last} (alert {}: {})",
+                        hook.describe(),
+                        alert["kind"].as_str().unwrap_or_default(),
+                        alert["message"].as_str().unwrap_or_default()
+                    );
+                    tracing::error!("{msg}");
+                    let _ = store.alert("hook_failed", &msg, alert["instance"].as_str()).await;
+                });
+            }
+        }
+        deliveries.close();
+        let _ = tokio::time::timeout(Duration::from_secs(5), deliveries.wait()).await;
+    }))
+}
