@@ -44,6 +44,7 @@ pub const METHODS: &[&str] = &[
     "events.publish",
     "events.list",
     "alerts.list",
+    "audit.list",
     "subscribe",
 ];
 

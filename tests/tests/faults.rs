@@ -103,8 +103,13 @@ async fn after_a_kill_9_the_old_copy_of_a_running_step_is_stopped_before_it_runs
     // Recovery is done before the agent answers: attempt 2 runs, and nothing
     // of attempt 1 (the shell nor its sleep) is alive beside it.
     let c = agent.client().await;
-    let inst = get(&c, &id).await;
-    assert_eq!(inst.steps.as_ref().unwrap()[0].attempts, 2, "{inst:#?}");
+    c.subscribe(&["tasks"]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    wait_until(&c, &mut events, &id, "attempt 2 to run", |i| {
+        let s = &i.steps.as_ref().unwrap()[0];
+        s.attempts == 2 && s.state == StepState::Running
+    })
+    .await;
     let old: Vec<String> = chaos::leftover_processes(std::slice::from_ref(&id))
         .into_iter()
         .filter(|p| {

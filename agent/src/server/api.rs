@@ -104,7 +104,7 @@ impl Api {
                     + chrono::Duration::from_std(self.scheduler.config.scheduler.lease).unwrap_or_default();
                 self.scheduler
                     .store
-                    .manual_rollback(&p.id, lease, &format!("by {actor}: {reason}"), self.scheduler.store.agent())
+                    .manual_rollback(&p.id, lease, &format!("by {actor}: {reason}"), actor)
                     .await
                     .map_err(store_err)?;
                 let inst = self.scheduler.store.get(&p.id).await.map_err(store_err)?;
@@ -142,6 +142,15 @@ impl Api {
                 }
                 let p: P = params(method, p, "limit?")?;
                 to_value(self.scheduler.store.events(p.limit.unwrap_or(100).min(1000)).await.map_err(store_err)?)
+            }
+            "audit.list" => {
+                #[derive(serde::Deserialize)]
+                #[serde(deny_unknown_fields)]
+                struct P {
+                    limit: Option<u32>,
+                }
+                let p: P = params(method, p, "limit?")?;
+                to_value(self.scheduler.store.audit(p.limit.unwrap_or(100).min(1000)).await.map_err(store_err)?)
             }
             "alerts.list" => {
                 #[derive(serde::Deserialize)]

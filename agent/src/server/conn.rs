@@ -77,9 +77,10 @@ fn answer(method: &str, r: &Response) -> String {
 }
 
 pub async fn handle(stream: UnixStream, api: Arc<Api>, access: Arc<Access>, shutdown: CancellationToken) {
-    let uid = stream.peer_cred().ok().map(|c| c.uid());
+    let cred = stream.peer_cred().ok();
+    let uid = cred.map(|c| c.uid());
     let role = uid.and_then(|u| access.role(u));
-    let actor = match uid {
+    let mut actor = match uid {
         Some(u) => nix::unistd::User::from_uid(u.into())
             .ok()
             .flatten()
@@ -87,6 +88,11 @@ pub async fn handle(stream: UnixStream, api: Arc<Api>, access: Arc<Access>, shut
             .unwrap_or_else(|| format!("uid {u}")),
         None => "unknown peer".into(),
     };
+    // A client that came through `ssh … apollo-agent dial-stdio`: the peer is
+    // that bridge, whose environment names the SSH client's address.
+    if let Some(from) = cred.and_then(|c| c.pid()).and_then(ssh_client) {
+        actor.push_str(&format!(" via ssh from {from}"));
+    }
     let clients = &crate::metrics::get().clients;
     clients.inc();
     struct Gone;
@@ -177,6 +183,16 @@ pub async fn handle(stream: UnixStream, api: Arc<Api>, access: Arc<Access>, shut
     }
     drop(tx);
     let _ = writer.await;
+}
+
+/// The SSH client address (`SSH_CLIENT`'s first field) in a process's environment.
+fn ssh_client(pid: i32) -> Option<String> {
+    let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    env.split(|b| *b == 0).find_map(|kv| {
+        let kv = std::str::from_utf8(kv).ok()?;
+        let v = kv.strip_prefix("SSH_CLIENT=").or_else(|| kv.strip_prefix("SSH_CONNECTION="))?;
+        v.split_whitespace().next().map(str::to_string)
+    })
 }
 
 fn to_line<T: serde::Serialize>(v: &T) -> String {

@@ -122,8 +122,8 @@ impl Store {
     }
 
     pub async fn manual_rollback(&self, id: &str, lease_until: DateTime<Utc>, reason: &str, actor: &str) -> Result<()> {
-        let (i, r, a) = (id.to_string(), reason.to_string(), actor.to_string());
-        self.write(move |c| write::manual_rollback(c, &i, lease_until, &r, &a)).await?;
+        let (i, r, a, o) = (id.to_string(), reason.to_string(), actor.to_string(), self.agent().to_string());
+        self.write(move |c| write::manual_rollback(c, &i, lease_until, &r, &o, &a)).await?;
         self.changed(id, "FAILED", None);
         Ok(())
     }

@@ -144,6 +144,33 @@ impl Store {
         .await
     }
 
+    /// What operators did, newest first: every history row an operator (not
+    /// an agent, not the schedule) caused, with the instance's task.
+    pub async fn audit(&self, limit: u32) -> Result<Vec<serde_json::Value>> {
+        self.read(move |c| {
+            let mut q = c.prepare_cached(
+                "SELECT t.at, t.actor, t.instance_id, COALESCE(i.task, a.task), t.step_seq, t.from_state, t.to_state, t.reason \
+                 FROM transitions t INDEXED BY transitions_operator \
+                 LEFT JOIN task_instances i ON i.id = t.instance_id LEFT JOIN archive a ON a.id = t.instance_id \
+                 WHERE substr(t.actor, 1, 6) <> 'agent:' AND t.actor <> 'scheduler' ORDER BY t.id DESC LIMIT ?1",
+            )?;
+            let rows = q.query_map([limit as i64], |r| {
+                Ok(serde_json::json!({
+                    "at": r.get::<_, String>(0)?,
+                    "actor": r.get::<_, String>(1)?,
+                    "instance": r.get::<_, String>(2)?,
+                    "task": r.get::<_, Option<String>>(3)?,
+                    "step": r.get::<_, Option<u32>>(4)?,
+                    "from": r.get::<_, Option<String>>(5)?,
+                    "to": r.get::<_, String>(6)?,
+                    "reason": r.get::<_, String>(7)?,
+                }))
+            })?;
+            Ok(rows.collect::<rusqlite::Result<_>>()?)
+        })
+        .await
+    }
+
     pub async fn alerts(&self, limit: u32) -> Result<Vec<Alert>> {
         self.read(move |c| {
             Ok(c.prepare_cached("SELECT id, at, kind, message, instance_id FROM alerts ORDER BY id DESC LIMIT ?1")?

@@ -141,6 +141,12 @@ CREATE UNIQUE INDEX archive_dedup ON archive(dedup_key) WHERE dedup_key IS NOT N
 CREATE INDEX archive_task ON archive(task, id);
 CREATE INDEX task_instances_finished ON task_instances(finished_at) WHERE finished_at IS NOT NULL;
 "#,
+    // 6: the rows operators caused (the audit), found without walking the
+    // whole history.
+    r#"
+CREATE INDEX transitions_operator ON transitions(id)
+    WHERE substr(actor, 1, 6) <> 'agent:' AND actor <> 'scheduler';
+"#,
 ];
 
 /// The newest schema this build knows.

@@ -346,7 +346,15 @@ pub fn manual_retry(c: &Connection, id: &str, reason: &str, actor: &str) -> Resu
 
 /// An operator's rollback of a FAILED instance: held by this agent with the
 /// rollback pending; the scheduler runs it.
-pub fn manual_rollback(c: &Connection, id: &str, lease_until: DateTime<Utc>, reason: &str, actor: &str) -> Result<()> {
+/// `owner` is the agent that will run the rollback; `actor` the operator who asked.
+pub fn manual_rollback(
+    c: &Connection,
+    id: &str,
+    lease_until: DateTime<Utc>,
+    reason: &str,
+    owner: &str,
+    actor: &str,
+) -> Result<()> {
     refuse_while_rolling_back(c, id)?;
     let from = task_state(c, id)?;
     check_task(from, TaskState::RolledBack)?;
@@ -354,7 +362,7 @@ pub fn manual_rollback(c: &Connection, id: &str, lease_until: DateTime<Utc>, rea
         // Not finished while its rollback runs.
         "UPDATE task_instances SET rollback_pending = 1, finished_at = NULL, lease_owner = ?2, lease_expires_at = ?3 WHERE id = ?1",
     )?
-    .execute(params![id, actor, ts(lease_until)])?;
+    .execute(params![id, owner, ts(lease_until)])?;
     history(c, id, None, Some("FAILED"), "FAILED", &format!("rollback requested: {reason}"), actor)
 }
 

@@ -130,6 +130,11 @@ enum Cmd {
     Status,
     /// The agent's Prometheus metrics, as text (the same as its /metrics).
     Metrics,
+    /// What operators did (run, retry, rollback, cancel), who, and why; newest first.
+    Audit {
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
 }
 
 /// What went wrong, and which exit code it means.
@@ -294,6 +299,28 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
         Cmd::Plugins => simple(&client, "plugins.list", json, |v| render::plugins(&out, v)).await,
         Cmd::Queues => simple(&client, "queues.stats", json, |v| render::queues(&out, v)).await,
         Cmd::Status => simple(&client, "agent.status", json, |v| render::status(&out, v)).await,
+        Cmd::Audit { limit } => {
+            let v = client.call("audit.list", json!({"limit": limit})).await?;
+            if json {
+                print_json(&v);
+            } else {
+                for r in v.as_array().into_iter().flatten() {
+                    let step = r["step"].as_u64().map(|s| format!(" step {s}")).unwrap_or_default();
+                    println!(
+                        "{}  {}  {} {}{}  {} -> {}  {}",
+                        r["at"].as_str().unwrap_or_default(),
+                        r["actor"].as_str().unwrap_or_default(),
+                        r["task"].as_str().unwrap_or("?"),
+                        r["instance"].as_str().unwrap_or_default(),
+                        step,
+                        r["from"].as_str().unwrap_or("-"),
+                        r["to"].as_str().unwrap_or_default(),
+                        r["reason"].as_str().unwrap_or_default()
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Cmd::Metrics => {
             simple(&client, "agent.metrics", json, |v| print!("{}", v["text"].as_str().unwrap_or_default())).await
         }
