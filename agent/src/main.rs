@@ -42,6 +42,8 @@ enum Command {
     Check,
     /// Bridge stdin/stdout to the agent's socket (used through SSH).
     DialStdio,
+    /// Print this command's man page (roff): `apollo-agent man > apollo-agent.1`.
+    Man,
     /// Write a consistent copy of the store to FILE, while the agent runs or
     /// not. To restore: stop the agent, put the copy at <data dir>/apollo.db
     /// (removing apollo.db-wal and apollo.db-shm), start it.
@@ -106,6 +108,11 @@ fn main() -> ExitCode {
 }
 
 fn real_main(args: Args) -> anyhow::Result<ExitCode> {
+    if let Some(Command::Man) = args.command {
+        use clap::CommandFactory;
+        clap_mangen::Man::new(Args::command()).render(&mut std::io::stdout())?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let cfg = load(&args)?;
     match args.command.unwrap_or(Command::Run) {
         Command::Check => {
@@ -122,6 +129,7 @@ fn real_main(args: Args) -> anyhow::Result<ExitCode> {
             let ok = rt.block_on(apollo_agent::plugins::kit::run(&exe, params, &mut std::io::stdout()))?;
             Ok(if ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
+        Command::Man => Ok(ExitCode::SUCCESS),
         Command::Backup { file } => {
             let db = cfg.db_path();
             let report = apollo_agent::store::backup(&db, &file)?;

@@ -188,3 +188,25 @@ async fn tasks_list_pages_newest_first_with_a_cursor() {
     }
     assert_eq!(seen, made, "every instance once, newest first");
 }
+
+#[test]
+fn completions_and_man_pages_are_generated() {
+    let run = |bin: &std::path::Path, args: &[&str]| {
+        let out = std::process::Command::new(bin).args(args).output().unwrap();
+        assert!(out.status.success(), "{} {args:?}: {}", bin.display(), String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let cli = cli_bin();
+    assert!(run(&cli, &["completions", "bash"]).contains("_apollo()"));
+    assert!(run(&cli, &["completions", "zsh"]).starts_with("#compdef apollo"));
+    assert!(run(&cli, &["completions", "fish"]).contains("complete -c apollo"));
+    for (bin, args, name) in [
+        (cli.clone(), vec!["man"], "apollo"),
+        (agent_bin(), vec!["man"], "apollo-agent"),
+        (bin_dir().join("apollo-tui"), vec!["--man"], "apollo-tui"),
+    ] {
+        let page = run(&bin, &args);
+        assert!(page.starts_with(".ie") || page.contains(".TH"), "{name}: {page:.200}");
+        assert!(page.contains(&format!(".TH {name}")), "{name}: {page:.300}");
+    }
+}

@@ -20,10 +20,20 @@ struct Args {
     /// Hide and refuse actions that change state.
     #[arg(long)]
     readonly: bool,
+    /// Print the man page (roff) and exit.
+    #[arg(long, hide = true)]
+    man: bool,
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if args.man {
+        use clap::CommandFactory;
+        return match clap_mangen::Man::new(Args::command()).render(&mut std::io::stdout()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(_) => ExitCode::from(2),
+        };
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

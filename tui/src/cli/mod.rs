@@ -130,6 +130,10 @@ enum Cmd {
     Status,
     /// The agent's Prometheus metrics, as text (the same as its /metrics).
     Metrics,
+    /// Print a shell completion script: `apollo completions bash > /etc/bash_completion.d/apollo`.
+    Completions { shell: clap_complete::Shell },
+    /// Print this command's man page (roff): `apollo man > apollo.1`.
+    Man,
     /// What operators did (run, retry, rollback, cancel), who, and why; newest first.
     Audit {
         #[arg(long, default_value_t = 50)]
@@ -155,6 +159,25 @@ impl From<ClientError> for Failure {
 }
 
 pub async fn main(args: Args) -> ExitCode {
+    // These need no agent.
+    match &args.command {
+        Cmd::Completions { shell } => {
+            use clap::CommandFactory;
+            clap_complete::generate(*shell, &mut Args::command(), "apollo", &mut std::io::stdout());
+            return ExitCode::SUCCESS;
+        }
+        Cmd::Man => {
+            use clap::CommandFactory;
+            return match clap_mangen::Man::new(Args::command()).render(&mut std::io::stdout()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("apollo: {e}");
+                    ExitCode::from(2)
+                }
+            };
+        }
+        _ => {}
+    }
     let mut local_agent: Option<LocalAgent> = None;
     let result = run(args, &mut local_agent).await;
     if let Some(a) = local_agent {
@@ -299,6 +322,7 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
         Cmd::Plugins => simple(&client, "plugins.list", json, |v| render::plugins(&out, v)).await,
         Cmd::Queues => simple(&client, "queues.stats", json, |v| render::queues(&out, v)).await,
         Cmd::Status => simple(&client, "agent.status", json, |v| render::status(&out, v)).await,
+        Cmd::Completions { .. } | Cmd::Man => Ok(ExitCode::SUCCESS),
         Cmd::Audit { limit } => {
             let v = client.call("audit.list", json!({"limit": limit})).await?;
             if json {
