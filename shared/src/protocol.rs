@@ -381,6 +381,21 @@ pub struct PluginInfo {
     pub idempotent: bool,
     pub describe: Value,
     pub error: Option<String>,
+    /// How its recent runs went, when it has run.
+    #[serde(default)]
+    pub stats: Option<PluginStats>,
+}
+
+/// The last runs (at most 1,000) of one plugin version: how many, how many
+/// failed, how long they took, and the timeout that history suggests (p99
+/// plus 50 %, as the original design sets it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PluginStats {
+    pub runs: u64,
+    pub failure_rate: f64,
+    pub p50_secs: f64,
+    pub p99_secs: f64,
+    pub suggested_timeout_secs: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1,6 +1,7 @@
 //! `/metrics` scraped over HTTP during a run: the counters match the
 //! instances run, every line parses as Prometheus text exposition, and the
-//! same text is available over the socket (`apollo metrics`).
+//! same text is available over the socket (`apollo metrics`). `apollo
+//! plugins` shows each plugin's recent runs and the timeout they suggest.
 
 use apollo_tests::*;
 use serde_json::json;
@@ -71,6 +72,19 @@ async fn metrics_count_what_ran_and_parse_as_prometheus_text() {
     assert_eq!(get(r#"apollo_queue_pending{queue="default"}"#), 0.0);
     assert!(get("apollo_store_commit_seconds_count") > 0.0);
     assert!(get("apollo_clients_connected") >= 1.0);
+    // Each plugin's history: runs, failure rate, p50/p99 and the timeout it suggests.
+    let (code, plugins) = agent.cli_json(&["plugins"]);
+    assert_eq!(code, 0);
+    let stats = |name: &str| plugins.as_array().unwrap().iter().find(|p| p["name"] == name).unwrap()["stats"].clone();
+    let sleep = stats("sleep");
+    assert_eq!((sleep["runs"].as_u64(), sleep["failure_rate"].as_f64()), (Some(6), Some(0.0)), "{sleep:#}");
+    assert!(sleep["p99_secs"].as_f64().unwrap() >= sleep["p50_secs"].as_f64().unwrap());
+    assert!(sleep["suggested_timeout_secs"].as_f64().unwrap() >= 1.0);
+    let shell = stats("shell");
+    assert_eq!((shell["runs"].as_u64(), shell["failure_rate"].as_f64()), (Some(1), Some(1.0)), "{shell:#}");
+    assert!(stats("http").is_null(), "a plugin that never ran has no statistics");
+    let human = String::from_utf8_lossy(&agent.cli(&["plugins"]).stdout).to_string();
+    assert!(human.contains("SUGGESTED"), "{human}");
     // The same over the socket.
     let out = agent.cli(&["metrics"]);
     assert_eq!(out.status.code(), Some(0));

@@ -131,7 +131,7 @@ impl Api {
                 v["source"] = json!(source);
                 Ok(v)
             }
-            "plugins.list" => to_value(self.plugins()),
+            "plugins.list" => to_value(self.plugins().await),
             "queues.stats" => self.queues().await,
             "events.publish" => self.triggers.publish(params(method, p, "name, data?, dedup_key?")?, actor).await,
             "events.list" => {
@@ -336,7 +336,35 @@ impl Api {
         out
     }
 
-    fn plugins(&self) -> Vec<PluginInfo> {
+    /// Statistics of one plugin version's latest runs.
+    async fn plugin_stats(&self, name: &str, version: &str) -> Option<PluginStats> {
+        let mut runs = self.scheduler.store.plugin_runs(name, version, 1000).await.ok()?;
+        if runs.is_empty() {
+            return None;
+        }
+        let n = runs.len();
+        let failed = runs.iter().filter(|(f, _)| *f).count();
+        runs.sort_by(|a, b| a.1.total_cmp(&b.1));
+        let at = |p: f64| runs[(((n - 1) as f64) * p).round() as usize].1;
+        let p99 = at(0.99);
+        Some(PluginStats {
+            runs: n as u64,
+            failure_rate: failed as f64 / n as f64,
+            p50_secs: at(0.5),
+            p99_secs: p99,
+            suggested_timeout_secs: (p99 * 1.5).max(1.0),
+        })
+    }
+
+    async fn plugins(&self) -> Vec<PluginInfo> {
+        let mut out = self.plugins_registered();
+        for p in out.iter_mut().filter(|p| p.error.is_none()) {
+            p.stats = self.plugin_stats(&p.name, &p.version).await;
+        }
+        out
+    }
+
+    fn plugins_registered(&self) -> Vec<PluginInfo> {
         let registry = self.scheduler.registry.get();
         let broken = registry.broken.iter().map(|b| PluginInfo {
             name: b.name.clone(),
@@ -348,6 +376,7 @@ impl Api {
             idempotent: false,
             describe: Value::Null,
             error: Some(b.error.clone()),
+            stats: None,
         });
         registry
             .all()
@@ -361,6 +390,7 @@ impl Api {
                 idempotent: r.plugin.idempotent(),
                 describe: r.plugin.describe(),
                 error: None,
+                stats: None,
             })
             .chain(broken)
             .collect()

@@ -171,6 +171,28 @@ impl Store {
         .await
     }
 
+    /// The latest finished runs (at most `n`) of steps naming `plugin` at
+    /// `version`: (failed, seconds) of each step's last attempt.
+    pub async fn plugin_runs(&self, plugin: &str, version: &str, n: u32) -> Result<Vec<(bool, f64)>> {
+        let (p, v) = (plugin.to_string(), version.to_string());
+        self.read(move |c| {
+            let mut q = c.prepare_cached(
+                "SELECT state, started_at, finished_at FROM step_runs INDEXED BY step_runs_plugin \
+                 WHERE plugin = ?1 AND finished_at IS NOT NULL AND plugin_version = ?2 ORDER BY finished_at DESC LIMIT ?3",
+            )?;
+            let rows = q.query_map(params![p, v, n as i64], |r| {
+                let state: String = r.get(0)?;
+                let secs = match (parse_ts(r.get(1)?), parse_ts(r.get(2)?)) {
+                    (Some(a), Some(b)) => (b - a).num_microseconds().unwrap_or(0) as f64 / 1e6,
+                    _ => 0.0,
+                };
+                Ok((state == "FAILED", secs))
+            })?;
+            Ok(rows.collect::<rusqlite::Result<_>>()?)
+        })
+        .await
+    }
+
     pub async fn alerts(&self, limit: u32) -> Result<Vec<Alert>> {
         self.read(move |c| {
             Ok(c.prepare_cached("SELECT id, at, kind, message, instance_id FROM alerts ORDER BY id DESC LIMIT ?1")?

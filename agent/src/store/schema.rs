@@ -147,6 +147,10 @@ CREATE INDEX task_instances_finished ON task_instances(finished_at) WHERE finish
 CREATE INDEX transitions_operator ON transitions(id)
     WHERE substr(actor, 1, 6) <> 'agent:' AND actor <> 'scheduler';
 "#,
+    // 7: each plugin's latest runs, for its statistics.
+    r#"
+CREATE INDEX step_runs_plugin ON step_runs(plugin, finished_at) WHERE finished_at IS NOT NULL;
+"#,
 ];
 
 /// The newest schema this build knows.

@@ -160,14 +160,24 @@ pub fn defs(out: &Out, v: &Value) {
 }
 
 pub fn plugins(_out: &Out, v: &Value) {
-    println!("{:<18} {:<8} {:>8} {:>6}  CLASS", "NAME", "VERSION", "TIMEOUT", "RETRY");
+    println!(
+        "{:<18} {:<8} {:>8} {:>6} {:>6} {:>6} {:>8} {:>8} {:>9}  CLASS",
+        "NAME", "VERSION", "TIMEOUT", "RETRY", "RUNS", "FAIL%", "P50", "P99", "SUGGESTED"
+    );
     for p in v.as_array().into_iter().flatten() {
+        let s = &p["stats"];
+        let secs = |k: &str| s[k].as_f64().map(|x| format!("{x:.3}s")).unwrap_or_else(|| "-".into());
         println!(
-            "{:<18} {:<8} {:>7}s {:>6}  {}",
+            "{:<18} {:<8} {:>7}s {:>6} {:>6} {:>6} {:>8} {:>8} {:>9}  {}",
             p["name"].as_str().unwrap_or(""),
             p["version"].as_str().unwrap_or(""),
             p["timeout_secs"],
             p["retry"],
+            s["runs"].as_u64().map(|r| r.to_string()).unwrap_or_else(|| "-".into()),
+            s["failure_rate"].as_f64().map(|f| format!("{:.0}", f * 100.0)).unwrap_or_else(|| "-".into()),
+            secs("p50_secs"),
+            secs("p99_secs"),
+            s["suggested_timeout_secs"].as_f64().map(|x| format!("{x:.0}s")).unwrap_or_else(|| "-".into()),
             p["class"].as_str().unwrap_or("")
         );
     }
