@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Builds the Debian package `apollo`: the three binaries, the systemd unit,
+# the default /etc/apollo/apollo.yaml, man pages and shell completions, and a
+# postinst that creates the apollo user. Needs cargo-deb
+# (`cargo install cargo-deb`). Extra arguments go to cargo deb (--output …).
+#
+#   packaging/build-deb.sh                      # release build, then package
+#   PROFILE=dev SKIP_BUILD=1 packaging/build-deb.sh --fast --output /tmp/x.deb
+set -euo pipefail
+cd "$(dirname "$0")/.."
+profile=${PROFILE:-release}
+dir=$([ "$profile" = dev ] && echo debug || echo "$profile")
+if [ -z "${SKIP_BUILD:-}" ]; then
+    cargo build --profile "$profile" -p apollo-agent -p apollo-tui --bins
+fi
+bin=target/$dir
+gen=packaging/generated
+rm -rf "$gen"
+mkdir -p "$gen/man" "$gen/completions"
+"$bin/apollo" man > "$gen/man/apollo.1"
+"$bin/apollo-agent" man > "$gen/man/apollo-agent.1"
+"$bin/apollo-tui" --man > "$gen/man/apollo-tui.1"
+gzip -9n "$gen"/man/*.1
+"$bin/apollo" completions bash > "$gen/completions/apollo"
+"$bin/apollo" completions zsh > "$gen/completions/_apollo"
+"$bin/apollo" completions fish > "$gen/completions/apollo.fish"
+cargo deb -p apollo-agent --no-build --profile "$profile" "$@"
