@@ -212,6 +212,9 @@ pub struct TriggerParams {
     pub params: Map<String, Value>,
     #[serde(default)]
     pub dedup_key: Option<String>,
+    /// Why, for the history and the audit.
+    #[serde(default)]
+    pub reason: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

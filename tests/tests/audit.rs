@@ -27,7 +27,7 @@ fn operator_actions_are_audited_with_who_how_and_why() {
     let out = std::process::Command::new(cli_bin())
         .args(["--ssh", "ops@db-7", "--socket"])
         .arg(&agent.socket)
-        .args(["run", "gate"])
+        .args(["run", "gate", "--reason", "second try"])
         .env("PATH", &path)
         .env("SSH_CLIENT", "10.1.2.3 50022 22")
         .output()
@@ -42,7 +42,8 @@ fn operator_actions_are_audited_with_who_how_and_why() {
     assert!(rollback["actor"].as_str().unwrap().contains("(uid 0)"), "the operator, not the agent: {rollback:#}");
     assert!(rollback["reason"].as_str().unwrap().contains("undo the half-done gate"), "{rollback:#}");
     assert_eq!(rollback["task"], "gate");
-    let remote = find(&|r| r["actor"].as_str().unwrap_or_default().contains("via ssh from 10.1.2.3"));
-    assert!(remote.is_some(), "the SSH client's address is recorded: {audit:#}");
+    let remote = find(&|r| r["actor"].as_str().unwrap_or_default().contains("via ssh from 10.1.2.3"))
+        .unwrap_or_else(|| panic!("the SSH client's address is recorded: {audit:#}"));
+    assert!(remote["reason"].as_str().unwrap().contains("second try"), "the run's reason: {remote:#}");
     assert!(rows.iter().all(|r| !r["actor"].as_str().unwrap().starts_with("agent:")), "{audit:#}");
 }

@@ -69,12 +69,16 @@ impl Api {
             "agent.status" => self.status().await,
             "agent.metrics" => Ok(json!({ "text": crate::metrics::scrape(&self.scheduler).await })),
             "tasks.trigger" => {
-                let p: TriggerParams = params(method, p, "task, params?, dedup_key?")?;
+                let p: TriggerParams = params(method, p, "task, params?, dedup_key?, reason?")?;
+                let trigger = match p.reason.as_deref().map(str::trim).filter(|r| !r.is_empty()) {
+                    Some(reason) => format!("manual ({reason})"),
+                    None => "manual".into(),
+                };
                 let r = crate::triggers::Request {
                     task: p.task,
                     params: p.params,
                     dedup_key: p.dedup_key,
-                    trigger: "manual".into(),
+                    trigger,
                     actor: actor.into(),
                     event: None,
                 };

@@ -51,6 +51,9 @@ enum Cmd {
         /// Create at most one instance for this key.
         #[arg(long)]
         dedup_key: Option<String>,
+        /// Why, for the history and `apollo audit`.
+        #[arg(long)]
+        reason: Option<String>,
     },
     /// Validate and describe every step of TASK without running anything.
     DryRun {
@@ -238,13 +241,17 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
     let json = args.json;
     let out = render::Out::new();
     match &args.command {
-        Cmd::Run { task, params, wait, dedup_key } => {
+        Cmd::Run { task, params, wait, dedup_key, reason } => {
             let params = parse_params(params)?;
             if *wait {
                 client.subscribe(&["tasks"]).await?;
             }
-            let r =
-                client.call("tasks.trigger", json!({"task": task, "params": params, "dedup_key": dedup_key})).await?;
+            let r = client
+                .call(
+                    "tasks.trigger",
+                    json!({"task": task, "params": params, "dedup_key": dedup_key, "reason": reason}),
+                )
+                .await?;
             let id = r["id"].as_str().unwrap_or_default().to_string();
             if !*wait {
                 if json {
