@@ -37,6 +37,32 @@ impl Bus {
         self.tx.subscribe()
     }
 
+    /// Calls `f` with the data of every alert published from now on, until
+    /// `stop`; alerts missed by falling behind are counted in a warning.
+    pub fn each_alert(
+        &self,
+        stop: tokio_util::sync::CancellationToken,
+        mut f: impl FnMut(&Value) + Send + 'static,
+    ) -> tokio::task::JoinHandle<()> {
+        let mut rx = self.subscribe();
+        tokio::spawn(async move {
+            loop {
+                let ev = tokio::select! {
+                    ev = rx.recv() => ev,
+                    _ = stop.cancelled() => return,
+                };
+                match ev {
+                    Ok(ev) if ev.topic == "alerts" => f(&ev.data),
+                    Ok(_) => {}
+                    Err(broadcast::error::RecvError::Lagged(n)) => {
+                        tracing::warn!(missed = n, "an alert listener fell behind the bus");
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        })
+    }
+
     /// The sequence number of the last event published.
     pub fn seq(&self) -> u64 {
         *self.seq.lock().expect("bus seq")

@@ -102,27 +102,10 @@ pub fn start(config: &Config, store: Store, shutdown: CancellationToken) -> Opti
             .collect(),
     );
     let (tx, mut queue) = tokio::sync::mpsc::channel::<Value>(QUEUE);
-    let mut events = store.bus().subscribe();
-    let stop = shutdown.clone();
     // From the bus to the queue, never waiting.
-    tokio::spawn(async move {
-        loop {
-            let ev = tokio::select! {
-                ev = events.recv() => ev,
-                _ = stop.cancelled() => return,
-            };
-            match ev {
-                Ok(ev) if ev.topic == "alerts" && ev.data["kind"] != "hook_failed" => {
-                    if tx.try_send(ev.data.clone()).is_err() {
-                        tracing::warn!("alert hook queue full; an alert was not delivered to the hooks");
-                    }
-                }
-                Ok(_) => {}
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                    tracing::warn!(missed = n, "alert hooks fell behind the bus; some alerts were not delivered");
-                }
-                Err(_) => return,
-            }
+    store.bus().each_alert(shutdown.clone(), move |alert| {
+        if alert["kind"] != "hook_failed" && tx.try_send(alert.clone()).is_err() {
+            tracing::warn!("alert hook queue full; an alert was not delivered to the hooks");
         }
     });
     Some(tokio::spawn(async move {

@@ -186,26 +186,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         None => None,
     };
     // Alerts counted by kind, from the bus every alert is published on.
-    let alert_counter = {
-        let mut rx = bus.subscribe();
-        let stop = shutdown.clone();
-        tokio::spawn(async move {
-            loop {
-                let ev = tokio::select! {
-                    ev = rx.recv() => ev,
-                    _ = stop.cancelled() => return,
-                };
-                match ev {
-                    Ok(ev) if ev.topic == "alerts" => {
-                        let kind = ev.data["kind"].as_str().unwrap_or("unknown");
-                        metrics::get().alerts.get_or_create(&metrics::label("kind", kind)).inc();
-                    }
-                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                    Err(_) => return,
-                }
-            }
-        })
-    };
+    let alert_counter = bus.each_alert(shutdown.clone(), |alert| {
+        let kind = alert["kind"].as_str().unwrap_or("unknown");
+        metrics::get().alerts.get_or_create(&metrics::label("kind", kind)).inc();
+    });
     notify::ready(&scheduler.status_line().await);
     let reload_task = tokio::spawn(reloader.run(shutdown.clone()));
     let cron_task = tokio::spawn(cron.run(shutdown.clone()));

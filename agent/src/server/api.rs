@@ -24,6 +24,13 @@ pub struct Api {
 
 type Reply = Result<Value, RpcError>;
 
+/// The params of the methods that list recent records.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitParams {
+    limit: Option<u32>,
+}
+
 fn params<T: DeserializeOwned>(method: &str, v: Value, expected: &str) -> Result<T, RpcError> {
     let v = if v.is_null() { json!({}) } else { v };
     serde_json::from_value(v)
@@ -139,30 +146,15 @@ impl Api {
             "queues.stats" => self.queues().await,
             "events.publish" => self.triggers.publish(params(method, p, "name, data?, dedup_key?")?, actor).await,
             "events.list" => {
-                #[derive(serde::Deserialize)]
-                #[serde(deny_unknown_fields)]
-                struct P {
-                    limit: Option<u32>,
-                }
-                let p: P = params(method, p, "limit?")?;
+                let p: LimitParams = params(method, p, "limit?")?;
                 to_value(self.scheduler.store.events(p.limit.unwrap_or(100).min(1000)).await.map_err(store_err)?)
             }
             "audit.list" => {
-                #[derive(serde::Deserialize)]
-                #[serde(deny_unknown_fields)]
-                struct P {
-                    limit: Option<u32>,
-                }
-                let p: P = params(method, p, "limit?")?;
+                let p: LimitParams = params(method, p, "limit?")?;
                 to_value(self.scheduler.store.audit(p.limit.unwrap_or(100).min(1000)).await.map_err(store_err)?)
             }
             "alerts.list" => {
-                #[derive(serde::Deserialize)]
-                #[serde(deny_unknown_fields)]
-                struct P {
-                    limit: Option<u32>,
-                }
-                let p: P = params(method, p, "limit?")?;
+                let p: LimitParams = params(method, p, "limit?")?;
                 to_value(self.scheduler.store.alerts(p.limit.unwrap_or(100).min(1000)).await.map_err(store_err)?)
             }
             _ => Err(RpcError::new(
