@@ -74,8 +74,12 @@ fn record_path(key: &str) -> Option<PathBuf> {
     RECORDS.get().map(|d| d.join(key.replace([':', '/'], ".")))
 }
 
-fn boot_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default().trim().to_string()
+/// This boot's id, read once: it is the same for the life of the agent.
+fn boot_id() -> &'static str {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default().trim().to_string()
+    })
 }
 
 /// What `/proc/<pid>/stat` says of a process: (state, process group, start time in ticks since boot).

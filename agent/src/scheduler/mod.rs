@@ -160,9 +160,10 @@ impl Scheduler {
         maintenance.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         self.load_retry_due(chrono::DateTime::<Utc>::MIN_UTC).await;
         // WATCHDOG=1 comes from this loop, so a loop that stops turning stops it.
-        let mut watchdog = tokio::time::interval(crate::notify::watchdog_every().unwrap_or(Duration::from_secs(3600)));
+        let every = crate::notify::watchdog_every();
+        let mut watchdog = tokio::time::interval(every.unwrap_or(Duration::from_secs(3600)));
         watchdog.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let watching = crate::notify::watchdog_every().is_some();
+        let watching = every.is_some();
         loop {
             fail::fail_point!("scheduler.stall");
             self.watch_clock().await;
@@ -332,10 +333,14 @@ impl Scheduler {
         let stopped =
             tokio::task::spawn_blocking(move || crate::plugins::process::reap(&keys)).await.unwrap_or_default();
         if !stopped.is_empty() {
+            // The alert names the first few; the log line has them all.
+            tracing::warn!(processes = %stopped.join(", "), "stopped leftover processes");
+            let more = stopped.len().saturating_sub(10);
             let msg = format!(
-                "stopped {} process(es) an earlier agent left running for steps it resumes: {}",
+                "stopped {} process(es) an earlier agent left running for steps it resumes: {}{}",
                 stopped.len(),
-                stopped.join(", ")
+                stopped.iter().take(10).cloned().collect::<Vec<_>>().join(", "),
+                if more > 0 { format!(" and {more} more") } else { String::new() }
             );
             tracing::warn!("{msg}");
             let _ = self.store.alert("leftover_processes", &msg, None).await;
