@@ -329,6 +329,25 @@ pub async fn wait_until(
     }
 }
 
+/// Waits (60 s at most), woken by the subscription, for the first pushed
+/// event `pred` accepts, and returns it; panics naming `what` otherwise.
+pub async fn wait_event(
+    events: &mut tokio::sync::mpsc::Receiver<apollo_shared::protocol::Event>,
+    what: &str,
+    pred: impl Fn(&apollo_shared::protocol::Event) -> bool,
+) -> apollo_shared::protocol::Event {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let ev = tokio::time::timeout_at(deadline, events.recv())
+            .await
+            .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
+            .unwrap_or_else(|| panic!("connection closed while waiting for {what}"));
+        if pred(&ev) {
+            return ev;
+        }
+    }
+}
+
 /// The agent's peak resident memory so far, in KiB.
 pub fn peak_rss_kib(pid: i32) -> u64 {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();

@@ -26,10 +26,8 @@ async fn past_retention_every_finished_instance_is_archived_yet_browsable() {
     // Woken by the archive's own events.
     let mut archived = BTreeSet::new();
     while archived.len() < 3 {
-        let ev = tokio::time::timeout(std::time::Duration::from_secs(60), events.recv()).await.unwrap().unwrap();
-        if ev.kind == "instance.archived" {
-            archived.insert(ev.data["id"].as_str().unwrap().to_string());
-        }
+        let ev = wait_event(&mut events, "an instance to be archived", |e| e.kind == "instance.archived").await;
+        archived.insert(ev.data["id"].as_str().unwrap().to_string());
     }
     assert_eq!(archived, ids.iter().cloned().collect());
     let (code, live) = agent.cli_json(&["ls"]);

@@ -198,14 +198,12 @@ async fn large_answers_are_summaries_or_a_clear_error_never_a_dropped_connection
     for _ in 0..2 {
         let id = trigger(&c, "big", json!({})).await;
         // Waited for by its events: the whole instance is too large to get.
-        loop {
-            let ev = tokio::time::timeout(Duration::from_secs(60), events.recv()).await.unwrap().unwrap();
+        let ev = wait_event(&mut events, "the instance to end", |ev| {
             let state = ev.data["state"].as_str().unwrap_or_default();
-            if ev.data["id"] == json!(id) && ev.data.get("step").is_none() && !matches!(state, "PENDING" | "RUNNING") {
-                assert_eq!(ev.data["state"], "SUCCESS", "{ev:?}");
-                break;
-            }
-        }
+            ev.data["id"] == json!(id) && ev.data.get("step").is_none() && !matches!(state, "PENDING" | "RUNNING")
+        })
+        .await;
+        assert_eq!(ev.data["state"], "SUCCESS", "{ev:?}");
         ids.push(id);
     }
     // Lists carry summaries: `apollo ls` works and carries no context.
@@ -380,12 +378,7 @@ async fn a_repeated_event_creates_nothing_even_for_a_definition_added_since() {
     std::fs::write(agent.path().join("tasks/b.yaml"), "task: b\non_event: order.placed\nsteps:\n  - plugin: sleep\n")
         .unwrap();
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(agent.pid()), nix::sys::signal::Signal::SIGHUP).unwrap();
-    loop {
-        let ev = tokio::time::timeout(Duration::from_secs(30), events.recv()).await.unwrap().unwrap();
-        if ev.kind == "defs.reloaded" {
-            break;
-        }
-    }
+    wait_event(&mut events, "the reload", |e| e.kind == "defs.reloaded").await;
     let again = c.call("events.publish", json!({"name": "order.placed", "dedup_key": "order-7"})).await.unwrap();
     assert_eq!(again["duplicate"], true, "{again:#}");
     assert_eq!(again["event_id"], first["event_id"], "the original event is named");

@@ -94,15 +94,10 @@ async fn alerts_reach_a_command_and_a_webhook_and_a_dead_webhook_is_reported() {
     .await;
 
     // The dead one is reported once its retries are spent.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let ev = tokio::time::timeout_at(deadline, events.recv()).await.expect("a hook_failed alert").unwrap();
-        if ev.topic == "alerts" && ev.data["kind"] == "hook_failed" {
-            let m = ev.data["message"].as_str().unwrap();
-            assert!(m.contains(&format!("127.0.0.1:{dead}")) && m.contains("failed 4 times"), "{m}");
-            break;
-        }
-    }
+    let ev = wait_event(&mut events, "a hook_failed alert", |e| e.topic == "alerts" && e.data["kind"] == "hook_failed")
+        .await;
+    let m = ev.data["message"].as_str().unwrap();
+    assert!(m.contains(&format!("127.0.0.1:{dead}")) && m.contains("failed 4 times"), "{m}");
     let (_, alerts) = agent.cli_json(&["alerts"]);
     assert!(alerts.as_array().unwrap().iter().any(|a| a["kind"] == "hook_failed"), "{alerts:#}");
     // The command hook got the alert as JSON on its stdin.

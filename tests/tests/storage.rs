@@ -15,20 +15,6 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::Command;
 
-/// Waits (30 s at most), woken by the subscription, for an alert of `kind`.
-async fn wait_alert(events: &mut tokio::sync::mpsc::Receiver<apollo_shared::protocol::Event>, kind: &str) {
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        let ev = tokio::time::timeout_at(deadline, events.recv())
-            .await
-            .unwrap_or_else(|_| panic!("no {kind} alert within 30s"))
-            .expect("connection closed");
-        if ev.topic == "alerts" && ev.data["kind"] == kind {
-            return;
-        }
-    }
-}
-
 /// Unmounts (lazily) when the test ends, however it ends.
 struct Mount(PathBuf);
 
@@ -88,11 +74,15 @@ async fn a_full_disk_refuses_new_work_keeps_reads_and_resumes_when_space_returns
     let (code, list) = agent.cli_json(&["ls", "--limit", "5"]);
     assert_eq!(code, 0, "{list:#}");
     // The alert reached subscribers.
-    wait_alert(&mut events, "store_unwritable").await;
+    wait_event(&mut events, "the store_unwritable alert", |e| {
+        e.topic == "alerts" && e.data["kind"] == "store_unwritable"
+    })
+    .await;
     // Space returns: the agent notices by itself at its next write (the lease
     // renewal of its maintenance tick) and says so.
     std::fs::remove_file(&filler).unwrap();
-    wait_alert(&mut events, "store_writable").await;
+    wait_event(&mut events, "the store_writable alert", |e| e.topic == "alerts" && e.data["kind"] == "store_writable")
+        .await;
     let c = agent.client().await;
     c.subscribe(&["tasks"]).await.unwrap();
     let mut events = c.take_events().unwrap();
@@ -159,7 +149,8 @@ async fn a_read_only_store_refuses_new_work_keeps_reads_and_resumes_when_writabl
     for f in &files {
         immutable(f, false);
     }
-    wait_alert(&mut events, "store_writable").await;
+    wait_event(&mut events, "the store_writable alert", |e| e.topic == "alerts" && e.data["kind"] == "store_writable")
+        .await;
     let c = agent.client().await;
     c.subscribe(&["tasks"]).await.unwrap();
     let mut events = c.take_events().unwrap();

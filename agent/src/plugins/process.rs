@@ -77,9 +77,7 @@ fn record_path(key: &str) -> Option<PathBuf> {
 /// This boot's id, read once: it is the same for the life of the agent.
 fn boot_id() -> &'static str {
     static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    ID.get_or_init(|| {
-        std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default().trim().to_string()
-    })
+    ID.get_or_init(|| std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default().trim().to_string())
 }
 
 /// What `/proc/<pid>/stat` says of a process: (state, process group, start time in ticks since boot).
