@@ -46,6 +46,17 @@ pub struct Config {
     /// and socket to /etc/apollo/tasks, /var/lib/apollo, /run/apollo.
     #[serde(skip)]
     pub install: apollo_shared::paths::Install,
+    /// Paths given on the command line, which win over the file's.
+    #[serde(skip)]
+    pub overrides: Overrides,
+}
+
+/// Paths given on the command line (or `APOLLO_SOCKET`), already absolute.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub tasks: Option<PathBuf>,
+    pub data_dir: Option<PathBuf>,
+    pub socket: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -323,6 +334,32 @@ impl Config {
         let mut cfg = Config::parse(&src, &path.display().to_string())?;
         cfg.source = Some(path.to_path_buf());
         Ok(cfg)
+    }
+
+    /// Puts the command line's paths over the file's.
+    pub fn with_overrides(mut self, o: Overrides) -> Config {
+        if let Some(t) = &o.tasks {
+            self.tasks = Some(t.clone());
+        }
+        if let Some(d) = &o.data_dir {
+            self.data_dir = Some(d.clone());
+        }
+        if let Some(s) = &o.socket {
+            self.socket.path = Some(s.clone());
+        }
+        self.overrides = o;
+        self
+    }
+
+    /// The config file read again (for SIGHUP), with the same command-line
+    /// paths over it; the built-in defaults when the agent has no file.
+    pub fn reread(&self) -> anyhow::Result<Config> {
+        let mut fresh = match &self.source {
+            Some(path) => Config::load(path)?,
+            None => Config::default(),
+        };
+        fresh.install = self.install;
+        Ok(fresh.with_overrides(self.overrides.clone()))
     }
 
     fn validate(&self, file: &str) -> anyhow::Result<()> {

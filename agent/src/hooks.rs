@@ -6,9 +6,11 @@
 //! still fails is recorded as a `hook_failed` alert (which no hook is sent).
 //! The same alert repeated within a minute is delivered once. Nothing here
 //! can block the scheduler: the bus never waits, and a full queue drops (and
-//! logs) what it cannot hold.
+//! logs) what it cannot hold. The hooks in force are built anew whenever
+//! SIGHUP changes `alerts.hooks`.
 
 use crate::config::{Config, HookConf};
+use crate::settings::Settings;
 use crate::store::Store;
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -77,12 +79,10 @@ impl Hook {
     }
 }
 
-/// Starts delivering alerts to the configured hooks; `None` without hooks.
-pub fn start(config: &Config, store: Store, shutdown: CancellationToken) -> Option<tokio::task::JoinHandle<()>> {
-    if config.alerts.hooks.is_empty() {
-        return None;
-    }
-    let hooks: Arc<Vec<Hook>> = Arc::new(
+/// The configured hooks, command paths made absolute (relative to the
+/// config file; a hook runs elsewhere).
+fn build(config: &Config) -> Arc<Vec<Hook>> {
+    Arc::new(
         config
             .alerts
             .hooks
@@ -91,7 +91,6 @@ pub fn start(config: &Config, store: Store, shutdown: CancellationToken) -> Opti
                 conf: h.clone(),
                 command: h.command.as_ref().map(|c| {
                     let mut argv = c.clone();
-                    // A path is relative to the config file (the hook runs elsewhere).
                     if argv[0].contains('/') {
                         let p = config.command_path(&argv[0]);
                         argv[0] = std::path::absolute(&p).unwrap_or(p).display().to_string();
@@ -100,7 +99,13 @@ pub fn start(config: &Config, store: Store, shutdown: CancellationToken) -> Opti
                 }),
             })
             .collect(),
-    );
+    )
+}
+
+/// Delivers alerts to the hooks in force until shutdown.
+pub fn start(settings: &Settings, store: Store, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
+    let mut changes = settings.subscribe();
+    let mut hooks = build(&changes.borrow_and_update());
     let (tx, mut queue) = tokio::sync::mpsc::channel::<Value>(QUEUE);
     // From the bus to the queue, never waiting.
     store.bus().each_alert(shutdown.clone(), move |alert| {
@@ -108,7 +113,7 @@ pub fn start(config: &Config, store: Store, shutdown: CancellationToken) -> Opti
             tracing::warn!("alert hook queue full; an alert was not delivered to the hooks");
         }
     });
-    Some(tokio::spawn(async move {
+    tokio::spawn(async move {
         let http = reqwest::Client::new();
         let mut recent: HashMap<String, Instant> = HashMap::new();
         let deliveries = tokio_util::task::TaskTracker::new();
@@ -117,6 +122,14 @@ pub fn start(config: &Config, store: Store, shutdown: CancellationToken) -> Opti
                 a = queue.recv() => match a { Some(a) => a, None => break },
                 _ = shutdown.cancelled() => break,
             };
+            // The hooks in force when the alert is taken (SIGHUP may have
+            // replaced them; deliveries under way keep the ones they started with).
+            if changes.has_changed().unwrap_or(false) {
+                hooks = build(&changes.borrow_and_update());
+            }
+            if hooks.is_empty() {
+                continue;
+            }
             let key = format!("{}|{}|{}", alert["kind"], alert["instance"], alert["message"]);
             let now = Instant::now();
             recent.retain(|_, at| now.duration_since(*at) < REPEAT_WINDOW);
@@ -165,5 +178,5 @@ pub fn start(config: &Config, store: Store, shutdown: CancellationToken) -> Opti
         }
         deliveries.close();
         let _ = tokio::time::timeout(Duration::from_secs(5), deliveries.wait()).await;
-    }))
+    })
 }

@@ -9,6 +9,7 @@
 //! - [`plugins`]: the plugin contract, the built-ins and their registry.
 //! - [`catalog`]: definitions loaded from the tasks directory.
 //! - [`reload`]: live definitions (file watcher, SIGHUP).
+//! - [`settings`]: the settings in force, which SIGHUP replaces.
 //! - [`triggers`]: manual, scheduled and event triggers; the clock.
 //! - [`server`]: the socket server, the protocol methods, dial-stdio.
 //! - [`bus`]: change notifications for subscribers.
@@ -35,6 +36,7 @@ pub mod plugins;
 pub mod reload;
 pub mod scheduler;
 pub mod server;
+pub mod settings;
 pub mod store;
 pub mod telemetry;
 pub mod triggers;
@@ -110,7 +112,8 @@ pub struct Options {
 /// Runs the agent until `shutdown` is cancelled, then stops claiming, lets
 /// running steps finish up to the grace period, and returns.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let config = Arc::new(config);
+    let settings = Arc::new(settings::Settings::new(config));
+    let config = settings.get();
     let data_dir = config.data_dir();
     let _lock = lock_data_dir(&data_dir)?;
     plugins::process::record_in(&data_dir);
@@ -143,14 +146,16 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let socket = config.socket_path();
     let listener = server::bind(&socket)?;
     let scheduler =
-        scheduler::Scheduler::new(store.clone(), catalog.clone(), registry.clone(), config.clone(), shutdown.clone());
+        scheduler::Scheduler::new(store.clone(), catalog.clone(), registry.clone(), settings.clone(), shutdown.clone());
+    let access = Arc::new(server::Access::new(&config.socket));
     let triggers = Arc::new(triggers::Triggers::new(scheduler.clone()));
     let reloaded = Arc::new(tokio::sync::Notify::new());
     let reloader = reload::Reloader {
         dir: tasks_dir.clone(),
         catalog: catalog.clone(),
         plugins: registry.clone(),
-        config: config.clone(),
+        settings: settings.clone(),
+        access: access.clone(),
         store: store.clone(),
         reloaded: reloaded.clone(),
         watch: config.watch_tasks,
@@ -158,7 +163,6 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let cron = triggers::cron::CronRunner {
         triggers: triggers.clone(),
         clock: Arc::new(triggers::clock::SystemClock),
-        catchup_max: config.scheduler.catchup_max,
         reloaded,
     };
     let api = Arc::new(server::Api {
@@ -168,23 +172,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         started: std::time::Instant::now(),
         socket: socket.display().to_string(),
     });
-    let access = Arc::new(server::Access::new(&config.socket));
     scheduler.recover().await;
     tracing::info!(socket = %socket.display(), db = %store.path().display(), "agent ready");
     let server = tokio::spawn(server::serve(listener, api, access, shutdown.clone()));
-    let hooks_task = hooks::start(&config, store.clone(), shutdown.clone());
-    let metrics_task = match config.metrics.listen {
-        Some(addr) => {
-            let (scheduler, shutdown) = (scheduler.clone(), shutdown.clone());
-            Some(tokio::spawn(async move {
-                // A port that cannot be had is reported; the agent runs on.
-                if let Err(e) = metrics::serve(addr, scheduler, shutdown).await {
-                    tracing::error!("{e:#}");
-                }
-            }))
-        }
-        None => None,
-    };
+    let hooks_task = hooks::start(&settings, store.clone(), shutdown.clone());
+    let metrics_task = tokio::spawn(metrics::follow(scheduler.clone(), shutdown.clone()));
     // Alerts counted by kind, from the bus every alert is published on.
     let alert_counter = bus.each_alert(shutdown.clone(), |alert| {
         let kind = alert["kind"].as_str().unwrap_or("unknown");
@@ -195,13 +187,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let cron_task = tokio::spawn(cron.run(shutdown.clone()));
     scheduler.run().await;
     let _ = server.await;
-    if let Some(t) = metrics_task {
-        let _ = t.await;
-    }
+    let _ = metrics_task.await;
     let _ = alert_counter.await;
-    if let Some(t) = hooks_task {
-        let _ = t.await;
-    }
+    let _ = hooks_task.await;
     let _ = reload_task.await;
     let _ = cron_task.await;
     store.close();

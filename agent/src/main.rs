@@ -81,16 +81,11 @@ fn load(args: &Args) -> anyhow::Result<Config> {
     };
     cfg.install = install;
     let cwd = std::env::current_dir()?;
-    if let Some(t) = &args.tasks {
-        cfg.tasks = Some(cwd.join(t));
-    }
-    if let Some(d) = &args.data_dir {
-        cfg.data_dir = Some(cwd.join(d));
-    }
-    if let Some(s) = args.socket.clone().or(env_socket()) {
-        cfg.socket.path = Some(cwd.join(s));
-    }
-    Ok(cfg)
+    Ok(cfg.with_overrides(config::Overrides {
+        tasks: args.tasks.as_ref().map(|t| cwd.join(t)),
+        data_dir: args.data_dir.as_ref().map(|d| cwd.join(d)),
+        socket: args.socket.clone().or(env_socket()).map(|s| cwd.join(s)),
+    }))
 }
 
 fn main() -> ExitCode {

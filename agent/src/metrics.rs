@@ -105,7 +105,7 @@ pub async fn scrape(s: &crate::scheduler::Scheduler) -> String {
     if let Ok(stats) = s.store.queue_stats().await {
         let mut queues: std::collections::BTreeSet<String> =
             s.catalog.read().expect("catalog").defs.values().map(|l| l.def.queue.clone()).collect();
-        queues.extend(s.config.scheduler.queues.keys().cloned());
+        queues.extend(s.config().scheduler.queues.keys().cloned());
         m.queue_pending.clear();
         m.queue_running.clear();
         for q in queues {
@@ -160,5 +160,46 @@ pub async fn serve(
             let io = hyper_util::rt::TokioIo::new(stream);
             let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, svc).await;
         });
+    }
+}
+
+/// Serves metrics on the address `metrics.listen` names, following SIGHUP: a
+/// changed address closes the old listener and opens the new one, none stops
+/// serving. An address that cannot be had is logged and raised as an alert;
+/// the agent runs on.
+pub async fn follow(
+    scheduler: std::sync::Arc<crate::scheduler::Scheduler>,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    let mut changes = scheduler.settings.subscribe();
+    loop {
+        let addr = changes.borrow_and_update().metrics.listen;
+        let stop = shutdown.child_token();
+        let server = addr.map(|addr| {
+            let (scheduler, stop) = (scheduler.clone(), stop.clone());
+            tokio::spawn(async move {
+                if let Err(e) = serve(addr, scheduler.clone(), stop).await {
+                    tracing::error!("{e:#}");
+                    let _ = scheduler.store.alert("metrics_error", &format!("{e:#}"), None).await;
+                }
+            })
+        });
+        let stopping = loop {
+            tokio::select! {
+                r = changes.changed() => match r {
+                    Ok(()) if changes.borrow().metrics.listen == addr => continue,
+                    Ok(()) => break false,
+                    Err(_) => break true,
+                },
+                _ = shutdown.cancelled() => break true,
+            }
+        };
+        stop.cancel();
+        if let Some(s) = server {
+            let _ = s.await;
+        }
+        if stopping {
+            return;
+        }
     }
 }

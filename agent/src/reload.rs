@@ -6,10 +6,16 @@
 //! instances. Running and queued instances keep the version they were created
 //! with. Editors that save through a temp file and a rename work, because
 //! the whole directory is re-read.
+//!
+//! SIGHUP also reads the config file again and applies it (see
+//! [`crate::settings`]): what changed live is logged, and each setting that
+//! needs a restart is logged and raised as a `restart_needed` alert. A file
+//! that no longer parses changes nothing and is raised as a `config_error`.
 
 use crate::catalog::{self, Catalog};
-use crate::config::Config;
 use crate::plugins::Plugins;
+use crate::server::Access;
+use crate::settings::Settings;
 use crate::store::Store;
 use notify_debouncer_full::notify::RecursiveMode;
 use serde_json::json;
@@ -23,8 +29,10 @@ pub struct Reloader {
     pub dir: PathBuf,
     pub catalog: Arc<RwLock<Catalog>>,
     pub plugins: Arc<Plugins>,
-    /// The agent's config; on SIGHUP its file's `plugins:` section is read again.
-    pub config: Arc<Config>,
+    /// The settings in force; SIGHUP reads the config file again into them.
+    pub settings: Arc<Settings>,
+    /// The socket's roles, set anew from `socket.operators`/`observers`.
+    pub access: Arc<Access>,
     pub store: Store,
     /// Woken after each reload (the cron runner re-plans).
     pub reloaded: Arc<Notify>,
@@ -91,29 +99,50 @@ impl Reloader {
         summary
     }
 
-    /// Registers the plugins again: the config file's `plugins:` section and
-    /// the executables in `<tasks dir>/plugins/`, each described anew. A
-    /// config file that no longer parses keeps the registrations in force.
-    pub async fn reload_plugins(&self) {
-        let mut config = (*self.config).clone();
-        if let Some(path) = &self.config.source {
-            match Config::load(path) {
-                Ok(fresh) => config.plugins = fresh.plugins,
-                Err(e) => {
-                    let msg = format!("{e:#}; the plugin registrations in force are kept");
-                    tracing::warn!("{msg}");
-                    let _ = self.store.alert("config_error", &msg, None).await;
-                    return;
-                }
+    /// Reads the config file again and puts the live settings in force:
+    /// scheduler and queue limits, roles, alert hooks, metrics, and the
+    /// plugins (the file's `plugins:` and the executables in
+    /// `<tasks dir>/plugins/`, each described anew). A file that no longer
+    /// parses changes nothing.
+    pub async fn reload_config(&self) {
+        let fresh = match self.settings.get().reread() {
+            Ok(fresh) => fresh,
+            Err(e) => {
+                let msg = format!("{e:#}; the settings in force are kept");
+                tracing::warn!("{msg}");
+                let _ = self.store.alert("config_error", &msg, None).await;
+                return;
             }
+        };
+        let applied = self.settings.apply(fresh);
+        let config = self.settings.get();
+        for name in &applied.need_restart {
+            let msg = format!(
+                "config: {name} changed in {}; it takes effect when the agent restarts (the value in force is kept)",
+                config.source.as_deref().map(|p| p.display().to_string()).unwrap_or_else(|| "the config".into())
+            );
+            tracing::warn!("{msg}");
+            let _ = self.store.alert("restart_needed", &msg, None).await;
         }
+        self.access.set(&config.socket);
         let registry = crate::plugins::load(&config).await;
         for b in &registry.broken {
             let msg = format!("plugin {:?} ({}) is not usable: {}", b.name, b.command.display(), b.error);
             let _ = self.store.alert("plugin_error", &msg, None).await;
         }
-        tracing::info!(plugins = registry.all().count(), broken = registry.broken.len(), "plugins registered again");
+        tracing::info!(
+            applied = ?applied.changed,
+            need_restart = ?applied.need_restart,
+            plugins = registry.all().count(),
+            broken = registry.broken.len(),
+            "SIGHUP: config read again"
+        );
         self.plugins.set(registry);
+        self.store.bus().publish(
+            "agent",
+            "config.reloaded",
+            json!({"applied": applied.changed, "need_restart": applied.need_restart}),
+        );
     }
 
     /// Watches the directory and listens for SIGHUP until shutdown.
@@ -162,8 +191,8 @@ impl Reloader {
                     self.reload().await;
                 }
                 _ = hangup => {
-                    tracing::info!("SIGHUP: reloading plugins and definitions");
-                    self.reload_plugins().await;
+                    tracing::info!("SIGHUP: reloading the config, plugins and definitions");
+                    self.reload_config().await;
                     self.reload().await;
                 }
                 _ = shutdown.cancelled() => return,

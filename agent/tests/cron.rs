@@ -7,6 +7,7 @@ use apollo_agent::catalog::{self, Catalog};
 use apollo_agent::config::Config;
 use apollo_agent::plugins::{Plugins, Registry};
 use apollo_agent::scheduler::Scheduler;
+use apollo_agent::settings::Settings;
 use apollo_agent::store::{ListFilter, Store};
 use apollo_agent::triggers::clock::ManualClock;
 use apollo_agent::triggers::cron::CronRunner;
@@ -40,10 +41,11 @@ fn rig(dir: tempfile::TempDir, defs: &[(&str, &str)], start: DateTime<Utc>) -> R
     let cat: Catalog = catalog::load_dir(&tasks, &registry.get());
     assert!(cat.errors.is_empty(), "{:?}", cat.errors);
     let catalog = Arc::new(RwLock::new(cat));
-    let scheduler = Scheduler::new(store.clone(), catalog, registry, Arc::new(config), CancellationToken::new());
+    let scheduler =
+        Scheduler::new(store.clone(), catalog, registry, Arc::new(Settings::new(config)), CancellationToken::new());
     let triggers = Arc::new(Triggers::new(scheduler));
     let clock = Arc::new(ManualClock::new(start));
-    let runner = CronRunner { triggers, clock: clock.clone(), catchup_max: 100, reloaded: Default::default() };
+    let runner = CronRunner { triggers, clock: clock.clone(), reloaded: Default::default() };
     Rig { _dir: dir, store, clock, runner }
 }
 
@@ -168,8 +170,11 @@ async fn daylight_saving_forward_and_back_fire_once_a_day() {
 #[tokio::test]
 async fn catch_up_all_is_bounded_by_catchup_max_keeping_the_latest_fires() {
     let all = "task: all\nschedule: '0 6 * * *'\ntimezone: UTC\ncatchup: all\nsteps:\n  - plugin: sleep\n";
-    let mut r = rig(tempfile::tempdir().unwrap(), &[("all.yaml", all)], t("2026-01-01T12:00:00Z"));
-    r.runner.catchup_max = 2;
+    let r = rig(tempfile::tempdir().unwrap(), &[("all.yaml", all)], t("2026-01-01T12:00:00Z"));
+    let scheduler = &r.runner.triggers.scheduler;
+    let mut config = (*scheduler.config()).clone();
+    config.scheduler.catchup_max = 2;
+    scheduler.settings.apply(config);
     r.runner.tick().await;
     r.clock.set(t("2026-01-06T09:00:00Z"));
     r.runner.tick().await;

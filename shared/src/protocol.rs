@@ -163,7 +163,7 @@ pub struct Event {
 }
 
 /// Topics a client may subscribe to.
-pub const TOPICS: &[&str] = &["tasks", "defs", "alerts", "queues"];
+pub const TOPICS: &[&str] = &["tasks", "defs", "alerts", "queues", "agent"];
 
 // ----- params and results -----
 

@@ -362,3 +362,35 @@ pub fn peak_rss_kib(pid: i32) -> u64 {
 pub fn ended(i: &Instance) -> bool {
     apollo_tui::cli::ended(i)
 }
+
+/// An HTTP server on a free local port that answers every request 200 and
+/// hands over its head and JSON body.
+pub fn http_receiver() -> (u16, std::sync::mpsc::Receiver<(String, Value)>) {
+    use std::io::{BufRead, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut r = std::io::BufReader::new(stream.try_clone().unwrap());
+            let mut head = String::new();
+            let mut len = 0;
+            loop {
+                let mut line = String::new();
+                if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    len = v.trim().parse().unwrap_or(0);
+                }
+                head.push_str(&line);
+            }
+            let mut body = vec![0; len];
+            let _ = r.read_exact(&mut body);
+            let mut w = stream;
+            let _ = w.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+            let _ = tx.send((head, serde_json::from_slice(&body).unwrap_or(Value::Null)));
+        }
+    });
+    (port, rx)
+}

@@ -5,42 +5,11 @@
 
 use apollo_tests::*;
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Read, Write};
 use std::time::Duration;
-
-/// A one-route HTTP server: each request's headers and JSON body, answered 200.
-fn receiver() -> (u16, std::sync::mpsc::Receiver<(String, Value)>) {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            let mut r = BufReader::new(stream.try_clone().unwrap());
-            let mut head = String::new();
-            let mut len = 0;
-            loop {
-                let mut line = String::new();
-                if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-                    break;
-                }
-                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                    len = v.trim().parse().unwrap_or(0);
-                }
-                head.push_str(&line);
-            }
-            let mut body = vec![0; len];
-            let _ = r.read_exact(&mut body);
-            let mut w = stream;
-            let _ = w.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
-            let _ = tx.send((head, serde_json::from_slice(&body).unwrap_or(Value::Null)));
-        }
-    });
-    (port, rx)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn alerts_reach_a_command_and_a_webhook_and_a_dead_webhook_is_reported() {
-    let (port, received) = receiver();
+    let (port, received) = http_receiver();
     let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let config = format!(
         r#"alerts:

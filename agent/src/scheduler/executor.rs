@@ -137,7 +137,7 @@ async fn watchdog<T>(
     call: impl std::future::Future<Output = Result<T, PluginError>>,
     what: &str,
 ) -> Result<T, PluginError> {
-    let grace = s.config.scheduler.kill_grace + Duration::from_secs(1);
+    let grace = s.config().scheduler.kill_grace + Duration::from_secs(1);
     tokio::pin!(call);
     let stopped = async {
         match stop {
@@ -190,7 +190,7 @@ async fn run_step(
     let params_json = prepared.as_ref().map(|(_, p, _)| Value::Object(p.clone())).unwrap_or(Value::Null);
     let attempt = s.store.step_start(id, step.seq, &version, &params_json).await?;
     let span = tracing::info_span!("step", step = %d.name, seq = step.seq, attempt);
-    let log = StepLog::new(StepLog::path_for(&s.data_dir, id, step.seq), s.config.logging.step_log_bytes);
+    let log = StepLog::new(StepLog::path_for(&s.data_dir, id, step.seq), s.config().logging.step_log_bytes);
     let result = async {
         let (reg, params, env) = prepared?;
         let timeout = d.timeout.map(Duration::from_secs_f64).unwrap_or(reg.timeout);
@@ -212,7 +212,7 @@ async fn run_step(
             env: &env,
             log: &log,
             cancel: token.clone(),
-            kill_grace: s.config.scheduler.kill_grace,
+            kill_grace: s.config().scheduler.kill_grace,
         };
         let began = std::time::Instant::now();
         let r = watchdog(s, timeout, &token, Some(&active.token), reg.plugin.execute(call), "").await;
@@ -233,8 +233,8 @@ async fn run_step(
     .instrument(span.clone())
     .await;
     let limits = Limits {
-        step_output_bytes: s.config.scheduler.step_output_bytes,
-        context_bytes: s.config.scheduler.context_bytes,
+        step_output_bytes: s.config().scheduler.step_output_bytes,
+        context_bytes: s.config().scheduler.context_bytes,
     };
     let result = result
         .and_then(|out| ctx.merge_output(&d.name, out.clone(), limits).map_err(PluginError::permanent).map(|_| out));
@@ -294,7 +294,7 @@ async fn failed(
     let retries =
         def.steps[seq as usize].retry.unwrap_or_else(|| registration(s, def, seq).map(|r| r.retry).unwrap_or(0));
     let located = format!("step {name:?} (#{seq}) failed: {message}");
-    let (base, max) = (s.config.scheduler.backoff_base, s.config.scheduler.backoff_max);
+    let (base, max) = (s.config().scheduler.backoff_base, s.config().scheduler.backoff_max);
     let (permanent, on_failure, jitter) = (e.permanent, def.on_failure, rand::random::<f64>());
     let said = located.clone();
     // Decided inside the transaction that records the failure, from the count
@@ -350,7 +350,7 @@ async fn rollback(
     tracing::info!("rolling back");
     for step in steps.iter().rev().filter(|st| matches!(st.state, StepState::Success | StepState::Failed)) {
         let d = &def.steps[step.seq as usize];
-        let log = StepLog::new(StepLog::path_for(&s.data_dir, id, step.seq), s.config.logging.step_log_bytes);
+        let log = StepLog::new(StepLog::path_for(&s.data_dir, id, step.seq), s.config().logging.step_log_bytes);
         log.line("[apollo: rollback]");
         let result = match registration(s, def, step.seq) {
             Err(e) => Err(e),
@@ -375,7 +375,7 @@ async fn rollback(
                     env: &env,
                     log: &log,
                     cancel: token.clone(),
-                    kill_grace: s.config.scheduler.kill_grace,
+                    kill_grace: s.config().scheduler.kill_grace,
                 };
                 let timeout = d.timeout.map(Duration::from_secs_f64).unwrap_or(reg.timeout);
                 watchdog(s, timeout, &token, None, reg.plugin.rollback(call, step.output.as_ref()), "rollback ").await

@@ -12,6 +12,7 @@ mod executor;
 use crate::catalog::Catalog;
 use crate::config::Config;
 use crate::plugins::Plugins;
+use crate::settings::Settings;
 use crate::store::{Claimed, Store};
 use apollo_shared::def::TaskDef;
 use chrono::Utc;
@@ -50,7 +51,7 @@ pub struct Scheduler {
     pub store: Store,
     pub catalog: Arc<RwLock<Catalog>>,
     pub registry: Arc<Plugins>,
-    pub config: Arc<Config>,
+    pub settings: Arc<Settings>,
     pub data_dir: PathBuf,
     pub tasks_dir: PathBuf,
     wake: Notify,
@@ -78,16 +79,17 @@ impl Scheduler {
         store: Store,
         catalog: Arc<RwLock<Catalog>>,
         registry: Arc<Plugins>,
-        config: Arc<Config>,
+        settings: Arc<Settings>,
         shutdown: CancellationToken,
     ) -> Arc<Scheduler> {
+        let config = settings.get();
         Arc::new(Scheduler {
             data_dir: config.data_dir(),
             tasks_dir: config.tasks_dir(),
             store,
             catalog,
             registry,
-            config,
+            settings,
             wake: Notify::new(),
             retry_due: Mutex::new(None),
             active: Mutex::new(HashMap::new()),
@@ -97,6 +99,11 @@ impl Scheduler {
             clock_anchor: Mutex::new((Utc::now(), Instant::now())),
             clock_jumped: Notify::new(),
         })
+    }
+
+    /// The settings in force now (SIGHUP may change them between two reads).
+    pub fn config(&self) -> Arc<Config> {
+        self.settings.get()
     }
 
     /// Notes a retry scheduled for `at`, so the loop wakes for it.
@@ -127,11 +134,11 @@ impl Scheduler {
     }
 
     fn lease_until(&self) -> chrono::DateTime<Utc> {
-        Utc::now() + chrono::Duration::from_std(self.config.scheduler.lease).unwrap_or(chrono::Duration::seconds(30))
+        Utc::now() + chrono::Duration::from_std(self.config().scheduler.lease).unwrap_or(chrono::Duration::seconds(30))
     }
 
     fn queue_limits(&self) -> HashMap<String, u32> {
-        self.config.scheduler.queues.iter().map(|(q, c)| (q.clone(), c.limit)).collect()
+        self.config().scheduler.queues.iter().map(|(q, c)| (q.clone(), c.limit)).collect()
     }
 
     /// Takes back what an earlier life of the agent held: stops the processes
@@ -155,8 +162,10 @@ impl Scheduler {
     /// The main loop; returns when the agent shuts down and running steps
     /// have finished (or the grace period ran out).
     pub async fn run(self: Arc<Self>) {
-        let tick = (self.config.scheduler.lease / 3).max(Duration::from_millis(100));
-        let mut maintenance = tokio::time::interval(tick);
+        // Leases are renewed three times a lease; a reload may shorten it.
+        let tick_for = |lease: Duration| (lease / 3).max(Duration::from_millis(100));
+        let mut lease = self.config().scheduler.lease;
+        let mut maintenance = tokio::time::interval(tick_for(lease));
         maintenance.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         self.load_retry_due(chrono::DateTime::<Utc>::MIN_UTC).await;
         // WATCHDOG=1 comes from this loop, so a loop that stops turning stops it.
@@ -164,10 +173,17 @@ impl Scheduler {
         let mut watchdog = tokio::time::interval(every.unwrap_or(Duration::from_secs(3600)));
         watchdog.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let watching = every.is_some();
+        // New limits (SIGHUP) are acted on at once: more room claims more.
+        let mut settings = self.settings.subscribe();
         loop {
             fail::fail_point!("scheduler.stall");
             self.watch_clock().await;
-            let free = (self.config.scheduler.concurrency as usize).saturating_sub(self.running());
+            if self.config().scheduler.lease != lease {
+                lease = self.config().scheduler.lease;
+                maintenance = tokio::time::interval(tick_for(lease));
+                maintenance.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            }
+            let free = (self.config().scheduler.concurrency as usize).saturating_sub(self.running());
             if free > 0 && !self.shutdown.is_cancelled() {
                 match self.store.claim(free, self.lease_until(), self.queue_limits()).await {
                     Ok(claimed) => claimed.into_iter().for_each(|i| self.adopt(i)),
@@ -179,6 +195,7 @@ impl Scheduler {
                 due.map(|t| (t - Utc::now()).to_std().unwrap_or(Duration::ZERO)).unwrap_or(Duration::from_secs(3600));
             tokio::select! {
                 _ = self.wake.notified() => {}
+                Ok(()) = settings.changed() => {}
                 _ = tokio::time::sleep(sleep_for) => {
                     // The loop's top claims what fell due; the next wait is for
                     // the first retry after now. A due retry waiting for a free
@@ -195,7 +212,7 @@ impl Scheduler {
                 _ = self.shutdown.cancelled() => break,
             }
         }
-        let cfg = &self.config.scheduler;
+        let cfg = self.config().scheduler.clone();
         crate::notify::stopping(cfg.shutdown_grace + cfg.kill_grace + Duration::from_secs(5));
         self.drain().await;
     }
@@ -208,16 +225,16 @@ impl Scheduler {
         if n > 0 {
             tracing::info!(
                 running = n,
-                grace_secs = self.config.scheduler.shutdown_grace.as_secs_f64(),
+                grace_secs = self.config().scheduler.shutdown_grace.as_secs_f64(),
                 "waiting for running steps"
             );
         }
-        if tokio::time::timeout(self.config.scheduler.shutdown_grace, self.tracker.wait()).await.is_err() {
+        if tokio::time::timeout(self.config().scheduler.shutdown_grace, self.tracker.wait()).await.is_err() {
             for a in self.active.lock().expect("active").values() {
                 a.why.lock().expect("why").get_or_insert(StopReason::Shutdown);
                 a.token.cancel();
             }
-            let grace = self.config.scheduler.kill_grace + Duration::from_secs(2);
+            let grace = self.config().scheduler.kill_grace + Duration::from_secs(2);
             let _ = tokio::time::timeout(grace, self.tracker.wait()).await;
         }
     }
@@ -231,7 +248,7 @@ impl Scheduler {
         if let Err(e) = self.store.renew_leases(ids.clone(), self.lease_until()).await {
             tracing::error!(error = %e, "lease renewal failed");
         }
-        let factor = self.config.scheduler.zombie_factor;
+        let factor = self.config().scheduler.zombie_factor;
         for (id, a) in held {
             let expected = *a.expected.lock().expect("expected");
             let limit = expected.mul_f64(factor);
@@ -352,7 +369,7 @@ impl Scheduler {
     /// 20,000 per maintenance tick, so it keeps up with any steady rate the
     /// engine reaches.
     async fn archive(&self) {
-        let Ok(window) = chrono::Duration::from_std(self.config.scheduler.retention) else { return };
+        let Ok(window) = chrono::Duration::from_std(self.config().scheduler.retention) else { return };
         let mut total = 0;
         for _ in 0..20 {
             match self.store.archive(Utc::now() - window, 1000).await {
@@ -380,7 +397,7 @@ impl Scheduler {
             token: CancellationToken::new(),
             why: Mutex::new(None),
             started: Instant::now(),
-            expected: Mutex::new(self.config.scheduler.default_timeout),
+            expected: Mutex::new(self.config().scheduler.default_timeout),
             done,
         });
         {
@@ -410,7 +427,7 @@ impl Scheduler {
                         .get()
                         .resolve(&s.plugin, s.version.as_deref())
                         .map(|r| r.timeout)
-                        .unwrap_or(self.config.scheduler.default_timeout)
+                        .unwrap_or(self.config().scheduler.default_timeout)
                         .as_secs_f64()
                 })
             })

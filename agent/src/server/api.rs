@@ -112,7 +112,7 @@ impl Api {
                 let p: IdParams = params(method, p, "id, reason?")?;
                 let reason = p.reason.unwrap_or_else(|| "rollback requested".into());
                 let lease = chrono::Utc::now()
-                    + chrono::Duration::from_std(self.scheduler.config.scheduler.lease).unwrap_or_default();
+                    + chrono::Duration::from_std(self.scheduler.config().scheduler.lease).unwrap_or_default();
                 self.scheduler
                     .store
                     .manual_rollback(&p.id, lease, &format!("by {actor}: {reason}"), actor)
@@ -235,7 +235,7 @@ impl Api {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
         loop {
             if let Some(mut done) = self.scheduler.cancel(&p.id, StopReason::Cancel(reason.clone())) {
-                let grace = self.scheduler.config.scheduler.kill_grace + std::time::Duration::from_secs(5);
+                let grace = self.scheduler.config().scheduler.kill_grace + std::time::Duration::from_secs(5);
                 let _ = tokio::time::timeout(grace, done.wait_for(|d| *d)).await;
                 break;
             }
@@ -394,7 +394,8 @@ impl Api {
 
     async fn queues(&self) -> Reply {
         let mut stats = self.scheduler.store.queue_stats().await.map_err(store_err)?;
-        let limits = &self.scheduler.config.scheduler.queues;
+        let config = self.scheduler.config();
+        let limits = &config.scheduler.queues;
         let mut names: Vec<String> =
             self.scheduler.catalog.read().expect("catalog").defs.values().map(|l| l.def.queue.clone()).collect();
         names.extend(limits.keys().cloned());
@@ -420,7 +421,7 @@ impl Api {
     async fn status(&self) -> Reply {
         let counts = self.scheduler.store.counts().await.map_err(store_err)?;
         let cat = self.scheduler.catalog.read().expect("catalog");
-        let cfg = &self.scheduler.config;
+        let cfg = self.scheduler.config();
         to_value(AgentStatus {
             agent: self.name.clone(),
             version: env!("CARGO_PKG_VERSION").into(),

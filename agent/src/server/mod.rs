@@ -45,8 +45,8 @@ pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
 /// other operators and observers; anyone else is refused.
 pub struct Access {
     own_uid: u32,
-    operators: Vec<u32>,
-    observers: Vec<u32>,
+    /// Operators' and observers' uids; SIGHUP sets them anew.
+    roles: std::sync::RwLock<(Vec<u32>, Vec<u32>)>,
 }
 
 fn uid_of(name: &str) -> Option<u32> {
@@ -55,6 +55,13 @@ fn uid_of(name: &str) -> Option<u32> {
 
 impl Access {
     pub fn new(socket: &crate::config::Socket) -> Access {
+        let access = Access { own_uid: nix::unistd::getuid().as_raw(), roles: Default::default() };
+        access.set(socket);
+        access
+    }
+
+    /// Resolves the configured names to uids and puts them in force.
+    pub fn set(&self, socket: &crate::config::Socket) {
         let resolve = |names: &[String]| {
             names
                 .iter()
@@ -67,17 +74,14 @@ impl Access {
                 })
                 .collect()
         };
-        Access {
-            own_uid: nix::unistd::getuid().as_raw(),
-            operators: resolve(&socket.operators),
-            observers: resolve(&socket.observers),
-        }
+        *self.roles.write().expect("roles") = (resolve(&socket.operators), resolve(&socket.observers));
     }
 
     pub fn role(&self, uid: u32) -> Option<Role> {
-        if uid == 0 || uid == self.own_uid || self.operators.contains(&uid) {
+        let (operators, observers) = &*self.roles.read().expect("roles");
+        if uid == 0 || uid == self.own_uid || operators.contains(&uid) {
             Some(Role::Operator)
-        } else if self.observers.contains(&uid) {
+        } else if observers.contains(&uid) {
             Some(Role::Observer)
         } else {
             None
@@ -106,4 +110,24 @@ pub async fn serve(listener: UnixListener, api: Arc<Api>, access: Arc<Access>, s
     }
     tracker.close();
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), tracker.wait()).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roles_set_again_take_effect() {
+        let socket = |operators: &[&str], observers: &[&str]| crate::config::Socket {
+            path: None,
+            operators: operators.iter().map(|s| s.to_string()).collect(),
+            observers: observers.iter().map(|s| s.to_string()).collect(),
+        };
+        let access = Access::new(&socket(&[], &["4242"]));
+        assert_eq!(access.role(4242), Some(Role::Observer));
+        access.set(&socket(&["4242"], &[]));
+        assert_eq!(access.role(4242), Some(Role::Operator));
+        access.set(&socket(&[], &[]));
+        assert_eq!(access.role(4242), None);
+    }
 }

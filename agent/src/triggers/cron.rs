@@ -53,8 +53,6 @@ pub fn plan(policy: Catchup, due: &[Fire], now: DateTime<Utc>) -> Vec<Fire> {
 pub struct CronRunner {
     pub triggers: Arc<Triggers>,
     pub clock: Arc<dyn Clock>,
-    /// Most missed fires run by `catchup: all`.
-    pub catchup_max: usize,
     /// Notified when definitions were reloaded.
     pub reloaded: Arc<Notify>,
 }
@@ -82,6 +80,8 @@ impl CronRunner {
             .filter(|l| l.def.schedule.is_some())
             .cloned()
             .collect();
+        // Most missed fires run by `catchup: all`.
+        let catchup_max = self.triggers.scheduler.config().scheduler.catchup_max;
         let mut next: Option<DateTime<Utc>> = None;
         for l in scheduled {
             let task = l.def.task.clone();
@@ -96,7 +96,7 @@ impl CronRunner {
             if now < last {
                 tracing::warn!(task = %task, last_fire = %last, now = %now, "the clock went back; the schedule resumes after its last fire");
             }
-            let due = in_zone(&l, last, now, self.catchup_max.max(1));
+            let due = in_zone(&l, last, now, catchup_max.max(1));
             if let Some(newest) = due.last() {
                 let run = plan(l.def.catchup, &due, now);
                 if run.len() < due.len() || due.len() > 1 {
