@@ -16,12 +16,20 @@ pub struct Console {
 impl Console {
     /// Starts `apollo-tui ARGS` in `dir` on a 140×40 terminal.
     pub fn start(dir: &Path, args: &[&str], path_prefix: Option<&Path>) -> Console {
+        Console::start_with_env(dir, args, path_prefix, &[])
+    }
+
+    /// As [`Console::start`], with these extra environment variables.
+    pub fn start_with_env(dir: &Path, args: &[&str], path_prefix: Option<&Path>, env: &[(&str, &str)]) -> Console {
         let pty =
             native_pty_system().openpty(PtySize { rows: 40, cols: 140, pixel_width: 0, pixel_height: 0 }).unwrap();
         let mut cmd = CommandBuilder::new(crate::bin_dir().join("apollo-tui"));
         cmd.args(args);
         cmd.cwd(dir);
         cmd.env("TERM", "xterm-256color");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
         if let Some(p) = path_prefix {
             cmd.env(
                 "PATH",

@@ -53,13 +53,18 @@ impl Client {
     }
 
     /// Connects through SSH: `ssh [-p PORT] [user@]host apollo-agent dial-stdio`.
-    /// `target` is `[user@]host[:port]`; the `ssh` found first in PATH is used.
+    /// `target` is `[user@]host[:port]`; the `ssh` found first in PATH is
+    /// used, or the command in `APOLLO_SSH_COMMAND` (words split on white
+    /// space, e.g. `ssh -F ~/.ssh/ops_config`), as git's `GIT_SSH_COMMAND`.
     pub async fn connect_ssh(target: &str, remote_socket: Option<&str>) -> Result<Client, ClientError> {
         let (host, port) = match target.rsplit_once(':') {
             Some((h, p)) if p.chars().all(|c| c.is_ascii_digit()) && !p.is_empty() => (h, Some(p)),
             _ => (target, None),
         };
-        let mut cmd = tokio::process::Command::new("ssh");
+        let ssh = std::env::var("APOLLO_SSH_COMMAND").ok().filter(|c| !c.trim().is_empty());
+        let mut words = ssh.as_deref().unwrap_or("ssh").split_whitespace();
+        let mut cmd = tokio::process::Command::new(words.next().unwrap_or("ssh"));
+        cmd.args(words);
         cmd.arg("-T").arg("-o").arg("BatchMode=yes");
         if let Some(p) = port {
             cmd.arg("-p").arg(p);
