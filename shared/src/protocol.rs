@@ -401,6 +401,23 @@ pub struct PluginStats {
     pub suggested_timeout_secs: f64,
 }
 
+impl PluginStats {
+    /// RUNS, FAIL%, P50, P99 and SUGGESTED as the CLI and the console show
+    /// them; dashes for a plugin that has not run.
+    pub fn columns(stats: Option<&PluginStats>) -> [String; 5] {
+        match stats {
+            None => std::array::from_fn(|_| "-".to_string()),
+            Some(s) => [
+                s.runs.to_string(),
+                format!("{:.0}", s.failure_rate * 100.0),
+                format!("{:.3}s", s.p50_secs),
+                format!("{:.3}s", s.p99_secs),
+                format!("{:.0}s", s.suggested_timeout_secs),
+            ],
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct QueueStats {
     pub queue: String,

@@ -109,3 +109,58 @@ fn the_console_shows_a_lost_agent_and_reconnects_to_the_restarted_one() {
     c.wait_for(&["● connected", &first, &second]);
     assert_eq!(c.quit(), 0);
 }
+
+#[test]
+fn the_tasks_view_toggles_to_the_archive() {
+    let agent = Agent::builder()
+        .config("scheduler:\n  retention: 1s\n  lease: 3s\n")
+        .task("ok.yaml", "task: ok\nsteps:\n  - plugin: sleep\n")
+        .start();
+    let (code, inst) = agent.cli_json(&["run", "ok", "--wait"]);
+    assert_eq!(code, 0, "{inst}");
+    let old = inst["id"].as_str().unwrap().to_string();
+    // Wait (woken by the agent's event) for it to move to the archive.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let c = agent.client().await;
+        c.subscribe(&["tasks"]).await.unwrap();
+        let mut events = c.take_events().unwrap();
+        if agent.cli_json(&["ls", "--archived"]).1.as_array().is_none_or(|a| a.is_empty()) {
+            wait_event(&mut events, "the instance to be archived", |e| e.kind == "instance.archived").await;
+        }
+    });
+    let sock = agent.socket.display().to_string();
+    let mut c = Console::start(agent.path(), &["--socket", &sock], None);
+    c.wait_for(&["connected", "no instances"]);
+    c.keys("a");
+    c.wait_for(&["archived tasks (1)", &old, "SUCCESS"]);
+    c.keys("\r");
+    c.wait_for(&["<timeline>", &old, "all steps succeeded"]);
+    c.keys("\x1b");
+    c.wait_for(&["<tasks>", "archived tasks (1)"]);
+    c.keys("a");
+    c.wait_for(&[" tasks (0)", "no instances"]);
+    assert_eq!(c.quit(), 0);
+}
+
+#[test]
+fn the_plugins_view_shows_runs_failures_durations_and_the_suggested_timeout() {
+    let agent = Agent::builder().task("gate.yaml", GATE).start();
+    failed_gate(&agent);
+    let sock = agent.socket.display().to_string();
+    let mut c = Console::start(agent.path(), &["--socket", &sock], None);
+    c.wait_for(&["connected"]);
+    c.keys(":plugins\r");
+    let screen = c.wait_for(&["<plugins>", "SUGGESTED", "RUNS", "FAIL%", "P99"]);
+    let shell: Vec<&str> = screen
+        .lines()
+        .find(|l| l.contains("│shell "))
+        .unwrap_or_default()
+        .trim_matches('│')
+        .split_whitespace()
+        .collect();
+    // NAME VERSION TIMEOUT SUGGESTED RUNS FAIL% P50 P99 …: the gate's one run, failed.
+    assert_eq!(shell.get(4..6), Some(&["1", "100"][..]), "{screen}");
+    assert_eq!(shell.get(3), Some(&"1s"), "p99 + 50 %, at least 1 s: {screen}");
+    assert_eq!(c.quit(), 0);
+}

@@ -165,19 +165,14 @@ pub fn plugins(_out: &Out, v: &Value) {
         "NAME", "VERSION", "TIMEOUT", "RETRY", "RUNS", "FAIL%", "P50", "P99", "SUGGESTED"
     );
     for p in v.as_array().into_iter().flatten() {
-        let s = &p["stats"];
-        let secs = |k: &str| s[k].as_f64().map(|x| format!("{x:.3}s")).unwrap_or_else(|| "-".into());
+        let stats: Option<apollo_shared::protocol::PluginStats> = serde_json::from_value(p["stats"].clone()).ok();
+        let [runs, fail, p50, p99, suggested] = apollo_shared::protocol::PluginStats::columns(stats.as_ref());
         println!(
-            "{:<18} {:<8} {:>7}s {:>6} {:>6} {:>6} {:>8} {:>8} {:>9}  {}",
+            "{:<18} {:<8} {:>7}s {:>6} {runs:>6} {fail:>6} {p50:>8} {p99:>8} {suggested:>9}  {}",
             p["name"].as_str().unwrap_or(""),
             p["version"].as_str().unwrap_or(""),
             p["timeout_secs"],
             p["retry"],
-            s["runs"].as_u64().map(|r| r.to_string()).unwrap_or_else(|| "-".into()),
-            s["failure_rate"].as_f64().map(|f| format!("{:.0}", f * 100.0)).unwrap_or_else(|| "-".into()),
-            secs("p50_secs"),
-            secs("p99_secs"),
-            s["suggested_timeout_secs"].as_f64().map(|x| format!("{x:.0}s")).unwrap_or_else(|| "-".into()),
             p["class"].as_str().unwrap_or("")
         );
     }

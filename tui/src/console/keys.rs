@@ -13,6 +13,7 @@ pub const HELP: &[(&str, &str)] = &[
     ("PgUp PgDn g G Home End", "page, first, last"),
     ("Tab", "next pane in the step view (logs follow while open)"),
     ("s", "sort the tasks view: created, task, state, queue, attempt"),
+    ("a", "tasks view: the archive (finished instances past retention) or the live ones"),
     ("r", "run the selected task (a form for its params)"),
     ("d", "dry-run the selected task (nothing is executed)"),
     ("t", "retry the selected instance"),
@@ -69,6 +70,7 @@ pub fn action(mode: &Mode, key: KeyEvent) -> Option<Action> {
         KeyCode::Char('b') => Action::Rollback,
         KeyCode::Char('c') => Action::Cancel,
         KeyCode::Char('s') => Action::Sort,
+        KeyCode::Char('a') => Action::Archive,
         _ => return None,
     })
 }

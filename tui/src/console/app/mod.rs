@@ -47,6 +47,8 @@ pub struct App {
     pub minute: i64,
     /// Index into [`SORTS`].
     pub sort: usize,
+    /// The tasks view lists the archive.
+    pub archived: bool,
     pub quit: bool,
 }
 
@@ -78,6 +80,7 @@ impl App {
             throughput: VecDeque::from(vec![0; 30]),
             minute: 0,
             sort: 0,
+            archived: false,
             quit: false,
         }
     }
@@ -98,6 +101,9 @@ impl App {
     pub fn tasks_query(&self) -> Map<String, Value> {
         let mut q = Map::new();
         q.insert("limit".into(), Value::from(200));
+        if self.archived {
+            q.insert("archived".into(), Value::Bool(true));
+        }
         for word in self.filter(View::Tasks).split_whitespace() {
             if let Some((k, v)) = word.split_once(':') {
                 if ["state", "task", "queue"].contains(&k) {

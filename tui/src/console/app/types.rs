@@ -125,6 +125,8 @@ pub enum Action {
     NextPane,
     /// Sort the tasks view by the next column.
     Sort,
+    /// Show the archive in the tasks view, or the live instances again.
+    Archive,
 }
 
 /// Columns the tasks view sorts by (`s` cycles).

@@ -215,6 +215,15 @@ impl App {
                 self.selected.insert(View::Step, 0);
                 vec![self.watch()]
             }
+            Action::Archive if self.view == View::Tasks => {
+                self.archived = !self.archived;
+                self.selected.insert(View::Tasks, 0);
+                self.say(
+                    if self.archived { "showing the archive (a: live instances)" } else { "showing live instances" },
+                    false,
+                );
+                vec![self.watch()]
+            }
             Action::Sort if self.view == View::Tasks => {
                 self.sort = (self.sort + 1) % SORTS.len();
                 self.say(format!("sorted by {}", SORTS[self.sort]), false);

@@ -102,7 +102,8 @@ pub fn queues(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
 pub fn tasks(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let visible = app.visible_tasks();
     let more = if app.next_cursor.is_some() { "+" } else { "" };
-    let title = format!(" tasks ({}{more}) sorted by {} ", visible.len(), super::super::app::SORTS[app.sort]);
+    let what = if app.archived { "archived tasks" } else { "tasks" };
+    let title = format!(" {what} ({}{more}) sorted by {} ", visible.len(), super::super::app::SORTS[app.sort]);
     let rows = visible
         .iter()
         .map(|i| {
@@ -136,7 +137,11 @@ pub fn tasks(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             title,
             header: vec!["ID", "TASK", "STATE", "ATT", "QUEUE", "CREATED", "ERROR"],
             widths,
-            empty: "no instances (press : then defs, pick one, r to run it)",
+            empty: if app.archived {
+                "nothing archived yet (a: back to the live instances)"
+            } else {
+                "no instances (press : then defs, pick one, r to run it)"
+            },
         },
         rows,
     );
@@ -203,10 +208,16 @@ pub fn plugins(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
                 Some(e) => Cell::from(Span::styled(e.clone(), theme.error())),
                 None => Cell::from(params.join(", ")),
             };
+            let [runs, fail, p50, p99, suggested] = apollo_shared::protocol::PluginStats::columns(p.stats.as_ref());
             vec![
                 Cell::from(p.name.clone()),
                 Cell::from(p.version.clone()),
                 Cell::from(format!("{}s", p.timeout_secs)),
+                Cell::from(suggested),
+                Cell::from(runs),
+                Cell::from(fail),
+                Cell::from(p50),
+                Cell::from(p99),
                 Cell::from(p.retry.to_string()),
                 Cell::from(if p.idempotent { "yes" } else { "no" }),
                 last,
@@ -214,12 +225,17 @@ pub fn plugins(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         })
         .collect();
     let widths = vec![
-        Constraint::Length(18),
+        Constraint::Length(16),
+        Constraint::Length(8),
+        Constraint::Length(8),
+        Constraint::Length(9),
+        Constraint::Length(6),
+        Constraint::Length(5),
         Constraint::Length(8),
         Constraint::Length(8),
         Constraint::Length(5),
-        Constraint::Length(5),
-        Constraint::Min(20),
+        Constraint::Length(4),
+        Constraint::Min(16),
     ];
     table(
         f,
@@ -229,7 +245,19 @@ pub fn plugins(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         View::Plugins,
         Shape {
             title: " plugins ".into(),
-            header: vec!["NAME", "VERSION", "TIMEOUT", "RETRY", "IDEM", "PARAMS / ERROR"],
+            header: vec![
+                "NAME",
+                "VERSION",
+                "TIMEOUT",
+                "SUGGESTED",
+                "RUNS",
+                "FAIL%",
+                "P50",
+                "P99",
+                "RETRY",
+                "IDEM",
+                "PARAMS / ERROR",
+            ],
             widths,
             empty: "no plugins",
         },
