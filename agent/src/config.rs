@@ -39,6 +39,8 @@ pub struct Config {
     pub metrics: MetricsConf,
     #[serde(default)]
     pub alerts: AlertsConf,
+    #[serde(default)]
+    pub agent: AgentConf,
     /// The file this was read from, for messages and relative paths.
     #[serde(skip)]
     pub source: Option<PathBuf>,
@@ -51,12 +53,23 @@ pub struct Config {
     pub overrides: Overrides,
 }
 
-/// Paths given on the command line (or `APOLLO_SOCKET`), already absolute.
+/// Paths given on the command line (or `APOLLO_SOCKET`), already absolute,
+/// and `--name`.
 #[derive(Debug, Clone, Default)]
 pub struct Overrides {
     pub tasks: Option<PathBuf>,
     pub data_dir: Option<PathBuf>,
     pub socket: Option<PathBuf>,
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConf {
+    /// This agent's name in leases, history, alerts and the console
+    /// (default: the host name). Letters, digits, `.`, `_` and `-`.
+    #[serde(default)]
+    pub name: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -347,6 +360,9 @@ impl Config {
         if let Some(s) = &o.socket {
             self.socket.path = Some(s.clone());
         }
+        if let Some(n) = &o.name {
+            self.agent.name = Some(n.clone());
+        }
         self.overrides = o;
         self
     }
@@ -362,7 +378,27 @@ impl Config {
         Ok(fresh.with_overrides(self.overrides.clone()))
     }
 
+    /// The agent's name: `agent.name` (or `--name`), else the host name.
+    pub fn agent_name(&self) -> String {
+        self.agent.name.clone().unwrap_or_else(|| {
+            nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "localhost".into())
+        })
+    }
+
+    /// Checks `agent.name`; `origin` is where it came from, for the message.
+    pub fn validate_name(&self, origin: &str) -> anyhow::Result<()> {
+        if let Some(n) = &self.agent.name {
+            let ok = (1..=64).contains(&n.len())
+                && n.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+            if !ok {
+                bail!("{origin}: {n:?} is not a valid agent name (expected 1 to 64 letters, digits, '.', '_' or '-')");
+            }
+        }
+        Ok(())
+    }
+
     fn validate(&self, file: &str) -> anyhow::Result<()> {
+        self.validate_name(&format!("{file}: agent.name"))?;
         let s = &self.scheduler;
         if s.concurrency == 0 || s.concurrency > 10_000 {
             bail!("{file}: scheduler.concurrency: {} is out of range (expected 1 to 10000)", s.concurrency);

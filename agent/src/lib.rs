@@ -61,10 +61,11 @@ macro_rules! crash_point {
     };
 }
 
-/// The agent's name in history rows and `hello`: `<host>:<pid>`.
-pub fn agent_name() -> String {
-    let host = nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_else(|| "localhost".into());
-    format!("{host}:{}", std::process::id())
+/// How this life of the agent signs leases and history rows:
+/// `<name>:<pid>`, so a restarted agent of the same name is told apart from
+/// the one before it.
+pub fn agent_id(name: &str) -> String {
+    format!("{name}:{}", std::process::id())
 }
 
 /// Holds the data dir's lock: one agent per SQLite database.
@@ -118,7 +119,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let _lock = lock_data_dir(&data_dir)?;
     plugins::process::record_in(&data_dir);
     let bus = bus::Bus::default();
-    let name = agent_name();
+    let name = agent_id(&config.agent_name());
     let store = store::Store::open(
         &config.db_path(),
         config.database.synchronous == "full",

@@ -27,6 +27,9 @@ struct Args {
     /// Socket path (default: $APOLLO_SOCKET, else <data dir>/agent.sock; /run/apollo/agent.sock for the system config).
     #[arg(long, global = true)]
     socket: Option<PathBuf>,
+    /// This agent's name in leases, history, alerts and the console (default: agent.name, else the host name).
+    #[arg(long, global = true)]
+    name: Option<String>,
     /// Log format on stderr.
     #[arg(long, global = true, value_parser = ["pretty", "json"])]
     log_format: Option<String>,
@@ -85,7 +88,12 @@ fn load(args: &Args) -> anyhow::Result<Config> {
         tasks: args.tasks.as_ref().map(|t| cwd.join(t)),
         data_dir: args.data_dir.as_ref().map(|d| cwd.join(d)),
         socket: args.socket.clone().or(env_socket()).map(|s| cwd.join(s)),
+        name: args.name.clone(),
     }))
+    .and_then(|c| {
+        c.validate_name("--name")?;
+        Ok(c)
+    })
 }
 
 fn main() -> ExitCode {

@@ -37,6 +37,7 @@ const AT_START: &[Named] = &[
     ("watch_tasks", |c| format!("{:?}", c.watch_tasks)),
     ("socket.path", |c| format!("{:?}", c.socket.path)),
     ("logging", |c| format!("{:?}", c.logging)),
+    ("agent.name", |c| format!("{:?}", c.agent.name)),
 ];
 
 /// The settings applied live.
@@ -79,6 +80,7 @@ impl Settings {
         fresh.watch_tasks = old.watch_tasks;
         fresh.socket.path = old.socket.path.clone();
         fresh.logging = old.logging.clone();
+        fresh.agent = old.agent.clone();
         fresh.source = old.source.clone();
         fresh.install = old.install;
         if !applied.changed.is_empty() {

@@ -210,3 +210,28 @@ fn completions_and_man_pages_are_generated() {
         assert!(page.contains(&format!(".TH {name}")), "{name}: {page:.300}");
     }
 }
+
+#[test]
+fn the_agent_name_signs_history_and_status_and_a_bad_one_is_refused() {
+    let agent = Agent::builder()
+        .config("agent:\n  name: db-7\n")
+        .task("ok.yaml", "task: ok\nsteps:\n  - plugin: sleep\n")
+        .start();
+    let (code, inst) = agent.cli_json(&["run", "ok", "--wait"]);
+    assert_eq!(code, 0, "{inst}");
+    let (_, shown) = agent.cli_json(&["show", inst["id"].as_str().unwrap()]);
+    let claimed = shown["transitions"].as_array().unwrap().iter().find(|t| t["reason"] == "claimed").cloned();
+    let by = claimed.as_ref().and_then(|t| t["actor"].as_str()).unwrap_or_default().to_string();
+    assert_eq!(by, format!("agent:db-7:{}", agent.pid()), "{shown:#}");
+    let (_, status) = agent.cli_json(&["status"]);
+    assert_eq!(status["agent"], format!("db-7:{}", agent.pid()), "{status:#}");
+
+    let out = std::process::Command::new(agent_bin())
+        .current_dir(agent.path())
+        .args(["--name", "db 7", "check"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--name: \"db 7\" is not a valid agent name"), "{err}");
+}
