@@ -75,9 +75,20 @@ pub struct AgentConf {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Database {
-    /// `sqlite:PATH` or a plain path; default `<data_dir>/apollo.db`.
+    /// `sqlite:PATH` or a plain path (default `<data_dir>/apollo.db`), or
+    /// `postgres://user@host:port/db` for a database several agents share.
     #[serde(default)]
     pub url: Option<String>,
+    /// PostgreSQL: the schema this installation's tables live in, so several
+    /// installations (and the tests) can share one server.
+    #[serde(default = "default_schema")]
+    pub schema: String,
+    /// PostgreSQL: an optional replica for the console's and the CLI's reads.
+    #[serde(default)]
+    pub read_url: Option<String>,
+    /// Reader connections kept open (the writer has its own).
+    #[serde(default = "default_pool")]
+    pub pool_size: usize,
     /// `full` (default: an acknowledged write survives power loss) or `normal`
     /// (survives an agent crash, may lose the last commits on power loss).
     #[serde(default = "default_sync")]
@@ -91,10 +102,22 @@ pub struct Database {
 fn default_sync() -> String {
     "full".into()
 }
+fn default_schema() -> String {
+    "apollo".into()
+}
+fn default_pool() -> usize {
+    4
+}
 
 impl Default for Database {
     fn default() -> Self {
-        Database { url: None, synchronous: default_sync(), password_env: None }
+        serde_json::from_value(serde_json::json!({})).expect("database defaults")
+    }
+}
+
+impl Database {
+    pub fn is_postgres(&self) -> bool {
+        self.url.as_deref().is_some_and(|u| u.starts_with("postgres://") || u.starts_with("postgresql://"))
     }
 }
 
@@ -412,10 +435,23 @@ impl Config {
                 self.database.synchronous
             );
         }
+        let schema = &self.database.schema;
+        if schema.is_empty()
+            || schema.len() > 63
+            || !schema.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        {
+            bail!("{file}: database.schema: {schema:?} is not valid (expected 1 to 63 lower-case letters, digits or '_')");
+        }
+        if !(1..=64).contains(&self.database.pool_size) {
+            bail!("{file}: database.pool_size: {} is out of range (expected 1 to 64)", self.database.pool_size);
+        }
         if let Some(url) = &self.database.url {
-            if url.starts_with("postgres") {
-                bail!("{file}: database.url: the PostgreSQL store is not available in this version (expected sqlite:PATH or a file path)");
+            if url.starts_with("postgres") && !self.database.is_postgres() {
+                bail!("{file}: database.url: {url:?} is not valid (expected postgres://user@host:port/db)");
             }
+        }
+        if self.database.read_url.is_some() && !self.database.is_postgres() {
+            bail!("{file}: database.read_url: a read replica needs database.url to be a postgres:// URL");
         }
         if !["pretty", "json"].contains(&self.logging.format.as_str()) {
             bail!("{file}: logging.format: {:?} is not valid (expected pretty or json)", self.logging.format);
@@ -496,6 +532,26 @@ impl Config {
     /// An external plugin's executable, relative to the config file.
     pub fn command_path(&self, command: &str) -> PathBuf {
         self.rel(Path::new(command))
+    }
+
+    /// Where the store is: the SQLite file, or the PostgreSQL database with
+    /// its password from `database.password_env` (else `PGPASSWORD`).
+    pub fn store_location(&self) -> anyhow::Result<crate::store::Location> {
+        use crate::store::{postgres::Target, Location};
+        let db = &self.database;
+        if !db.is_postgres() {
+            return Ok(Location::Sqlite { path: self.db_path(), synchronous_full: db.synchronous == "full" });
+        }
+        let password = match &db.password_env {
+            Some(var) => Some(std::env::var(var).map_err(|_| {
+                anyhow::anyhow!("database.password_env: the variable {var} is not set (it holds the database password)")
+            })?),
+            None => std::env::var("PGPASSWORD").ok(),
+        };
+        let url = db.url.as_deref().unwrap_or_default();
+        let target = Target::new(url, &db.schema, password.clone())?;
+        let read = db.read_url.as_deref().map(|u| Target::new(u, &db.schema, password)).transpose()?;
+        Ok(Location::Postgres { target, read, pool: db.pool_size })
     }
 
     pub fn db_path(&self) -> PathBuf {

@@ -120,13 +120,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     plugins::process::record_in(&data_dir);
     let bus = bus::Bus::default();
     let name = agent_id(&config.agent_name());
-    let store = store::Store::open(
-        &config.db_path(),
-        config.database.synchronous == "full",
-        bus.clone(),
-        format!("agent:{name}"),
-    )
-    .with_context(|| format!("{}: cannot open the database", config.db_path().display()))?;
+    let location = config.store_location()?;
+    let (b, actor) = (bus.clone(), format!("agent:{name}"));
+    // Opening may block (PostgreSQL's client runs its own runtime).
+    let store = tokio::task::spawn_blocking(move || store::Store::open_at(location, b, actor))
+        .await?
+        .context("cannot open the store")?;
     let registry = plugins::load(&config).await;
     for b in &registry.broken {
         let msg = format!("plugin {:?} ({}) is not usable: {}", b.name, b.command.display(), b.error);
@@ -174,7 +173,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         socket: socket.display().to_string(),
     });
     scheduler.recover().await;
-    tracing::info!(socket = %socket.display(), db = %store.path().display(), "agent ready");
+    tracing::info!(socket = %socket.display(), store = %store.location(), "agent ready");
     let server = tokio::spawn(server::serve(listener, api, access, shutdown.clone()));
     let hooks_task = hooks::start(&settings, store.clone(), shutdown.clone());
     let metrics_task = tokio::spawn(metrics::follow(scheduler.clone(), shutdown.clone()));

@@ -1,15 +1,117 @@
-//! The store on a real SQLite file: group commit, savepoint isolation,
-//! claims by priority then age within limits, dedup keys, recovery.
+//! The store conformance suite: the same cases, with the same
+//! expectations, on both backends — a real SQLite file, and a schema of its
+//! own on the machine's PostgreSQL (`APOLLO_TEST_DATABASE_URL`, default
+//! `postgres://postgres@127.0.0.1:5432/test`), dropped afterwards. Group
+//! commit and savepoint isolation, claims by priority then age within
+//! limits, dedup keys, recovery, the append-only history, the archive, and
+//! a schema newer than the build is refused.
 
 use apollo_agent::bus::Bus;
-use apollo_agent::store::{NewInstance, Store, StoreError};
+use apollo_agent::store::{postgres::Target, Location, NewInstance, Store, StoreError};
 use apollo_shared::state::TaskState;
 use serde_json::{json, Map};
 use std::collections::HashMap;
 
-fn open(dir: &tempfile::TempDir) -> Store {
-    Store::open(&dir.path().join("apollo.db"), true, Bus::default(), "agent:test".into()).unwrap()
+const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+fn pg_url() -> String {
+    std::env::var("APOLLO_TEST_DATABASE_URL").unwrap_or_else(|_| DEFAULT_URL.into())
 }
+
+/// A database for one case: a temp dir's SQLite file, or a fresh
+/// PostgreSQL schema that is dropped when this is.
+struct TestDb {
+    dir: tempfile::TempDir,
+    schema: Option<String>,
+}
+
+impl TestDb {
+    fn sqlite() -> TestDb {
+        TestDb { dir: tempfile::tempdir().unwrap(), schema: None }
+    }
+
+    fn postgres(case: &str) -> TestDb {
+        let schema = format!("apollo_t_{case}_{}", std::process::id());
+        let db = TestDb { dir: tempfile::tempdir().unwrap(), schema: Some(schema) };
+        db.sql(&format!("DROP SCHEMA IF EXISTS {0} CASCADE", db.schema.as_ref().unwrap()));
+        db
+    }
+
+    /// Runs SQL on the PostgreSQL server, off the async runtime.
+    fn sql(&self, sql: &str) {
+        let (url, sql) = (pg_url(), sql.to_string());
+        std::thread::spawn(move || {
+            let mut c = ::postgres::Client::connect(&url, ::postgres::NoTls).unwrap_or_else(|e| {
+                panic!("PostgreSQL at {url} is unreachable ({e}); start it or set APOLLO_TEST_DATABASE_URL")
+            });
+            c.batch_execute(&sql).unwrap();
+        })
+        .join()
+        .unwrap();
+    }
+
+    fn location(&self) -> Location {
+        match &self.schema {
+            None => Location::Sqlite { path: self.dir.path().join("apollo.db"), synchronous_full: true },
+            Some(schema) => Location::Postgres {
+                target: Target::new(&pg_url(), schema, None).unwrap(),
+                read: None,
+                pool: 4,
+            },
+        }
+    }
+
+    /// Opens the store (again, as after a crash), off the async runtime.
+    fn try_open(&self) -> anyhow::Result<Store> {
+        let location = self.location();
+        std::thread::spawn(move || Store::open_at(location, Bus::default(), "agent:test".into())).join().unwrap()
+    }
+
+    fn open(&self) -> Store {
+        self.try_open().unwrap_or_else(|e| panic!("{e:#}"))
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if let Some(schema) = &self.schema {
+            self.sql(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
+        }
+    }
+}
+
+/// Each case, once per backend: `sqlite::case` and `postgres::case`.
+macro_rules! conformance {
+    ($($case:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(super::TestDb::sqlite()).await
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case(super::TestDb::postgres(stringify!($case))).await
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    one_failing_write_does_not_fail_its_batch_mates,
+    claims_go_by_priority_then_age_within_queue_and_task_limits,
+    a_dedup_key_creates_one_instance,
+    recovery_takes_running_instances_and_marks_interrupted_steps,
+    the_history_is_append_only,
+    finished_instances_past_retention_move_to_the_archive_and_stay_readable,
+    a_schema_newer_than_the_build_is_refused,
+    transitions_the_table_forbids_are_refused,
+);
 
 fn new(id: &str, task: &str, queue: &str, priority: u8, max_active: Option<u32>, dedup: Option<&str>) -> NewInstance {
     NewInstance {
@@ -29,14 +131,12 @@ fn new(id: &str, task: &str, queue: &str, priority: u8, max_active: Option<u32>,
     }
 }
 
-fn lease() -> chrono::DateTime<chrono::Utc> {
-    chrono::Utc::now() + chrono::Duration::seconds(30)
+fn lease() -> std::time::Duration {
+    std::time::Duration::from_secs(30)
 }
 
-#[tokio::test]
-async fn one_failing_write_does_not_fail_its_batch_mates() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir);
+async fn one_failing_write_does_not_fail_its_batch_mates(db: TestDb) {
+    let store = db.open();
     store.put_def("h1", "t", "t.yaml", "task: t").await.unwrap();
     // Many concurrent writes land in shared batches; the illegal ones are
     // refused alone and the rest commit.
@@ -72,10 +172,8 @@ async fn one_failing_write_does_not_fail_its_batch_mates() {
     store.close();
 }
 
-#[tokio::test]
-async fn claims_go_by_priority_then_age_within_queue_and_task_limits() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir);
+async fn claims_go_by_priority_then_age_within_queue_and_task_limits(db: TestDb) {
+    let store = db.open();
     store.put_def("h1", "t", "t.yaml", "task: t").await.unwrap();
     store.create(new("A1", "low", "q", 25, None, None), "test").await.unwrap();
     store.create(new("A2", "high", "q", 75, None, None), "test").await.unwrap();
@@ -98,10 +196,8 @@ async fn claims_go_by_priority_then_age_within_queue_and_task_limits() {
     store.close();
 }
 
-#[tokio::test]
-async fn a_dedup_key_creates_one_instance() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir);
+async fn a_dedup_key_creates_one_instance(db: TestDb) {
+    let store = db.open();
     store.put_def("h1", "t", "t.yaml", "task: t").await.unwrap();
     let (a, created_a) = store.create(new("D1", "t", "q", 50, None, Some("k")), "test").await.unwrap();
     let (b, created_b) = store.create(new("D2", "t", "q", 50, None, Some("k")), "test").await.unwrap();
@@ -110,19 +206,17 @@ async fn a_dedup_key_creates_one_instance() {
     store.close();
 }
 
-#[tokio::test]
-async fn recovery_takes_running_instances_and_marks_interrupted_steps() {
-    let dir = tempfile::tempdir().unwrap();
+async fn recovery_takes_running_instances_and_marks_interrupted_steps(db: TestDb) {
     {
-        let store = open(&dir);
+        let store = db.open();
         store.put_def("h1", "t", "t.yaml", "task: t").await.unwrap();
         store.create(new("R1", "t", "q", 50, None, None), "test").await.unwrap();
         store.claim(1, lease(), HashMap::new()).await.unwrap();
         store.step_start("R1", 0, "1.0.0", &json!({})).await.unwrap();
         store.close();
     }
-    // A new store on the same file, as after a crash.
-    let store = open(&dir);
+    // A new store on the same database, as after a crash.
+    let store = db.open();
     // Expired-only recovery leaves a live lease alone.
     assert!(store.recover(lease(), true, Vec::new()).await.unwrap().is_empty());
     let found = store.recover(lease(), false, Vec::new()).await.unwrap();
@@ -136,24 +230,71 @@ async fn recovery_takes_running_instances_and_marks_interrupted_steps() {
     store.close();
 }
 
-#[tokio::test]
-async fn the_history_is_append_only() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir);
+async fn the_history_is_append_only(db: TestDb) {
+    let store = db.open();
     store.put_def("h1", "t", "t.yaml", "task: t").await.unwrap();
     store.create(new("H1", "t", "q", 50, None, None), "test").await.unwrap();
     store.close();
-    let conn = rusqlite::Connection::open(dir.path().join("apollo.db")).unwrap();
-    let e = conn.execute("UPDATE transitions SET reason = 'rewritten'", []).unwrap_err();
-    assert!(e.to_string().contains("append-only"), "{e}");
-    let e = conn.execute("DELETE FROM transitions", []).unwrap_err();
-    assert!(e.to_string().contains("append-only"), "{e}");
+    let refused = |sql: &str| -> String {
+        match &db.schema {
+            None => {
+                let conn = rusqlite::Connection::open(db.dir.path().join("apollo.db")).unwrap();
+                conn.execute(sql, []).unwrap_err().to_string()
+            }
+            Some(schema) => {
+                let (url, sql) = (pg_url(), format!("SET search_path TO {schema}; {sql}"));
+                std::thread::spawn(move || {
+                    let mut c = ::postgres::Client::connect(&url, ::postgres::NoTls).unwrap();
+                    let e = c.batch_execute(&sql).unwrap_err();
+                    e.as_db_error().map(|d| d.message().to_string()).unwrap_or_else(|| e.to_string())
+                })
+                .join()
+                .unwrap()
+            }
+        }
+    };
+    for sql in ["UPDATE transitions SET reason = 'rewritten'", "DELETE FROM transitions"] {
+        let e = refused(sql);
+        assert!(e.contains("append-only"), "{sql}: {e}");
+    }
 }
 
-#[tokio::test]
-async fn finished_instances_past_retention_move_to_the_archive_and_stay_readable() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = open(&dir);
+async fn a_schema_newer_than_the_build_is_refused(db: TestDb) {
+    db.open().close();
+    match &db.schema {
+        None => {
+            let conn = rusqlite::Connection::open(db.dir.path().join("apollo.db")).unwrap();
+            conn.pragma_update(None, "user_version", 999).unwrap();
+        }
+        Some(schema) => db.sql(&format!("UPDATE {schema}.schema_version SET version = 999")),
+    }
+    let e = format!("{:#}", db.try_open().err().expect("a newer schema is refused"));
+    assert!(e.contains("schema is version 999, newer than this agent knows"), "{e}");
+}
+
+async fn transitions_the_table_forbids_are_refused(db: TestDb) {
+    let store = db.open();
+    store.put_def("h1", "t", "t.yaml", "task: t").await.unwrap();
+    store.create(new("T1", "t", "q", 50, None, None), "test").await.unwrap();
+    // Not held: a step of a PENDING instance may not start.
+    let e = store.step_start("T1", 0, "1.0.0", &json!({})).await.unwrap_err();
+    assert!(e.to_string().contains("is PENDING"), "{e}");
+    assert!(matches!(store.finish_rolled_back("T1").await, Err(StoreError::Illegal(_))));
+    store.claim(1, lease(), HashMap::new()).await.unwrap();
+    store.step_start("T1", 0, "1.0.0", &json!({})).await.unwrap();
+    store.step_success("T1", 0, &json!({"n": 1}), &json!({"n": 1})).await.unwrap();
+    store.finish_success("T1").await.unwrap();
+    // SUCCESS is final.
+    assert!(matches!(store.manual_retry("T1", "again", "op").await, Err(StoreError::Illegal(_))));
+    let inst = store.get("T1").await.unwrap();
+    assert_eq!(inst.state, TaskState::Success);
+    assert_eq!(inst.context, json!({"n": 1}));
+    assert_eq!(inst.lease_owner, None, "a finished instance is held by nobody");
+    store.close();
+}
+
+async fn finished_instances_past_retention_move_to_the_archive_and_stay_readable(db: TestDb) {
+    let store = db.open();
     store.put_def("h1", "t", "t.yaml", "task: t").await.unwrap();
     store.create(new("OLD", "t", "q", 50, None, None), "test").await.unwrap();
     store.create(new("LIVE", "t", "q", 50, None, None), "test").await.unwrap();

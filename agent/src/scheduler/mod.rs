@@ -133,8 +133,10 @@ impl Scheduler {
         self.active.lock().expect("active").len()
     }
 
-    fn lease_until(&self) -> chrono::DateTime<Utc> {
-        Utc::now() + chrono::Duration::from_std(self.config().scheduler.lease).unwrap_or(chrono::Duration::seconds(30))
+    /// How long a claim holds an instance without renewal (measured by the
+    /// store's clock).
+    fn lease(&self) -> Duration {
+        self.config().scheduler.lease
     }
 
     fn queue_limits(&self) -> HashMap<String, u32> {
@@ -146,7 +148,7 @@ impl Scheduler {
     /// accepts connections only after this, so no client ever sees an
     /// instance RUNNING with nobody working on it.
     pub async fn recover(self: &Arc<Self>) {
-        match self.store.recover(self.lease_until(), false, Vec::new()).await {
+        match self.store.recover(self.lease(), false, Vec::new()).await {
             Ok(found) => {
                 if !found.is_empty() {
                     tracing::info!(count = found.len(), "resuming instances held when the agent stopped");
@@ -185,7 +187,7 @@ impl Scheduler {
             }
             let free = (self.config().scheduler.concurrency as usize).saturating_sub(self.running());
             if free > 0 && !self.shutdown.is_cancelled() {
-                match self.store.claim(free, self.lease_until(), self.queue_limits()).await {
+                match self.store.claim(free, self.lease(), self.queue_limits()).await {
                     Ok(claimed) => claimed.into_iter().for_each(|i| self.adopt(i)),
                     Err(e) => tracing::error!(error = %e, "claim failed"),
                 }
@@ -245,7 +247,7 @@ impl Scheduler {
         let held: Vec<(String, Arc<Active>)> =
             self.active.lock().expect("active").iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         let ids: Vec<String> = held.iter().map(|(k, _)| k.clone()).collect();
-        if let Err(e) = self.store.renew_leases(ids.clone(), self.lease_until()).await {
+        if let Err(e) = self.store.renew_leases(ids.clone(), self.lease()).await {
             tracing::error!(error = %e, "lease renewal failed");
         }
         let factor = self.config().scheduler.zombie_factor;
@@ -268,7 +270,7 @@ impl Scheduler {
         if self.shutdown.is_cancelled() {
             return;
         }
-        match self.store.recover(self.lease_until(), true, ids).await {
+        match self.store.recover(self.lease(), true, ids).await {
             Ok(found) => {
                 self.stop_leftovers(&found).await;
                 for i in found {

@@ -111,8 +111,7 @@ impl Api {
             "tasks.rollback" => {
                 let p: IdParams = params(method, p, "id, reason?")?;
                 let reason = p.reason.unwrap_or_else(|| "rollback requested".into());
-                let lease = chrono::Utc::now()
-                    + chrono::Duration::from_std(self.scheduler.config().scheduler.lease).unwrap_or_default();
+                let lease = self.scheduler.config().scheduler.lease;
                 self.scheduler
                     .store
                     .manual_rollback(&p.id, lease, &format!("by {actor}: {reason}"), actor)
@@ -427,7 +426,7 @@ impl Api {
             version: env!("CARGO_PKG_VERSION").into(),
             pid: std::process::id(),
             uptime_secs: self.started.elapsed().as_secs_f64(),
-            store: format!("sqlite:{}", self.scheduler.store.path().display()),
+            store: self.scheduler.store.location(),
             socket: self.socket.clone(),
             tasks_dir: cfg.tasks_dir().display().to_string(),
             data_dir: cfg.data_dir().display().to_string(),

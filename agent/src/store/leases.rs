@@ -3,13 +3,23 @@
 //! takeover of instances whose holder is gone. Each runs inside the writer's
 //! batch transaction, like the rest of `write`.
 
+use super::db::{p, Db};
 use super::rows::ts;
 use super::write::{history, move_task, step_fail, task_state, Claimed};
 use super::Result;
 use apollo_shared::state::TaskState;
-use chrono::{DateTime, Utc};
-use rusqlite::{params, Connection};
+use chrono::Utc;
 use std::collections::HashMap;
+
+/// On PostgreSQL, claims and takeovers of every agent on the schema take
+/// turns (a lock held until the transaction ends), so the counts each one
+/// reads are the counts it acts on: every limit holds across the cluster.
+fn take_turn(c: &dyn Db) -> Result<()> {
+    if c.postgres() {
+        c.query("SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.claim'))", &[])?;
+    }
+    Ok(())
+}
 
 /// Claims up to `n` runnable instances by priority then age, respecting the
 /// per-queue limits and each instance's `max_active`.
@@ -19,32 +29,29 @@ use std::collections::HashMap;
 /// `max_active` or of a full queue never hides the work behind it: the cost
 /// is one index seek per task with runnable work, not a walk of the backlog.
 pub fn claim(
-    c: &Connection,
+    c: &dyn Db,
     agent: &str,
     n: usize,
-    lease_until: DateTime<Utc>,
+    lease_secs: f64,
     queue_limits: &HashMap<String, u32>,
 ) -> Result<Vec<Claimed>> {
+    take_turn(c)?;
     let now = Utc::now();
     let mut per_queue: HashMap<String, u32> = HashMap::new();
     let mut per_task: HashMap<String, u32> = HashMap::new();
-    {
-        let mut q = c.prepare_cached(
-            // Two indexed lookups rather than an OR that scans the table.
-            "SELECT queue, task, COUNT(*) FROM task_instances WHERE state = 'RUNNING' GROUP BY queue, task \
-             UNION ALL \
-             SELECT queue, task, COUNT(*) FROM task_instances INDEXED BY task_instances_rolling_back \
-             WHERE state = 'FAILED' AND rollback_pending = 1 GROUP BY queue, task",
-        )?;
-        let mut rows = q.query([])?;
-        while let Some(r) = rows.next()? {
-            let count: u32 = r.get(2)?;
-            *per_queue.entry(r.get(0)?).or_default() += count;
-            *per_task.entry(r.get(1)?).or_default() += count;
-        }
+    for r in c.query(
+        // Two indexed lookups rather than an OR that scans the table.
+        "SELECT queue, task, COUNT(*) FROM task_instances WHERE state = 'RUNNING' GROUP BY queue, task \
+         UNION ALL \
+         SELECT queue, task, COUNT(*) FROM task_instances INDEXED BY task_instances_rolling_back \
+         WHERE state = 'FAILED' AND rollback_pending = 1 GROUP BY queue, task",
+        &[],
+    )? {
+        let count: u32 = r.get(2)?;
+        *per_queue.entry(r.get(0)?).or_default() += count;
+        *per_task.entry(r.get(1)?).or_default() += count;
     }
-    let tasks: Vec<String> = c
-        .prepare_cached(
+    let tasks: Vec<String> = c.column(
             "WITH RECURSIVE t(task) AS (\
                SELECT MIN(task) FROM task_instances INDEXED BY task_instances_runnable_task \
                WHERE state IN ('PENDING', 'RETRYING') \
@@ -52,22 +59,23 @@ pub fn claim(
                SELECT (SELECT MIN(task) FROM task_instances INDEXED BY task_instances_runnable_task \
                        WHERE state IN ('PENDING', 'RETRYING') AND task > t.task) FROM t WHERE t.task IS NOT NULL) \
              SELECT task FROM t WHERE task IS NOT NULL",
-        )?
-        .query_map([], |r| r.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
+            &[],
+        )?;
     type Candidate = (i64, String, String, String, Option<u32>, String);
     let mut candidates: Vec<Candidate> = Vec::new();
-    let mut heads = c.prepare_cached(
+    let heads = if c.postgres() {
+        // A row another transaction is moving is not a candidate now.
+        "SELECT priority, id, task, queue, max_active, state FROM task_instances \
+         WHERE task = ?1 AND state IN ('PENDING', 'RETRYING') AND (next_run_at IS NULL OR next_run_at <= apollo_now()) \
+         ORDER BY priority DESC, id LIMIT ?2 FOR UPDATE SKIP LOCKED"
+    } else {
         "SELECT priority, id, task, queue, max_active, state FROM task_instances INDEXED BY task_instances_runnable_task \
-         WHERE task = ?1 AND state IN ('PENDING', 'RETRYING') AND (next_run_at IS NULL OR next_run_at <= ?2) \
-         ORDER BY priority DESC, id LIMIT ?3",
-    )?;
+         WHERE task = ?1 AND state IN ('PENDING', 'RETRYING') AND (next_run_at IS NULL OR next_run_at <= apollo_now()) \
+         ORDER BY priority DESC, id LIMIT ?2"
+    };
     for task in tasks {
-        let rows = heads.query_map(params![task, ts(now), n as i64], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?))
-        })?;
-        for row in rows {
-            candidates.push(row?);
+        for r in c.query(heads, p![task, n])? {
+            candidates.push((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?));
         }
     }
     candidates.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
@@ -83,11 +91,11 @@ pub fn claim(
         }
         let reason = if state == "RETRYING" { "claimed for retry" } else { "claimed" };
         move_task(c, &id, TaskState::Running, reason, agent)?;
-        c.prepare_cached(
+        c.execute(
             "UPDATE task_instances SET attempt = attempt + ?5, started_at = COALESCE(started_at, ?2), \
-             next_run_at = NULL, lease_owner = ?3, lease_expires_at = ?4, finished_at = NULL WHERE id = ?1",
-        )?
-        .execute(params![id, ts(now), agent, ts(lease_until), (state == "RETRYING") as i64])?;
+             next_run_at = NULL, lease_owner = ?3, lease_expires_at = apollo_now_plus(?4), finished_at = NULL WHERE id = ?1",
+            p![id.as_str(), ts(now), agent, lease_secs, state == "RETRYING"],
+        )?;
         *per_queue.entry(queue).or_default() += 1;
         *per_task.entry(task).or_default() += 1;
         claimed.push(super::read::instance_with_steps(c, &id)?);
@@ -97,34 +105,39 @@ pub fn claim(
 
 /// Extends the leases this agent holds on instances it still runs (RUNNING,
 /// or FAILED with its rollback under way); a lease on anything else is left.
-pub fn renew_leases(c: &Connection, agent: &str, ids: &[String], until: DateTime<Utc>) -> Result<()> {
-    let mut q = c.prepare_cached(
-        "UPDATE task_instances SET lease_expires_at = ?2 WHERE id = ?1 AND lease_owner = ?3 \
-         AND (state = 'RUNNING' OR (state = 'FAILED' AND rollback_pending = 1))",
-    )?;
+pub fn renew_leases(c: &dyn Db, agent: &str, ids: &[String], lease_secs: f64) -> Result<()> {
     for id in ids {
-        q.execute(params![id, ts(until), agent])?;
+        c.execute(
+            "UPDATE task_instances SET lease_expires_at = apollo_now_plus(?2) WHERE id = ?1 AND lease_owner = ?3 \
+             AND (state = 'RUNNING' OR (state = 'FAILED' AND rollback_pending = 1))",
+            p![id, lease_secs, agent],
+        )?;
     }
     Ok(())
 }
 
-/// Moves every pending retry time and every lease by `delta`.
-pub fn shift_times(c: &Connection, delta: chrono::TimeDelta) -> Result<usize> {
-    let rows: Vec<(String, Option<String>, Option<String>)> = c
-        .prepare_cached(
-            "SELECT id, next_run_at, lease_expires_at FROM task_instances WHERE state = 'RETRYING' \
-             UNION ALL SELECT id, NULL, lease_expires_at FROM task_instances WHERE state = 'RUNNING' \
-             UNION ALL SELECT id, NULL, lease_expires_at FROM task_instances INDEXED BY task_instances_rolling_back \
-             WHERE state = 'FAILED' AND rollback_pending = 1",
-        )?
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
-        .collect::<rusqlite::Result<_>>()?;
-    let shift = |t: Option<String>| super::rows::parse_ts(t).map(|t| ts(t + delta));
-    let mut q = c.prepare_cached(
-        "UPDATE task_instances SET next_run_at = COALESCE(?2, next_run_at), lease_expires_at = COALESCE(?3, lease_expires_at) WHERE id = ?1",
+/// Moves every pending retry time and every lease by `delta` (the agent's
+/// wall clock jumped). On PostgreSQL leases follow the database's clock,
+/// which did not move, and retry times of other agents are theirs: nothing
+/// is moved there.
+pub fn shift_times(c: &dyn Db, delta: chrono::TimeDelta) -> Result<usize> {
+    if c.postgres() {
+        return Ok(0);
+    }
+    let rows = c.query(
+        "SELECT id, next_run_at, lease_expires_at FROM task_instances WHERE state = 'RETRYING' \
+         UNION ALL SELECT id, NULL, lease_expires_at FROM task_instances WHERE state = 'RUNNING' \
+         UNION ALL SELECT id, NULL, lease_expires_at FROM task_instances INDEXED BY task_instances_rolling_back \
+         WHERE state = 'FAILED' AND rollback_pending = 1",
+        &[],
     )?;
-    for (id, next, lease) in &rows {
-        q.execute(params![id, shift(next.clone()), shift(lease.clone())])?;
+    let shift = |t: Option<String>| super::rows::parse_ts(t).map(|t| ts(t + delta));
+    for r in &rows {
+        let (id, next, lease): (String, Option<String>, Option<String>) = (r.get(0)?, r.get(1)?, r.get(2)?);
+        c.execute(
+            "UPDATE task_instances SET next_run_at = COALESCE(?2, next_run_at), lease_expires_at = COALESCE(?3, lease_expires_at) WHERE id = ?1",
+            p![id, shift(next), shift(lease)],
+        )?;
     }
     Ok(rows.len())
 }
@@ -135,35 +148,34 @@ pub fn shift_times(c: &Connection, delta: chrono::TimeDelta) -> Result<usize> {
 /// RUNNING are marked FAILED as interrupted (not counted against retries),
 /// so they run again: at-least-once.
 pub fn recover(
-    c: &Connection,
+    c: &dyn Db,
     agent: &str,
-    lease_until: DateTime<Utc>,
+    lease_secs: f64,
     only_expired: bool,
     held: &[String],
 ) -> Result<Vec<Claimed>> {
-    let ids: Vec<String> = c
-        .prepare_cached(
-            // Each branch uses the state index; an OR across them would scan the table.
-            "SELECT id FROM (\
-               SELECT id, priority, lease_expires_at FROM task_instances WHERE state = 'RUNNING' \
-               UNION ALL \
-               SELECT id, priority, lease_expires_at FROM task_instances INDEXED BY task_instances_rolling_back \
-               WHERE state = 'FAILED' AND rollback_pending = 1) \
-             WHERE ?1 = 0 OR lease_expires_at IS NULL OR lease_expires_at < ?2 ORDER BY priority DESC, id",
-        )?
-        .query_map(params![only_expired as i64, ts(Utc::now())], |r| r.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
+    take_turn(c)?;
+    let ids: Vec<String> = c.column(
+        // Each branch uses the state index; an OR across them would scan the table.
+        "SELECT id FROM (\
+           SELECT id, priority, lease_expires_at FROM task_instances WHERE state = 'RUNNING' \
+           UNION ALL \
+           SELECT id, priority, lease_expires_at FROM task_instances INDEXED BY task_instances_rolling_back \
+           WHERE state = 'FAILED' AND rollback_pending = 1) AS held \
+         WHERE ?1 = 0 OR lease_expires_at IS NULL OR lease_expires_at < apollo_now() ORDER BY priority DESC, id",
+        p![only_expired],
+    )?;
     let mut out = Vec::new();
     for id in ids.into_iter().filter(|id| !held.contains(id)) {
-        let running: Vec<u32> = c
-            .prepare_cached("SELECT seq FROM step_runs WHERE instance_id = ?1 AND state = 'RUNNING'")?
-            .query_map([&id], |r| r.get(0))?
-            .collect::<rusqlite::Result<_>>()?;
+        let running: Vec<u32> =
+            c.column("SELECT seq FROM step_runs WHERE instance_id = ?1 AND state = 'RUNNING'", p![id.as_str()])?;
         for seq in running {
             step_fail(c, &id, seq, "interrupted: the agent stopped while this step ran; it runs again", false, agent)?;
         }
-        c.prepare_cached("UPDATE task_instances SET lease_owner = ?2, lease_expires_at = ?3 WHERE id = ?1")?
-            .execute(params![id, agent, ts(lease_until)])?;
+        c.execute(
+            "UPDATE task_instances SET lease_owner = ?2, lease_expires_at = apollo_now_plus(?3) WHERE id = ?1",
+            p![id.as_str(), agent, lease_secs],
+        )?;
         // A note, not a move: the instance keeps its state and changes hands.
         let state = task_state(c, &id)?;
         history(c, &id, None, Some(state.as_str()), state.as_str(), "recovered: resumed by this agent", agent)?;

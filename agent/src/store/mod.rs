@@ -1,22 +1,28 @@
-//! The store: the only module that writes SQL.
+//! The store: the only module that writes SQL, on either backend — SQLite
+//! (the embedded default, one agent per file) or PostgreSQL (several agents
+//! sharing one schema). The SQL is written once ([`db`]); what differs lives
+//! in [`sqlite`] and [`postgres`].
 //!
-//! SQLite has one owner. All writes go to one writer thread that owns the
-//! write connection; it takes every write waiting in its queue, runs them in
-//! one `BEGIN IMMEDIATE` transaction — each in its own savepoint, so one
-//! failing write does not fail its batch-mates — commits, and only then
-//! acknowledges each caller (group commit). Reads use a small pool of
-//! read-only connections on blocking threads and never wait for the writer.
+//! Each store has one writer. All writes go to one writer thread that owns
+//! the write connection; it takes every write waiting in its queue, runs them
+//! in one transaction — each in its own savepoint, so one failing write does
+//! not fail its batch-mates — commits, and only then acknowledges each
+//! caller (group commit). Reads use a small pool of connections on blocking
+//! threads and never wait for the writer.
 //!
 //! Every state write calls the transition table in `apollo_shared::state`
 //! first; a refused transition leaves the row as it was, is logged as a
 //! warning and raised as an alert.
 
+pub mod db;
 mod leases;
 mod ops;
+pub mod postgres;
 mod read;
 mod records;
 mod rows;
-mod schema;
+pub mod schema;
+pub mod sqlite;
 mod write;
 
 pub use read::ListFilter;
@@ -24,7 +30,7 @@ pub use write::{Claimed, Decide, FailurePlan, NewInstance};
 
 use crate::bus::Bus;
 use apollo_shared::state::IllegalTransition;
-use rusqlite::{Connection, OpenFlags};
+use db::Db;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, Mutex};
 use tokio::sync::oneshot;
@@ -33,6 +39,8 @@ use tokio::sync::oneshot;
 pub enum StoreError {
     #[error("database error: {0}")]
     Sql(#[from] rusqlite::Error),
+    #[error("database error: {0}")]
+    Postgres(#[from] ::postgres::Error),
     #[error("{0}")]
     Illegal(#[from] IllegalTransition),
     #[error("{0}")]
@@ -41,7 +49,8 @@ pub enum StoreError {
     Invalid(String),
     #[error("commit failed: {0}")]
     Commit(String),
-    /// The database cannot be written (disk full, read-only, I/O error).
+    /// The database cannot be written (disk full, read-only, I/O error, or
+    /// PostgreSQL out of reach).
     #[error("{0}")]
     Unwritable(String),
     #[error("the store is closed")]
@@ -50,11 +59,30 @@ pub enum StoreError {
 
 pub type Result<T> = std::result::Result<T, StoreError>;
 
+/// What the writer thread needs of its connection besides running SQL.
+pub trait Conn: Send {
+    fn db(&self) -> &dyn Db;
+    /// Starts the batch transaction (SQLite takes the write lock at once).
+    fn begin(&mut self) -> Result<()>;
+    /// Runs statements without results (savepoints, commit, rollback).
+    fn batch(&mut self, sql: &str) -> Result<()>;
+    /// Whether the batch transaction is still open (SQLite rolls the whole
+    /// transaction back on disk full or I/O errors; a PostgreSQL connection
+    /// can drop).
+    fn in_transaction(&self) -> bool;
+    /// Rows changed so far on this connection.
+    fn changes(&self) -> u64;
+    /// Connects again if the connection was lost.
+    fn reopen(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
 /// A write queued for the writer thread.
 trait Job: Send {
     /// Runs inside the batch transaction; returns whether it succeeded and
     /// what to tell the caller once the batch has committed (or failed to).
-    fn run(self: Box<Self>, conn: &Connection) -> (bool, Ack);
+    fn run(self: Box<Self>, conn: &dyn Db) -> (bool, Ack);
     /// Tells the caller the write never ran.
     fn abort(self: Box<Self>, why: &str);
 }
@@ -68,10 +96,10 @@ struct FnJob<F, D> {
 impl<R, F, D> Job for FnJob<F, D>
 where
     R: Send + 'static,
-    F: FnOnce(&Connection) -> Result<R> + Send,
+    F: FnOnce(&dyn Db) -> Result<R> + Send,
     D: FnOnce(Result<R>) + Send + 'static,
 {
-    fn run(self: Box<Self>, conn: &Connection) -> (bool, Ack) {
+    fn run(self: Box<Self>, conn: &dyn Db) -> (bool, Ack) {
         let FnJob { f, deliver } = *self;
         let result = f(conn);
         let ok = result.is_ok();
@@ -89,9 +117,11 @@ where
 
 /// Largest number of writes grouped into one transaction.
 const MAX_BATCH: usize = 1024;
+/// Reader connections a SQLite store keeps open.
 const READERS: usize = 4;
-/// SQLite's page cache of the writer, in KiB (negative: a size, not pages).
-const CACHE_KIB: i64 = -32 * 1024;
+
+/// A connection for queries, on either backend.
+type Reader = Box<dyn Db + Send>;
 
 /// A cheap handle; clones share the writer and the read pool.
 #[derive(Clone)]
@@ -99,13 +129,21 @@ pub struct Store {
     inner: Arc<Inner>,
 }
 
+/// Which database, and how to reach it again.
+enum Backend {
+    Sqlite { path: PathBuf },
+    Postgres { target: postgres::Target, read: Option<postgres::Target> },
+}
+
 struct Inner {
-    path: PathBuf,
+    backend: Backend,
     writer: Mutex<Option<mpsc::Sender<Box<dyn Job>>>>,
     writer_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
-    readers: Mutex<Vec<Connection>>,
+    readers: Mutex<Vec<Reader>>,
+    /// How many readers are kept open.
+    pool: usize,
     bus: Bus,
-    /// Who writes, for the history (`agent:<host>:<pid>`).
+    /// Who writes, for the history (`agent:<name>:<pid>`).
     agent: String,
     /// Why writes fail, while the database cannot be written, and the count
     /// of commits that changed something when that was noticed.
@@ -115,41 +153,46 @@ struct Inner {
     wrote: Arc<std::sync::atomic::AtomicU64>,
 }
 
-/// Whether an error means the database file cannot be written at all (as
-/// opposed to a refused or malformed write), and why.
-fn storage_failure(e: &StoreError) -> Option<String> {
-    use rusqlite::ErrorCode::*;
-    let text = match e {
-        StoreError::Sql(rusqlite::Error::SqliteFailure(f, m)) => match f.code {
-            DiskFull | ReadOnly | SystemIoFailure | CannotOpen => m.clone().unwrap_or_else(|| f.to_string()),
-            _ => return None,
-        },
-        StoreError::Commit(m) => m.clone(),
-        _ => return None,
-    };
-    let lower = text.to_ascii_lowercase();
-    ["full", "readonly", "read-only", "i/o", "unable to open", "rolled the transaction back"]
-        .iter()
-        .any(|w| lower.contains(w))
-        .then_some(text)
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // A PostgreSQL connection closes by blocking on its own runtime,
+        // which may not happen on a thread that runs async tasks.
+        let readers = std::mem::take(&mut *self.readers.lock().expect("reader pool"));
+        if !readers.is_empty() {
+            let _ = std::thread::spawn(move || drop(readers)).join();
+        }
+    }
+}
+
+/// Where an agent's store is, from `database:` in its config.
+pub enum Location {
+    Sqlite { path: PathBuf, synchronous_full: bool },
+    /// `pool`: reader connections kept open.
+    Postgres { target: postgres::Target, read: Option<postgres::Target>, pool: usize },
 }
 
 impl Store {
-    /// Opens (creating and migrating if needed) the database at `path`.
-    /// `synchronous_full` chooses power-loss durability over speed.
+    /// Opens (creating and migrating if needed) the SQLite database at
+    /// `path`. `synchronous_full` chooses power-loss durability over speed.
     pub fn open(path: &Path, synchronous_full: bool, bus: Bus, agent: String) -> anyhow::Result<Store> {
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)?;
-        }
-        let mut conn = Connection::open(path)?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.pragma_update(None, "synchronous", if synchronous_full { "FULL" } else { "NORMAL" })?;
-        conn.pragma_update(None, "foreign_keys", "ON")?;
-        // The pages every write touches (the heads of the indexes) stay
-        // cached however large the history grows.
-        conn.pragma_update(None, "cache_size", CACHE_KIB)?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        schema::migrate(&mut conn)?;
+        Store::open_at(Location::Sqlite { path: path.to_path_buf(), synchronous_full }, bus, agent)
+    }
+
+    /// Opens the store at `location`, migrating its schema (a schema newer
+    /// than this build knows is refused). Blocks: call it off the async
+    /// runtime's threads (PostgreSQL's client runs its own).
+    pub fn open_at(location: Location, bus: Bus, agent: String) -> anyhow::Result<Store> {
+        let (conn, backend, pool): (Box<dyn Conn>, Backend, usize) = match location {
+            Location::Sqlite { path, synchronous_full } => {
+                (Box::new(sqlite::open_writer(&path, synchronous_full)?), Backend::Sqlite { path }, READERS)
+            }
+            Location::Postgres { target, read, pool } => {
+                let conn = target.connect().map_err(|e| anyhow::anyhow!("{}: cannot connect: {e}", target.shown))?;
+                schema::migrate_postgres(&mut conn.client(), &target.schema)
+                    .map_err(|e| anyhow::anyhow!("{}: {e:#}", target.shown))?;
+                (Box::new(conn), Backend::Postgres { target, read }, pool)
+            }
+        };
         let (tx, rx) = mpsc::channel::<Box<dyn Job>>();
         let wrote = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let counter = wrote.clone();
@@ -158,10 +201,11 @@ impl Store {
             .spawn(move || writer_loop(conn, rx, &counter))?;
         Ok(Store {
             inner: Arc::new(Inner {
-                path: path.to_path_buf(),
+                backend,
                 writer: Mutex::new(Some(tx)),
                 writer_thread: Mutex::new(Some(thread)),
                 readers: Mutex::new(Vec::new()),
+                pool,
                 bus,
                 agent,
                 unwritable: Mutex::new(None),
@@ -170,8 +214,25 @@ impl Store {
         })
     }
 
-    pub fn path(&self) -> &Path {
-        &self.inner.path
+    /// The SQLite file, when the store is one.
+    pub fn path(&self) -> Option<&Path> {
+        match &self.inner.backend {
+            Backend::Sqlite { path } => Some(path),
+            Backend::Postgres { .. } => None,
+        }
+    }
+
+    /// The store as `agent.status` and messages name it: `sqlite:PATH` or
+    /// the PostgreSQL URL without its password, and the schema.
+    pub fn location(&self) -> String {
+        match &self.inner.backend {
+            Backend::Sqlite { path } => format!("sqlite:{}", path.display()),
+            Backend::Postgres { target, .. } => target.shown.clone(),
+        }
+    }
+
+    pub fn is_postgres(&self) -> bool {
+        matches!(self.inner.backend, Backend::Postgres { .. })
     }
 
     pub fn agent(&self) -> &str {
@@ -187,7 +248,7 @@ impl Store {
     pub async fn write<R, F>(&self, f: F) -> Result<R>
     where
         R: Send + 'static,
-        F: FnOnce(&Connection) -> Result<R> + Send + 'static,
+        F: FnOnce(&dyn Db) -> Result<R> + Send + 'static,
     {
         let (tx, rx) = oneshot::channel();
         self.submit(f, move |r| {
@@ -231,13 +292,24 @@ impl Store {
     fn note_health<R>(&self, result: Result<R>) -> Result<R> {
         match &result {
             Err(e) => {
-                let Some(why) = storage_failure(e) else { return result };
-                let dir = self.inner.path.parent().unwrap_or(std::path::Path::new(".")).display().to_string();
-                let message = format!(
-                    "the store {} cannot be written ({why}); new work is refused and running steps wait — \
-                     free space on {dir} or make it writable, and the agent resumes by itself",
-                    self.inner.path.display()
-                );
+                let failure = match self.inner.backend {
+                    Backend::Sqlite { .. } => sqlite::storage_failure(e),
+                    Backend::Postgres { .. } => postgres::storage_failure(e),
+                };
+                let Some(why) = failure else { return result };
+                let message = match &self.inner.backend {
+                    Backend::Sqlite { path } => format!(
+                        "the store {} cannot be written ({why}); new work is refused and running steps wait — \
+                         free space on {} or make it writable, and the agent resumes by itself",
+                        path.display(),
+                        path.parent().unwrap_or(Path::new(".")).display()
+                    ),
+                    Backend::Postgres { target, .. } => format!(
+                        "the store {} cannot be reached ({why}); new work is refused and running steps wait — \
+                         the agent reconnects by itself",
+                        target.shown
+                    ),
+                };
                 let wrote = self.inner.wrote.load(std::sync::atomic::Ordering::SeqCst);
                 let mut state = self.inner.unwritable.lock().expect("unwritable");
                 if state.is_none() {
@@ -263,7 +335,7 @@ impl Store {
                     }
                 };
                 if let Some(message) = was {
-                    let back = format!("the store {} can be written again", self.inner.path.display());
+                    let back = format!("the store {} can be written again", self.location());
                     tracing::info!("{back}");
                     self.bus().publish(
                         "alerts",
@@ -286,7 +358,7 @@ impl Store {
     fn submit<R, F, D>(&self, f: F, deliver: D) -> Result<()>
     where
         R: Send + 'static,
-        F: FnOnce(&Connection) -> Result<R> + Send + 'static,
+        F: FnOnce(&dyn Db) -> Result<R> + Send + 'static,
         D: FnOnce(Result<R>) + Send + 'static,
     {
         let job: Box<dyn Job> = Box::new(FnJob { f, deliver });
@@ -299,7 +371,7 @@ impl Store {
     pub async fn read<R, F>(&self, f: F) -> Result<R>
     where
         R: Send + 'static,
-        F: FnOnce(&Connection) -> Result<R> + Send + 'static,
+        F: FnOnce(&dyn Db) -> Result<R> + Send + 'static,
     {
         let store = self.clone();
         tokio::task::spawn_blocking(move || store.read_blocking(f)).await.map_err(|_| StoreError::Closed)?
@@ -307,24 +379,21 @@ impl Store {
 
     pub fn read_blocking<R, F>(&self, f: F) -> Result<R>
     where
-        F: FnOnce(&Connection) -> Result<R>,
+        F: FnOnce(&dyn Db) -> Result<R>,
     {
         let conn = self.inner.readers.lock().expect("reader pool").pop();
-        let conn = match conn {
+        let conn: Reader = match conn {
             Some(c) => c,
-            None => {
-                let c = Connection::open_with_flags(
-                    &self.inner.path,
-                    OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI,
-                )?;
-                c.busy_timeout(std::time::Duration::from_secs(5))?;
-                c.pragma_update(None, "cache_size", CACHE_KIB / 4)?;
-                c
-            }
+            None => match &self.inner.backend {
+                Backend::Sqlite { path } => Box::new(sqlite::open_reader(path)?),
+                Backend::Postgres { target, read } => Box::new(read.as_ref().unwrap_or(target).connect()?),
+            },
         };
-        let result = f(&conn);
+        let result = f(conn.as_ref());
+        // A reader whose connection failed is not kept.
+        let broken = matches!(&result, Err(StoreError::Postgres(e)) if e.is_closed() || e.as_db_error().is_none());
         let mut pool = self.inner.readers.lock().expect("reader pool");
-        if pool.len() < READERS {
+        if pool.len() < self.inner.pool && !broken {
             pool.push(conn);
         }
         result
@@ -336,52 +405,14 @@ impl Store {
         if let Some(t) = self.inner.writer_thread.lock().expect("writer thread").take() {
             let _ = t.join();
         }
-        self.inner.readers.lock().expect("reader pool").clear();
+        let readers = std::mem::take(&mut *self.inner.readers.lock().expect("reader pool"));
+        let _ = std::thread::spawn(move || drop(readers)).join();
     }
 }
 
-/// Copies the database at `db` to `to` with SQLite's online backup API: a
-/// consistent snapshot even while an agent writes (the copy is taken in one
-/// read transaction), checked with `PRAGMA quick_check`, written to a
-/// `.partial` file and renamed, so `to` is whole or absent.
-pub fn backup(db: &Path, to: &Path) -> anyhow::Result<String> {
-    use anyhow::Context as _;
-    if !db.exists() {
-        anyhow::bail!("{}: no store here (is --data-dir or the config right?)", db.display());
-    }
-    let src = Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
-        .with_context(|| format!("{}: cannot open the store", db.display()))?;
-    src.busy_timeout(std::time::Duration::from_secs(30))?;
-    let partial = to.with_extension("partial");
-    let _ = std::fs::remove_file(&partial);
-    {
-        let mut dst = Connection::open(&partial).with_context(|| format!("{}: cannot create", partial.display()))?;
-        let b = rusqlite::backup::Backup::new(&src, &mut dst)?;
-        // Every page in one step: one read transaction, one snapshot.
-        loop {
-            use rusqlite::backup::StepResult;
-            match b.step(-1).with_context(|| format!("copying {} to {}", db.display(), partial.display()))? {
-                StepResult::Done => break,
-                StepResult::More | StepResult::Busy | StepResult::Locked => {
-                    std::thread::sleep(std::time::Duration::from_millis(10))
-                }
-                _ => std::thread::sleep(std::time::Duration::from_millis(10)),
-            }
-        }
-    }
-    let dst = Connection::open(&partial)?;
-    let check: String = dst.query_row("PRAGMA quick_check", [], |r| r.get(0))?;
-    if check != "ok" {
-        anyhow::bail!("{}: the copy does not check out: {check}", partial.display());
-    }
-    let instances: i64 = dst.query_row("SELECT COUNT(*) FROM task_instances", [], |r| r.get(0))?;
-    let version: i64 = dst.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-    drop(dst);
-    std::fs::rename(&partial, to).with_context(|| format!("{}: cannot rename into place", to.display()))?;
-    Ok(format!("{}: backup of {} ({instances} instances, schema {version})", to.display(), db.display()))
-}
+pub use sqlite::backup;
 
-fn writer_loop(conn: Connection, rx: mpsc::Receiver<Box<dyn Job>>, wrote: &std::sync::atomic::AtomicU64) {
+fn writer_loop(mut conn: Box<dyn Conn>, rx: mpsc::Receiver<Box<dyn Job>>, wrote: &std::sync::atomic::AtomicU64) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -390,13 +421,13 @@ fn writer_loop(conn: Connection, rx: mpsc::Receiver<Box<dyn Job>>, wrote: &std::
                 Err(_) => break,
             }
         }
-        run_batch(&conn, batch, wrote);
+        run_batch(conn.as_mut(), batch, wrote);
     }
 }
 
-fn run_batch(conn: &Connection, batch: Vec<Box<dyn Job>>, wrote: &std::sync::atomic::AtomicU64) {
-    let changes_before = conn.total_changes();
-    if let Err(e) = conn.execute_batch("BEGIN IMMEDIATE") {
+fn run_batch(conn: &mut dyn Conn, batch: Vec<Box<dyn Job>>, wrote: &std::sync::atomic::AtomicU64) {
+    let changes_before = conn.changes();
+    if let Err(e) = conn.reopen().and_then(|()| conn.begin()) {
         let msg = e.to_string();
         // Nothing ran; each caller learns why.
         batch.into_iter().for_each(|job| job.abort(&msg));
@@ -405,16 +436,17 @@ fn run_batch(conn: &Connection, batch: Vec<Box<dyn Job>>, wrote: &std::sync::ato
     let mut acks = Vec::with_capacity(batch.len());
     let mut jobs = batch.into_iter();
     while let Some(job) = jobs.next() {
-        if let Err(e) = conn.execute_batch("SAVEPOINT w") {
+        if let Err(e) = conn.batch("SAVEPOINT w") {
             tracing::error!(error = %e, "savepoint failed");
         }
-        let (ok, ack) = job.run(conn);
+        let (ok, ack) = job.run(conn.db());
         acks.push(ack);
-        if conn.is_autocommit() {
-            // SQLite rolled the whole transaction back (disk full, I/O error):
-            // the writes released before this one are gone with it. Each of
-            // them fails; the rest of the queue runs in a new transaction.
-            let msg = "the store rolled the transaction back (disk full or I/O error); nothing of it was written";
+        if !conn.in_transaction() {
+            // The whole transaction is gone (SQLite rolled it back on disk
+            // full or an I/O error; the PostgreSQL connection dropped): the
+            // writes released before this one are gone with it. Each of them
+            // fails; the rest of the queue runs in a new transaction.
+            let msg = "the store rolled the transaction back (disk full, I/O error or a lost connection); nothing of it was written";
             tracing::error!("{msg}");
             acks.into_iter().for_each(|ack| ack(Some(msg)));
             let rest: Vec<Box<dyn Job>> = jobs.collect();
@@ -424,7 +456,7 @@ fn run_batch(conn: &Connection, batch: Vec<Box<dyn Job>>, wrote: &std::sync::ato
             return;
         }
         let end = if ok { "RELEASE w" } else { "ROLLBACK TO w; RELEASE w" };
-        if let Err(e) = conn.execute_batch(end) {
+        if let Err(e) = conn.batch(end) {
             tracing::error!(error = %e, "savepoint release failed");
         }
     }
@@ -432,11 +464,11 @@ fn run_batch(conn: &Connection, batch: Vec<Box<dyn Job>>, wrote: &std::sync::ato
     let committing = std::time::Instant::now();
     let m = crate::metrics::get();
     m.batch_size.observe(acks.len() as f64);
-    let committed = conn.execute_batch("COMMIT");
+    let committed = conn.batch("COMMIT");
     m.commit_seconds.observe(committing.elapsed().as_secs_f64());
     match committed {
         Ok(()) => {
-            if conn.total_changes() > changes_before {
+            if conn.changes() > changes_before {
                 wrote.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             }
             crate::crash_point!("store.after_commit");
@@ -444,7 +476,7 @@ fn run_batch(conn: &Connection, batch: Vec<Box<dyn Job>>, wrote: &std::sync::ato
         }
         Err(e) => {
             tracing::error!(error = %e, "group commit failed");
-            let _ = conn.execute_batch("ROLLBACK");
+            let _ = conn.batch("ROLLBACK");
             let msg = e.to_string();
             acks.into_iter().for_each(|ack| ack(Some(&msg)));
         }

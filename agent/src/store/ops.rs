@@ -1,12 +1,14 @@
 //! The store's operations as the scheduler and the server call them: each
 //! one write (group-committed), followed by a notice on the bus.
 
+use super::db::p;
 use super::write::{self, Claimed, FailurePlan, NewInstance};
 use super::{leases, records};
 use super::{Result, Store};
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 use std::collections::HashMap;
+use std::time::Duration;
 
 impl Store {
     fn changed(&self, id: &str, state: &str, step: Option<(u32, &str)>) {
@@ -32,14 +34,12 @@ impl Store {
         Ok((id, created))
     }
 
-    pub async fn claim(
-        &self,
-        n: usize,
-        lease_until: DateTime<Utc>,
-        queue_limits: HashMap<String, u32>,
-    ) -> Result<Vec<Claimed>> {
+    /// Claims up to `n` runnable instances for `lease` (measured by the
+    /// database's clock).
+    pub async fn claim(&self, n: usize, lease: Duration, queue_limits: HashMap<String, u32>) -> Result<Vec<Claimed>> {
         let agent = self.agent().to_string();
-        let claimed = self.write(move |c| leases::claim(c, &agent, n, lease_until, &queue_limits)).await?;
+        let secs = lease.as_secs_f64();
+        let claimed = self.write(move |c| leases::claim(c, &agent, n, secs, &queue_limits)).await?;
         for i in &claimed {
             self.changed(&i.id, "RUNNING", None);
         }
@@ -121,9 +121,10 @@ impl Store {
         Ok(())
     }
 
-    pub async fn manual_rollback(&self, id: &str, lease_until: DateTime<Utc>, reason: &str, actor: &str) -> Result<()> {
+    pub async fn manual_rollback(&self, id: &str, lease: Duration, reason: &str, actor: &str) -> Result<()> {
         let (i, r, a, o) = (id.to_string(), reason.to_string(), actor.to_string(), self.agent().to_string());
-        self.write(move |c| write::manual_rollback(c, &i, lease_until, &r, &o, &a)).await?;
+        let secs = lease.as_secs_f64();
+        self.write(move |c| write::manual_rollback(c, &i, secs, &r, &o, &a)).await?;
         self.changed(id, "FAILED", None);
         Ok(())
     }
@@ -135,9 +136,10 @@ impl Store {
         Ok(())
     }
 
-    pub async fn renew_leases(&self, ids: Vec<String>, until: DateTime<Utc>) -> Result<()> {
+    pub async fn renew_leases(&self, ids: Vec<String>, lease: Duration) -> Result<()> {
         let agent = self.agent().to_string();
-        self.write(move |c| leases::renew_leases(c, &agent, &ids, until)).await
+        let secs = lease.as_secs_f64();
+        self.write(move |c| leases::renew_leases(c, &agent, &ids, secs)).await
     }
 
     pub async fn cancel_orphan(&self, id: &str, reason: &str, actor: &str) -> Result<()> {
@@ -165,14 +167,10 @@ impl Store {
         Ok((failures, plan))
     }
 
-    pub async fn recover(
-        &self,
-        lease_until: DateTime<Utc>,
-        only_expired: bool,
-        held: Vec<String>,
-    ) -> Result<Vec<Claimed>> {
+    pub async fn recover(&self, lease: Duration, only_expired: bool, held: Vec<String>) -> Result<Vec<Claimed>> {
         let agent = self.agent().to_string();
-        self.write(move |c| leases::recover(c, &agent, lease_until, only_expired, &held)).await
+        let secs = lease.as_secs_f64();
+        self.write(move |c| leases::recover(c, &agent, secs, only_expired, &held)).await
     }
 
     /// Moves retry times and leases by `delta` (after the wall clock jumped).
@@ -209,7 +207,7 @@ impl Store {
         self.write(move |c| {
             c.execute(
                 "INSERT INTO cron_state (task, last_fire) VALUES (?1, ?2) ON CONFLICT(task) DO UPDATE SET last_fire = ?2",
-                [&t, &a],
+                p![t, a],
             )?;
             Ok(())
         })

@@ -1,12 +1,12 @@
 //! Queries. They run on read-only connections (and, inside a write, on the
 //! writer's connection) and change nothing.
 
+use super::db::{p, Db};
 use super::rows::{self, parse_ts, INSTANCE_COLS, STEP_COLS, SUMMARY_COLS};
 use super::{Result, Store, StoreError};
 use apollo_shared::protocol::{Alert, Instance, QueueStats, Transition};
 use apollo_shared::state::TaskState;
 use chrono::{DateTime, Utc};
-use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::BTreeMap;
 
 /// Filters of `tasks.list`.
@@ -20,26 +20,28 @@ pub struct ListFilter {
     pub before: Option<String>,
 }
 
-pub(super) fn instance_with_steps(c: &Connection, id: &str) -> Result<Instance> {
-    let mut inst = c
-        .prepare_cached(&format!("SELECT {INSTANCE_COLS} FROM task_instances WHERE id = ?1"))?
-        .query_row([id], rows::instance)
-        .optional()?
+pub(super) fn instance_with_steps(c: &dyn Db, id: &str) -> Result<Instance> {
+    let row = c
+        .query_opt(&format!("SELECT {INSTANCE_COLS} FROM task_instances WHERE id = ?1"), p![id])?
         .ok_or_else(|| StoreError::NotFound(format!("no instance {id}")))?;
+    let mut inst = rows::instance(&row)?;
     let steps = c
-        .prepare_cached(&format!("SELECT {STEP_COLS} FROM step_runs WHERE instance_id = ?1 ORDER BY seq"))?
-        .query_map([id], rows::step)?
-        .collect::<rusqlite::Result<_>>()?;
+        .query(&format!("SELECT {STEP_COLS} FROM step_runs WHERE instance_id = ?1 ORDER BY seq"), p![id])?
+        .iter()
+        .map(rows::step)
+        .collect::<Result<_>>()?;
     inst.steps = Some(steps);
     Ok(inst)
 }
 
-pub(super) fn transitions(c: &Connection, id: &str) -> Result<Vec<Transition>> {
-    Ok(c.prepare_cached(
+pub(super) fn transitions(c: &dyn Db, id: &str) -> Result<Vec<Transition>> {
+    c.query(
         "SELECT at, step_seq, from_state, to_state, reason, actor FROM transitions WHERE instance_id = ?1 ORDER BY id",
+        p![id],
     )?
-    .query_map([id], rows::transition)?
-    .collect::<rusqlite::Result<_>>()?)
+    .iter()
+    .map(rows::transition)
+    .collect()
 }
 
 impl Store {
@@ -52,8 +54,7 @@ impl Store {
                 Ok(inst)
             }
             Err(StoreError::NotFound(m)) => {
-                let doc: Option<String> =
-                    c.query_row("SELECT doc FROM archive WHERE id = ?1", [&id], |r| r.get(0)).optional()?;
+                let doc: Option<String> = c.value("SELECT doc FROM archive WHERE id = ?1", p![id.as_str()])?;
                 doc.and_then(|d| serde_json::from_str(&d).ok()).ok_or(StoreError::NotFound(m))
             }
             Err(e) => Err(e),
@@ -65,15 +66,14 @@ impl Store {
     pub async fn list(&self, f: ListFilter) -> Result<Vec<Instance>> {
         self.read(move |c| {
             let sql = format!(
-                "SELECT {SUMMARY_COLS} FROM task_instances WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR task = ?2) \
-                 AND (?3 IS NULL OR queue = ?3) AND (?4 IS NULL OR id < ?4) ORDER BY id DESC LIMIT ?5"
+                "SELECT {SUMMARY_COLS} FROM task_instances WHERE (CAST(?1 AS TEXT) IS NULL OR state = ?1) \
+                 AND (CAST(?2 AS TEXT) IS NULL OR task = ?2) AND (CAST(?3 AS TEXT) IS NULL OR queue = ?3) \
+                 AND (CAST(?4 AS TEXT) IS NULL OR id < ?4) ORDER BY id DESC LIMIT ?5"
             );
-            Ok(c.prepare_cached(&sql)?
-                .query_map(
-                    params![f.state.map(|s| s.as_str()), f.task, f.queue, f.before, f.limit as i64],
-                    rows::instance,
-                )?
-                .collect::<rusqlite::Result<_>>()?)
+            c.query(&sql, p![f.state.map(|s| s.as_str()), f.task, f.queue, f.before, f.limit])?
+                .iter()
+                .map(rows::instance)
+                .collect()
         })
         .await
     }
@@ -81,15 +81,12 @@ impl Store {
     /// Archived instances newest first, as summaries, with the same filters.
     pub async fn list_archived(&self, f: ListFilter) -> Result<Vec<Instance>> {
         self.read(move |c| {
-            let docs: Vec<String> = c
-                .prepare_cached(
-                    "SELECT doc FROM archive WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR task = ?2) \
-                     AND (?3 IS NULL OR queue = ?3) AND (?4 IS NULL OR id < ?4) ORDER BY id DESC LIMIT ?5",
-                )?
-                .query_map(params![f.state.map(|s| s.as_str()), f.task, f.queue, f.before, f.limit as i64], |r| {
-                    r.get(0)
-                })?
-                .collect::<rusqlite::Result<_>>()?;
+            let docs: Vec<String> = c.column(
+                "SELECT doc FROM archive WHERE (CAST(?1 AS TEXT) IS NULL OR state = ?1) \
+                 AND (CAST(?2 AS TEXT) IS NULL OR task = ?2) AND (CAST(?3 AS TEXT) IS NULL OR queue = ?3) \
+                 AND (CAST(?4 AS TEXT) IS NULL OR id < ?4) ORDER BY id DESC LIMIT ?5",
+                p![f.state.map(|s| s.as_str()), f.task, f.queue, f.before, f.limit],
+            )?;
             Ok(docs
                 .iter()
                 .filter_map(|d| serde_json::from_str::<Instance>(d).ok())
@@ -107,9 +104,7 @@ impl Store {
     pub async fn counts(&self) -> Result<BTreeMap<String, u64>> {
         self.read(|c| {
             let mut out: BTreeMap<String, u64> = TaskState::ALL.iter().map(|s| (s.to_string(), 0)).collect();
-            let mut q = c.prepare_cached("SELECT state, n FROM state_counts")?;
-            let mut rows = q.query([])?;
-            while let Some(r) = rows.next()? {
+            for r in c.query("SELECT state, n FROM state_counts", &[])? {
                 out.insert(r.get(0)?, r.get(1)?);
             }
             Ok(out)
@@ -120,14 +115,15 @@ impl Store {
     /// Per queue: running, pending, retrying and the oldest pending age.
     pub async fn queue_stats(&self) -> Result<Vec<QueueStats>> {
         self.read(|c| {
-            let mut q = c.prepare_cached(
-                "SELECT queue, SUM(state = 'RUNNING'), SUM(state = 'PENDING'), SUM(state = 'RETRYING'), \
-                 MIN(CASE WHEN state = 'PENDING' THEN created_at END) FROM task_instances \
-                 WHERE state IN ('RUNNING', 'PENDING', 'RETRYING') GROUP BY queue ORDER BY queue",
-            )?;
             let now = Utc::now();
-            let stats = q
-                .query_map([], |r| {
+            c.query(
+                "SELECT queue, COUNT(CASE WHEN state = 'RUNNING' THEN 1 END), COUNT(CASE WHEN state = 'PENDING' THEN 1 END), \
+                 COUNT(CASE WHEN state = 'RETRYING' THEN 1 END), MIN(CASE WHEN state = 'PENDING' THEN created_at END) \
+                 FROM task_instances WHERE state IN ('RUNNING', 'PENDING', 'RETRYING') GROUP BY queue ORDER BY queue",
+                &[],
+            )?
+            .iter()
+            .map(|r| {
                     let oldest = parse_ts(r.get(4)?);
                     Ok(QueueStats {
                         queue: r.get(0)?,
@@ -137,9 +133,8 @@ impl Store {
                         retrying: r.get(3)?,
                         oldest_pending_secs: oldest.map(|t| (now - t).num_milliseconds() as f64 / 1000.0),
                     })
-                })?
-                .collect::<rusqlite::Result<_>>()?;
-            Ok(stats)
+                })
+            .collect()
         })
         .await
     }
@@ -148,25 +143,27 @@ impl Store {
     /// an agent, not the schedule) caused, with the instance's task.
     pub async fn audit(&self, limit: u32) -> Result<Vec<serde_json::Value>> {
         self.read(move |c| {
-            let mut q = c.prepare_cached(
+            c.query(
                 "SELECT t.at, t.actor, t.instance_id, COALESCE(i.task, a.task), t.step_seq, t.from_state, t.to_state, t.reason \
                  FROM transitions t INDEXED BY transitions_operator \
                  LEFT JOIN task_instances i ON i.id = t.instance_id LEFT JOIN archive a ON a.id = t.instance_id \
                  WHERE substr(t.actor, 1, 6) <> 'agent:' AND t.actor <> 'scheduler' ORDER BY t.id DESC LIMIT ?1",
-            )?;
-            let rows = q.query_map([limit as i64], |r| {
+                p![limit],
+            )?
+            .iter()
+            .map(|r| {
                 Ok(serde_json::json!({
-                    "at": r.get::<_, String>(0)?,
-                    "actor": r.get::<_, String>(1)?,
-                    "instance": r.get::<_, String>(2)?,
-                    "task": r.get::<_, Option<String>>(3)?,
-                    "step": r.get::<_, Option<u32>>(4)?,
-                    "from": r.get::<_, Option<String>>(5)?,
-                    "to": r.get::<_, String>(6)?,
-                    "reason": r.get::<_, String>(7)?,
+                    "at": r.get::<String>(0)?,
+                    "actor": r.get::<String>(1)?,
+                    "instance": r.get::<String>(2)?,
+                    "task": r.get::<Option<String>>(3)?,
+                    "step": r.get::<Option<u32>>(4)?,
+                    "from": r.get::<Option<String>>(5)?,
+                    "to": r.get::<String>(6)?,
+                    "reason": r.get::<String>(7)?,
                 }))
-            })?;
-            Ok(rows.collect::<rusqlite::Result<_>>()?)
+            })
+            .collect()
         })
         .await
     }
@@ -176,28 +173,31 @@ impl Store {
     pub async fn plugin_runs(&self, plugin: &str, version: &str, n: u32) -> Result<Vec<(bool, f64)>> {
         let (p, v) = (plugin.to_string(), version.to_string());
         self.read(move |c| {
-            let mut q = c.prepare_cached(
+            c.query(
                 "SELECT state, started_at, finished_at FROM step_runs INDEXED BY step_runs_plugin \
                  WHERE plugin = ?1 AND finished_at IS NOT NULL AND plugin_version = ?2 ORDER BY finished_at DESC LIMIT ?3",
-            )?;
-            let rows = q.query_map(params![p, v, n as i64], |r| {
+                p![p.as_str(), v.as_str(), n],
+            )?
+            .iter()
+            .map(|r| {
                 let state: String = r.get(0)?;
                 let secs = match (parse_ts(r.get(1)?), parse_ts(r.get(2)?)) {
                     (Some(a), Some(b)) => (b - a).num_microseconds().unwrap_or(0) as f64 / 1e6,
                     _ => 0.0,
                 };
                 Ok((state == "FAILED", secs))
-            })?;
-            Ok(rows.collect::<rusqlite::Result<_>>()?)
+            })
+            .collect()
         })
         .await
     }
 
     pub async fn alerts(&self, limit: u32) -> Result<Vec<Alert>> {
         self.read(move |c| {
-            Ok(c.prepare_cached("SELECT id, at, kind, message, instance_id FROM alerts ORDER BY id DESC LIMIT ?1")?
-                .query_map([limit as i64], rows::alert)?
-                .collect::<rusqlite::Result<_>>()?)
+            c.query("SELECT id, at, kind, message, instance_id FROM alerts ORDER BY id DESC LIMIT ?1", p![limit])?
+                .iter()
+                .map(rows::alert)
+                .collect()
         })
         .await
     }
@@ -205,12 +205,11 @@ impl Store {
     /// When the first RETRYING instance due after `after` becomes runnable.
     pub async fn next_retry_due(&self, after: DateTime<Utc>) -> Result<Option<DateTime<Utc>>> {
         self.read(move |c| {
-            let t: Option<String> = c.query_row(
+            let t: Option<Option<String>> = c.value(
                 "SELECT MIN(next_run_at) FROM task_instances WHERE state = 'RETRYING' AND next_run_at > ?1",
-                [super::rows::ts(after)],
-                |r| r.get(0),
+                p![super::rows::ts(after)],
             )?;
-            Ok(parse_ts(t))
+            Ok(parse_ts(t.flatten()))
         })
         .await
     }
@@ -219,9 +218,10 @@ impl Store {
     pub async fn def_source(&self, hash: &str) -> Result<(String, String)> {
         let hash = hash.to_string();
         self.read(move |c| {
-            c.query_row("SELECT file, source FROM task_defs WHERE hash = ?1", [&hash], |r| Ok((r.get(0)?, r.get(1)?)))
-                .optional()?
-                .ok_or_else(|| StoreError::NotFound(format!("no definition version {hash}")))
+            let row = c
+                .query_opt("SELECT file, source FROM task_defs WHERE hash = ?1", p![hash.as_str()])?
+                .ok_or_else(|| StoreError::NotFound(format!("no definition version {hash}")))?;
+            Ok((row.get(0)?, row.get(1)?))
         })
         .await
     }
@@ -229,22 +229,24 @@ impl Store {
     /// Received events, newest first: id, name, data, dedup key, time, instances created.
     pub async fn events(&self, limit: u32) -> Result<Vec<serde_json::Value>> {
         self.read(move |c| {
-            let mut q = c.prepare_cached(
+            c.query(
                 "SELECT id, name, data, dedup_key, received_at, instances FROM events ORDER BY id DESC LIMIT ?1",
-            )?;
-            let rows = q.query_map([limit as i64], |r| {
+                p![limit],
+            )?
+            .iter()
+            .map(|r| {
                 let data: Option<String> = r.get(2)?;
                 let instances: String = r.get(5)?;
                 Ok(serde_json::json!({
-                    "id": r.get::<_, String>(0)?,
-                    "name": r.get::<_, String>(1)?,
+                    "id": r.get::<String>(0)?,
+                    "name": r.get::<String>(1)?,
                     "data": data.and_then(|d| serde_json::from_str::<serde_json::Value>(&d).ok()),
-                    "dedup_key": r.get::<_, Option<String>>(3)?,
-                    "received_at": r.get::<_, String>(4)?,
+                    "dedup_key": r.get::<Option<String>>(3)?,
+                    "received_at": r.get::<String>(4)?,
                     "instances": serde_json::from_str::<serde_json::Value>(&instances).unwrap_or_default(),
                 }))
-            })?;
-            Ok(rows.collect::<rusqlite::Result<_>>()?)
+            })
+            .collect()
         })
         .await
     }
@@ -253,12 +255,11 @@ impl Store {
     pub async fn event_by_key(&self, key: &str) -> Result<Option<(String, serde_json::Value)>> {
         let key = key.to_string();
         self.read(move |c| {
-            let row: Option<(String, String)> = c
-                .query_row("SELECT id, instances FROM events WHERE dedup_key = ?1", [&key], |r| {
-                    Ok((r.get(0)?, r.get(1)?))
-                })
-                .optional()?;
-            Ok(row.map(|(id, i)| (id, serde_json::from_str(&i).unwrap_or_default())))
+            let Some(row) = c.query_opt("SELECT id, instances FROM events WHERE dedup_key = ?1", p![key.as_str()])? else {
+                return Ok(None);
+            };
+            let (id, i): (String, String) = (row.get(0)?, row.get(1)?);
+            Ok(Some((id, serde_json::from_str(&i).unwrap_or_default())))
         })
         .await
     }
@@ -266,13 +267,10 @@ impl Store {
     /// The last fire of every schedule.
     pub async fn cron_state(&self) -> Result<std::collections::HashMap<String, DateTime<Utc>>> {
         self.read(|c| {
-            let mut q = c.prepare_cached("SELECT task, last_fire FROM cron_state")?;
-            let rows = q.query_map([], |r| Ok((r.get::<_, String>(0)?, parse_ts(r.get(1)?))))?;
             let mut out = std::collections::HashMap::new();
-            for row in rows {
-                let (task, at) = row?;
-                if let Some(at) = at {
-                    out.insert(task, at);
+            for r in c.query("SELECT task, last_fire FROM cron_state", &[])? {
+                if let Some(at) = parse_ts(r.get(1)?) {
+                    out.insert(r.get::<String>(0)?, at);
                 }
             }
             Ok(out)

@@ -1,8 +1,9 @@
 //! Mapping between rows and the protocol's types, and the text form of times.
 
+use super::db::Row;
+use super::{Result, StoreError};
 use apollo_shared::protocol::{Alert, Instance, StepRun, Transition};
 use chrono::{DateTime, SecondsFormat, Utc};
-use rusqlite::Row;
 use serde_json::Value;
 
 /// Times are stored as fixed-width RFC 3339 UTC text, so they sort as text.
@@ -26,13 +27,13 @@ pub const INSTANCE_COLS: &str = "id, task, def_hash, state, attempt, trace_id, p
 pub const SUMMARY_COLS: &str = "id, task, def_hash, state, attempt, trace_id, priority, queue, trigger, dedup_key, \
      params, created_at, started_at, finished_at, next_run_at, error, NULL, lease_owner, lease_expires_at";
 
-pub fn instance(r: &Row) -> rusqlite::Result<Instance> {
+pub fn instance(r: &Row) -> Result<Instance> {
     let state: String = r.get(3)?;
     Ok(Instance {
         id: r.get(0)?,
         task: r.get(1)?,
         def_hash: r.get(2)?,
-        state: state.parse().map_err(|e: String| bad_column(3, e))?,
+        state: state.parse().map_err(StoreError::Invalid)?,
         attempt: r.get(4)?,
         trace_id: r.get(5)?,
         priority: r.get(6)?,
@@ -56,14 +57,14 @@ pub fn instance(r: &Row) -> rusqlite::Result<Instance> {
 pub const STEP_COLS: &str =
     "seq, name, plugin, plugin_version, state, attempts, failures, params, output, error, started_at, finished_at";
 
-pub fn step(r: &Row) -> rusqlite::Result<StepRun> {
+pub fn step(r: &Row) -> Result<StepRun> {
     let state: String = r.get(4)?;
     Ok(StepRun {
         seq: r.get(0)?,
         name: r.get(1)?,
         plugin: r.get(2)?,
         plugin_version: r.get(3)?,
-        state: state.parse().map_err(|e: String| bad_column(4, e))?,
+        state: state.parse().map_err(StoreError::Invalid)?,
         attempts: r.get(5)?,
         failures: r.get(6)?,
         params: json(r.get(7)?),
@@ -74,7 +75,7 @@ pub fn step(r: &Row) -> rusqlite::Result<StepRun> {
     })
 }
 
-pub fn transition(r: &Row) -> rusqlite::Result<Transition> {
+pub fn transition(r: &Row) -> Result<Transition> {
     Ok(Transition {
         at: parse_ts(r.get(0)?).unwrap_or_default(),
         step: r.get(1)?,
@@ -85,7 +86,7 @@ pub fn transition(r: &Row) -> rusqlite::Result<Transition> {
     })
 }
 
-pub fn alert(r: &Row) -> rusqlite::Result<Alert> {
+pub fn alert(r: &Row) -> Result<Alert> {
     Ok(Alert {
         id: r.get(0)?,
         at: parse_ts(r.get(1)?).unwrap_or_default(),
@@ -93,8 +94,4 @@ pub fn alert(r: &Row) -> rusqlite::Result<Alert> {
         message: r.get(3)?,
         instance: r.get(4)?,
     })
-}
-
-fn bad_column(i: usize, e: String) -> rusqlite::Error {
-    rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, e.into())
 }

@@ -1,5 +1,6 @@
-//! Schema migrations, applied in order at open; `user_version` records the
-//! last one applied.
+//! Schema migrations, applied in order at open. SQLite's `user_version`
+//! records the last one applied; on PostgreSQL the schema's
+//! `schema_version` table does. An agent refuses a schema newer than it knows.
 
 use rusqlite::Connection;
 
@@ -153,16 +154,20 @@ CREATE INDEX step_runs_plugin ON step_runs(plugin, finished_at) WHERE finished_a
 "#,
 ];
 
-/// The newest schema this build knows.
+/// The newest SQLite schema this build knows.
 pub const VERSION: usize = MIGRATIONS.len();
 
-pub fn migrate(conn: &mut Connection) -> anyhow::Result<()> {
+fn newer(found: usize, known: usize) -> anyhow::Error {
+    anyhow::anyhow!(
+        "the store's schema is version {found}, newer than this agent knows (version {known}); \
+         run the newer apollo-agent that wrote it"
+    )
+}
+
+pub fn migrate_sqlite(conn: &mut Connection) -> anyhow::Result<()> {
     let current: usize = conn.query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0))? as usize;
     if current > VERSION {
-        return Err(anyhow::anyhow!(
-            "the store's schema is version {current}, newer than this agent knows (version {VERSION}); \
-             run the newer apollo-agent that wrote it"
-        ));
+        return Err(newer(current, VERSION));
     }
     for (i, sql) in MIGRATIONS.iter().enumerate().skip(current) {
         let tx = conn.transaction()?;
@@ -170,5 +175,172 @@ pub fn migrate(conn: &mut Connection) -> anyhow::Result<()> {
         tx.pragma_update(None, "user_version", (i + 1) as i64)?;
         tx.commit()?;
     }
+    Ok(())
+}
+
+/// PostgreSQL's migrations. The first is SQLite's seven in one: the same
+/// tables, columns and indexes (times as the same sortable text), with
+/// PL/pgSQL triggers and the database's clock as `apollo_now()`.
+const PG_MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE task_defs (
+    hash        TEXT PRIMARY KEY,
+    task        TEXT NOT NULL,
+    file        TEXT NOT NULL,
+    source      TEXT NOT NULL,
+    created_at  TEXT NOT NULL
+);
+CREATE TABLE task_instances (
+    id               TEXT PRIMARY KEY,
+    task             TEXT NOT NULL,
+    def_hash         TEXT NOT NULL REFERENCES task_defs(hash),
+    queue            TEXT NOT NULL,
+    priority         INTEGER NOT NULL,
+    max_active       INTEGER,
+    state            TEXT NOT NULL,
+    attempt          INTEGER NOT NULL DEFAULT 1,
+    params           TEXT NOT NULL,
+    context          TEXT NOT NULL,
+    trace_id         TEXT NOT NULL,
+    trigger          TEXT NOT NULL,
+    dedup_key        TEXT UNIQUE,
+    expected_secs    DOUBLE PRECISION NOT NULL,
+    created_at       TEXT NOT NULL,
+    started_at       TEXT,
+    finished_at      TEXT,
+    updated_at       TEXT NOT NULL,
+    next_run_at      TEXT,
+    lease_owner      TEXT,
+    lease_expires_at TEXT,
+    error            TEXT,
+    rollback_pending INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX task_instances_runnable ON task_instances(priority DESC, id) WHERE state IN ('PENDING', 'RETRYING');
+CREATE INDEX task_instances_state ON task_instances(state, id);
+CREATE INDEX task_instances_task ON task_instances(task, id);
+CREATE INDEX task_instances_runnable_task ON task_instances(task, priority DESC, id)
+    WHERE state IN ('PENDING', 'RETRYING');
+CREATE INDEX task_instances_rolling_back ON task_instances(queue, task)
+    WHERE state = 'FAILED' AND rollback_pending = 1;
+CREATE INDEX task_instances_finished ON task_instances(finished_at) WHERE finished_at IS NOT NULL;
+CREATE TABLE step_runs (
+    instance_id    TEXT NOT NULL REFERENCES task_instances(id),
+    seq            INTEGER NOT NULL,
+    name           TEXT NOT NULL,
+    plugin         TEXT NOT NULL,
+    plugin_version TEXT,
+    state          TEXT NOT NULL,
+    attempts       INTEGER NOT NULL DEFAULT 0,
+    failures       INTEGER NOT NULL DEFAULT 0,
+    params         TEXT,
+    output         TEXT,
+    error          TEXT,
+    started_at     TEXT,
+    finished_at    TEXT,
+    PRIMARY KEY (instance_id, seq)
+);
+CREATE INDEX step_runs_plugin ON step_runs(plugin, finished_at) WHERE finished_at IS NOT NULL;
+CREATE TABLE archive (
+    id          TEXT PRIMARY KEY,
+    task        TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    finished_at TEXT,
+    archived_at TEXT NOT NULL,
+    doc         TEXT NOT NULL,
+    dedup_key   TEXT,
+    queue       TEXT
+);
+CREATE UNIQUE INDEX archive_dedup ON archive(dedup_key) WHERE dedup_key IS NOT NULL;
+CREATE INDEX archive_task ON archive(task, id);
+CREATE TABLE transitions (
+    id          BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    instance_id TEXT NOT NULL,
+    step_seq    INTEGER,
+    from_state  TEXT,
+    to_state    TEXT NOT NULL,
+    reason      TEXT NOT NULL,
+    actor       TEXT NOT NULL,
+    at          TEXT NOT NULL
+);
+CREATE INDEX transitions_instance ON transitions(instance_id, id);
+CREATE INDEX transitions_operator ON transitions(id) WHERE substr(actor, 1, 6) <> 'agent:' AND actor <> 'scheduler';
+CREATE FUNCTION transitions_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE' AND EXISTS (SELECT 1 FROM archive WHERE id = OLD.instance_id) THEN
+        RETURN OLD;
+    END IF;
+    RAISE EXCEPTION 'transitions are append-only';
+END $$;
+CREATE TRIGGER transitions_append_only BEFORE UPDATE OR DELETE ON transitions
+    FOR EACH ROW EXECUTE FUNCTION transitions_append_only();
+CREATE TABLE alerts (
+    id          BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at          TEXT NOT NULL,
+    kind        TEXT NOT NULL,
+    message     TEXT NOT NULL,
+    instance_id TEXT
+);
+CREATE TABLE events (
+    id          TEXT PRIMARY KEY,
+    name        TEXT NOT NULL,
+    data        TEXT,
+    dedup_key   TEXT UNIQUE,
+    received_at TEXT NOT NULL,
+    instances   TEXT NOT NULL
+);
+CREATE TABLE cron_state (
+    task      TEXT PRIMARY KEY,
+    last_fire TEXT NOT NULL
+);
+CREATE TABLE state_counts (state TEXT PRIMARY KEY, n BIGINT NOT NULL);
+INSERT INTO state_counts (state, n)
+    VALUES ('PENDING', 0), ('RUNNING', 0), ('SUCCESS', 0), ('FAILED', 0), ('RETRYING', 0), ('ROLLED_BACK', 0);
+CREATE FUNCTION state_counts_keep() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP IN ('UPDATE', 'DELETE') THEN
+        UPDATE state_counts SET n = n - 1 WHERE state = OLD.state;
+    END IF;
+    IF TG_OP IN ('INSERT', 'UPDATE') THEN
+        UPDATE state_counts SET n = n + 1 WHERE state = NEW.state;
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER state_counts_insert AFTER INSERT OR DELETE ON task_instances
+    FOR EACH ROW EXECUTE FUNCTION state_counts_keep();
+CREATE TRIGGER state_counts_update AFTER UPDATE OF state ON task_instances
+    FOR EACH ROW WHEN (OLD.state <> NEW.state) EXECUTE FUNCTION state_counts_keep();
+CREATE FUNCTION apollo_now() RETURNS TEXT LANGUAGE sql VOLATILE AS $$
+    SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+$$;
+CREATE FUNCTION apollo_now_plus(secs DOUBLE PRECISION) RETURNS TEXT LANGUAGE sql VOLATILE AS $$
+    SELECT to_char((clock_timestamp() + secs * interval '1 second') AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+$$;
+"#];
+
+/// The newest PostgreSQL schema this build knows.
+pub const PG_VERSION: usize = PG_MIGRATIONS.len();
+
+/// Creates the schema if needed and applies what it lacks, one agent at a
+/// time (several may start together).
+pub fn migrate_postgres(client: &mut postgres::Client, schema: &str) -> anyhow::Result<()> {
+    let quoted = super::postgres::quote_ident(schema);
+    let mut tx = client.transaction()?;
+    tx.execute("SELECT pg_advisory_xact_lock(hashtext($1 || '.migrate'))", &[&schema])?;
+    tx.batch_execute(&format!(
+        "CREATE SCHEMA IF NOT EXISTS {quoted}; SET LOCAL search_path TO {quoted}; \
+         CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"
+    ))?;
+    let current: Option<i32> = tx.query_opt("SELECT version FROM schema_version", &[])?.map(|r| r.get(0));
+    let current = current.unwrap_or(0) as usize;
+    if current > PG_VERSION {
+        return Err(newer(current, PG_VERSION));
+    }
+    for sql in PG_MIGRATIONS.iter().skip(current) {
+        tx.batch_execute(sql)?;
+    }
+    if current < PG_VERSION {
+        tx.execute("DELETE FROM schema_version", &[])?;
+        tx.execute("INSERT INTO schema_version (version) VALUES ($1)", &[&(PG_VERSION as i32)])?;
+    }
+    tx.commit()?;
     Ok(())
 }

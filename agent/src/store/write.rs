@@ -2,12 +2,12 @@
 //! transaction (in its own savepoint) and checks the transition table before
 //! it changes a state.
 
+use super::db::{p, Db};
 use super::rows::ts;
 use super::{Result, StoreError};
 use apollo_shared::protocol::Instance;
 use apollo_shared::state::{check_step, check_task, StepState, TaskState};
 use chrono::{DateTime, Utc};
-use rusqlite::{params, Connection, OptionalExtension};
 use serde_json::{Map, Value};
 
 /// What a trigger asks the store to create.
@@ -46,7 +46,7 @@ pub enum FailurePlan {
 pub type Claimed = Instance;
 
 pub(super) fn history(
-    c: &Connection,
+    c: &dyn Db,
     id: &str,
     step: Option<u32>,
     from: Option<&str>,
@@ -54,45 +54,49 @@ pub(super) fn history(
     reason: &str,
     actor: &str,
 ) -> Result<()> {
-    c.prepare_cached(
+    c.execute(
         "INSERT INTO transitions (instance_id, step_seq, from_state, to_state, reason, actor, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-    )?
-    .execute(params![id, step, from, to, reason, actor, ts(Utc::now())])?;
+        p![id, step, from, to, reason, actor, ts(Utc::now())],
+    )?;
     Ok(())
 }
 
-pub(super) fn task_state(c: &Connection, id: &str) -> Result<TaskState> {
-    let s: Option<String> =
-        c.prepare_cached("SELECT state FROM task_instances WHERE id = ?1")?.query_row([id], |r| r.get(0)).optional()?;
+pub(super) fn task_state(c: &dyn Db, id: &str) -> Result<TaskState> {
+    // On PostgreSQL the row is locked until the transaction ends, so two
+    // agents never both move an instance from the state each one read.
+    let sql = if c.postgres() {
+        "SELECT state FROM task_instances WHERE id = ?1 FOR UPDATE"
+    } else {
+        "SELECT state FROM task_instances WHERE id = ?1"
+    };
+    let s: Option<String> = c.value(sql, p![id])?;
     let s = s.ok_or_else(|| StoreError::NotFound(format!("no instance {id}")))?;
     s.parse().map_err(StoreError::Invalid)
 }
 
 /// Moves an instance to `to` after the table allows it, with a history row.
-pub(super) fn move_task(c: &Connection, id: &str, to: TaskState, reason: &str, actor: &str) -> Result<TaskState> {
+pub(super) fn move_task(c: &dyn Db, id: &str, to: TaskState, reason: &str, actor: &str) -> Result<TaskState> {
     let from = task_state(c, id)?;
     check_task(from, to)?;
-    c.prepare_cached("UPDATE task_instances SET state = ?2, updated_at = ?3 WHERE id = ?1")?.execute(params![
-        id,
-        to.as_str(),
-        ts(Utc::now())
-    ])?;
+    c.execute("UPDATE task_instances SET state = ?2, updated_at = ?3 WHERE id = ?1", p![id, to.as_str(), ts(Utc::now())])?;
     history(c, id, None, Some(from.as_str()), to.as_str(), reason, actor)?;
     Ok(from)
 }
 
-fn step_state(c: &Connection, id: &str, seq: u32) -> Result<StepState> {
-    let s: Option<String> = c
-        .prepare_cached("SELECT state FROM step_runs WHERE instance_id = ?1 AND seq = ?2")?
-        .query_row(params![id, seq], |r| r.get(0))
-        .optional()?;
+fn step_state(c: &dyn Db, id: &str, seq: u32) -> Result<StepState> {
+    let sql = if c.postgres() {
+        "SELECT state FROM step_runs WHERE instance_id = ?1 AND seq = ?2 FOR UPDATE"
+    } else {
+        "SELECT state FROM step_runs WHERE instance_id = ?1 AND seq = ?2"
+    };
+    let s: Option<String> = c.value(sql, p![id, seq])?;
     let s = s.ok_or_else(|| StoreError::NotFound(format!("no step {seq} in instance {id}")))?;
     s.parse().map_err(StoreError::Invalid)
 }
 
 /// Moves a step to `to` after the table allows it, with a history row.
 pub(super) fn move_step(
-    c: &Connection,
+    c: &dyn Db,
     id: &str,
     seq: u32,
     to: StepState,
@@ -101,64 +105,58 @@ pub(super) fn move_step(
 ) -> Result<StepState> {
     let from = step_state(c, id, seq)?;
     check_step(from, to)?;
-    c.prepare_cached("UPDATE step_runs SET state = ?3 WHERE instance_id = ?1 AND seq = ?2")?.execute(params![
-        id,
-        seq,
-        to.as_str()
-    ])?;
+    c.execute("UPDATE step_runs SET state = ?3 WHERE instance_id = ?1 AND seq = ?2", p![id, seq, to.as_str()])?;
     history(c, id, Some(seq), Some(from.as_str()), to.as_str(), reason, actor)?;
     Ok(from)
 }
 
-pub fn put_def(c: &Connection, hash: &str, task: &str, file: &str, source: &str) -> Result<()> {
-    c.prepare_cached(
-        "INSERT OR IGNORE INTO task_defs (hash, task, file, source, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
-    )?
-    .execute(params![hash, task, file, source, ts(Utc::now())])?;
+pub fn put_def(c: &dyn Db, hash: &str, task: &str, file: &str, source: &str) -> Result<()> {
+    c.execute(
+        "INSERT INTO task_defs (hash, task, file, source, created_at) VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING",
+        p![hash, task, file, source, ts(Utc::now())],
+    )?;
     Ok(())
 }
 
 /// Creates a PENDING instance and its PENDING step rows. With a dedup key
 /// that exists already, returns the existing instance's id and `false`.
-pub fn create(c: &Connection, n: &NewInstance, actor: &str) -> Result<(String, bool)> {
+pub fn create(c: &dyn Db, n: &NewInstance, actor: &str) -> Result<(String, bool)> {
     if let Some(key) = &n.dedup_key {
         // The key of an archived instance still refuses a duplicate.
-        let existing: Option<String> = c
-            .prepare_cached(
-                "SELECT id FROM task_instances WHERE dedup_key = ?1 UNION ALL SELECT id FROM archive WHERE dedup_key = ?1",
-            )?
-            .query_row([key], |r| r.get(0))
-            .optional()?;
+        let existing: Option<String> = c.value(
+            "SELECT id FROM task_instances WHERE dedup_key = ?1 UNION ALL SELECT id FROM archive WHERE dedup_key = ?1",
+            p![key],
+        )?;
         if let Some(id) = existing {
             return Ok((id, false));
         }
     }
     let now = ts(Utc::now());
-    c.prepare_cached(
+    c.execute(
         "INSERT INTO task_instances (id, task, def_hash, queue, priority, max_active, state, attempt, params, context, \
          trace_id, trigger, dedup_key, expected_secs, created_at, updated_at) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'PENDING', 1, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13)",
-    )?
-    .execute(params![
-        n.id,
-        n.task,
-        n.def_hash,
-        n.queue,
+        p![
+        n.id.as_str(),
+        n.task.as_str(),
+        n.def_hash.as_str(),
+        n.queue.as_str(),
         n.priority,
         n.max_active,
         Value::Object(n.params.clone()).to_string(),
         n.context.to_string(),
-        n.trace_id,
-        n.trigger,
-        n.dedup_key,
+        n.trace_id.as_str(),
+        n.trigger.as_str(),
+        n.dedup_key.as_deref(),
         n.expected_secs,
-        now
-    ])?;
-    let mut ins = c.prepare_cached(
-        "INSERT INTO step_runs (instance_id, seq, name, plugin, state) VALUES (?1, ?2, ?3, ?4, 'PENDING')",
+        now.as_str()
+        ],
     )?;
     for (seq, (name, plugin)) in n.steps.iter().enumerate() {
-        ins.execute(params![n.id, seq as u32, name, plugin])?;
+        c.execute(
+            "INSERT INTO step_runs (instance_id, seq, name, plugin, state) VALUES (?1, ?2, ?3, ?4, 'PENDING')",
+            p![n.id.as_str(), seq as u32, name, plugin],
+        )?;
     }
     history(c, &n.id, None, None, "PENDING", &format!("created by {}", n.trigger), actor)?;
     Ok((n.id.clone(), true))
@@ -167,11 +165,14 @@ pub fn create(c: &Connection, n: &NewInstance, actor: &str) -> Result<(String, b
 /// Refuses a step write on an instance this agent does not hold RUNNING:
 /// an executor whose instance was taken from it (cancelled, failed, taken
 /// over) must stop rather than move its steps.
-fn ensure_held(c: &Connection, id: &str, agent: &str) -> Result<()> {
-    let row: Option<(String, Option<String>)> = c
-        .prepare_cached("SELECT state, lease_owner FROM task_instances WHERE id = ?1")?
-        .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))
-        .optional()?;
+fn ensure_held(c: &dyn Db, id: &str, agent: &str) -> Result<()> {
+    let sql = if c.postgres() {
+        "SELECT state, lease_owner FROM task_instances WHERE id = ?1 FOR UPDATE"
+    } else {
+        "SELECT state, lease_owner FROM task_instances WHERE id = ?1"
+    };
+    let row = c.query_opt(sql, p![id])?;
+    let row: Option<(String, Option<String>)> = row.map(|r| Ok::<_, StoreError>((r.get(0)?, r.get(1)?))).transpose()?;
     match row {
         None => Err(StoreError::NotFound(format!("no instance {id}"))),
         Some((state, owner)) if state == "RUNNING" && owner.as_deref() == Some(agent) => Ok(()),
@@ -182,44 +183,44 @@ fn ensure_held(c: &Connection, id: &str, agent: &str) -> Result<()> {
     }
 }
 
-pub fn step_start(c: &Connection, id: &str, seq: u32, version: &str, params_json: &str, actor: &str) -> Result<u32> {
+pub fn step_start(c: &dyn Db, id: &str, seq: u32, version: &str, params_json: &str, actor: &str) -> Result<u32> {
     ensure_held(c, id, actor)?;
-    let attempt: u32 =
-        c.query_row("SELECT attempts FROM step_runs WHERE instance_id = ?1 AND seq = ?2", params![id, seq], |r| {
-            r.get::<_, u32>(0)
-        })? + 1;
+    let attempt: u32 = c
+        .value::<u32>("SELECT attempts FROM step_runs WHERE instance_id = ?1 AND seq = ?2", p![id, seq])?
+        .ok_or_else(|| StoreError::NotFound(format!("no step {seq} in instance {id}")))?
+        + 1;
     move_step(c, id, seq, StepState::Running, &format!("attempt {attempt}"), actor)?;
-    c.prepare_cached(
+    c.execute(
         "UPDATE step_runs SET attempts = ?3, plugin_version = ?4, params = ?5, started_at = ?6, finished_at = NULL, error = NULL \
          WHERE instance_id = ?1 AND seq = ?2",
-    )?
-    .execute(params![id, seq, attempt, version, params_json, ts(Utc::now())])?;
+        p![id, seq, attempt, version, params_json, ts(Utc::now())],
+    )?;
     Ok(attempt)
 }
 
 /// Records a step's SUCCESS, its output and the new context together.
-pub fn step_success(c: &Connection, id: &str, seq: u32, output: &str, context: &str, actor: &str) -> Result<()> {
+pub fn step_success(c: &dyn Db, id: &str, seq: u32, output: &str, context: &str, actor: &str) -> Result<()> {
     ensure_held(c, id, actor)?;
     move_step(c, id, seq, StepState::Success, "succeeded", actor)?;
     let now = ts(Utc::now());
-    c.prepare_cached("UPDATE step_runs SET output = ?3, finished_at = ?4 WHERE instance_id = ?1 AND seq = ?2")?
-        .execute(params![id, seq, output, now])?;
-    c.prepare_cached("UPDATE task_instances SET context = ?2, updated_at = ?3 WHERE id = ?1")?
-        .execute(params![id, context, now])?;
+    c.execute(
+        "UPDATE step_runs SET output = ?3, finished_at = ?4 WHERE instance_id = ?1 AND seq = ?2",
+        p![id, seq, output, now.as_str()],
+    )?;
+    c.execute("UPDATE task_instances SET context = ?2, updated_at = ?3 WHERE id = ?1", p![id, context, now])?;
     Ok(())
 }
 
 /// Records a failed attempt; `counts` is false when the attempt was
 /// interrupted (agent restart) rather than failed by the plugin.
-pub fn step_fail(c: &Connection, id: &str, seq: u32, error: &str, counts: bool, actor: &str) -> Result<u32> {
+pub fn step_fail(c: &dyn Db, id: &str, seq: u32, error: &str, counts: bool, actor: &str) -> Result<u32> {
     move_step(c, id, seq, StepState::Failed, error, actor)?;
-    c.prepare_cached(
+    c.execute(
         "UPDATE step_runs SET error = ?3, finished_at = ?4, failures = failures + ?5 WHERE instance_id = ?1 AND seq = ?2",
-    )?
-    .execute(params![id, seq, error, ts(Utc::now()), counts as i64])?;
-    Ok(c.query_row("SELECT failures FROM step_runs WHERE instance_id = ?1 AND seq = ?2", params![id, seq], |r| {
-        r.get(0)
-    })?)
+        p![id, seq, error, ts(Utc::now()), counts],
+    )?;
+    c.value("SELECT failures FROM step_runs WHERE instance_id = ?1 AND seq = ?2", p![id, seq])?
+        .ok_or_else(|| StoreError::NotFound(format!("no step {seq} in instance {id}")))
 }
 
 /// What a failed attempt leads to, decided inside the transaction that
@@ -231,7 +232,7 @@ pub type Decide = Box<dyn FnOnce(u32) -> (FailurePlan, String) + Send>;
 /// failed with the instance still RUNNING. Returns the failure count and the
 /// plan taken.
 pub fn fail_step(
-    c: &Connection,
+    c: &dyn Db,
     id: &str,
     seq: u32,
     error: &str,
@@ -245,87 +246,85 @@ pub fn fail_step(
     Ok((failures, plan))
 }
 
-pub fn finish_success(c: &Connection, id: &str, actor: &str) -> Result<()> {
+pub fn finish_success(c: &dyn Db, id: &str, actor: &str) -> Result<()> {
     move_task(c, id, TaskState::Success, "all steps succeeded", actor)?;
-    c.prepare_cached(
+    c.execute(
         "UPDATE task_instances SET finished_at = ?2, error = NULL, lease_owner = NULL, lease_expires_at = NULL WHERE id = ?1",
-    )?
-    .execute(params![id, ts(Utc::now())])?;
+        p![id, ts(Utc::now())],
+    )?;
     Ok(())
 }
 
 /// RUNNING → FAILED, then what the plan says.
-pub fn fail(c: &Connection, id: &str, error: &str, plan: FailurePlan, actor: &str) -> Result<()> {
+pub fn fail(c: &dyn Db, id: &str, error: &str, plan: FailurePlan, actor: &str) -> Result<()> {
     move_task(c, id, TaskState::Failed, error, actor)?;
-    c.prepare_cached("UPDATE task_instances SET error = ?2 WHERE id = ?1")?.execute(params![id, error])?;
+    c.execute("UPDATE task_instances SET error = ?2 WHERE id = ?1", p![id, error])?;
     match plan {
         FailurePlan::Retry(at) => {
             let wait = (at - Utc::now()).num_milliseconds().max(0) as f64 / 1000.0;
             move_task(c, id, TaskState::Retrying, &format!("retry in {wait:.1}s"), actor)?;
-            c.prepare_cached(
+            c.execute(
                 "UPDATE task_instances SET next_run_at = ?2, lease_owner = NULL, lease_expires_at = NULL WHERE id = ?1",
-            )?
-            .execute(params![id, ts(at)])?;
+                p![id, ts(at)],
+            )?;
         }
         FailurePlan::Rollback => {
-            c.prepare_cached("UPDATE task_instances SET rollback_pending = 1 WHERE id = ?1")?.execute([id])?;
+            c.execute("UPDATE task_instances SET rollback_pending = 1 WHERE id = ?1", p![id])?;
         }
         FailurePlan::Stop => release(c, id)?,
     }
     Ok(())
 }
 
-fn release(c: &Connection, id: &str) -> Result<()> {
-    c.prepare_cached(
+fn release(c: &dyn Db, id: &str) -> Result<()> {
+    c.execute(
         "UPDATE task_instances SET finished_at = ?2, lease_owner = NULL, lease_expires_at = NULL, rollback_pending = 0 WHERE id = ?1",
-    )?
-    .execute(params![id, ts(Utc::now())])?;
+        p![id, ts(Utc::now())],
+    )?;
     Ok(())
 }
 
-pub fn step_rolled_back(c: &Connection, id: &str, seq: u32, actor: &str) -> Result<()> {
+pub fn step_rolled_back(c: &dyn Db, id: &str, seq: u32, actor: &str) -> Result<()> {
     move_step(c, id, seq, StepState::RolledBack, "rolled back", actor)?;
     Ok(())
 }
 
-pub fn step_note_error(c: &Connection, id: &str, seq: u32, error: &str) -> Result<()> {
-    c.prepare_cached("UPDATE step_runs SET error = ?3 WHERE instance_id = ?1 AND seq = ?2")?
-        .execute(params![id, seq, error])?;
+pub fn step_note_error(c: &dyn Db, id: &str, seq: u32, error: &str) -> Result<()> {
+    c.execute("UPDATE step_runs SET error = ?3 WHERE instance_id = ?1 AND seq = ?2", p![id, seq, error])?;
     Ok(())
 }
 
-fn skip_pending_steps(c: &Connection, id: &str, actor: &str) -> Result<()> {
-    let pending: Vec<u32> = c
-        .prepare_cached("SELECT seq FROM step_runs WHERE instance_id = ?1 AND state = 'PENDING' ORDER BY seq")?
-        .query_map([id], |r| r.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
+fn skip_pending_steps(c: &dyn Db, id: &str, actor: &str) -> Result<()> {
+    let pending: Vec<u32> =
+        c.column("SELECT seq FROM step_runs WHERE instance_id = ?1 AND state = 'PENDING' ORDER BY seq", p![id])?;
     for seq in pending {
         move_step(c, id, seq, StepState::Skipped, "instance ended before this step", actor)?;
     }
     Ok(())
 }
 
-pub fn finish_rolled_back(c: &Connection, id: &str, actor: &str) -> Result<()> {
+pub fn finish_rolled_back(c: &dyn Db, id: &str, actor: &str) -> Result<()> {
     skip_pending_steps(c, id, actor)?;
     move_task(c, id, TaskState::RolledBack, "rollback completed", actor)?;
     release(c, id)
 }
 
-pub fn rollback_failed(c: &Connection, id: &str, error: &str, actor: &str) -> Result<()> {
+pub fn rollback_failed(c: &dyn Db, id: &str, error: &str, actor: &str) -> Result<()> {
     release(c, id)?;
-    c.prepare_cached("UPDATE task_instances SET error = ?2 WHERE id = ?1")?.execute(params![id, error])?;
+    c.execute("UPDATE task_instances SET error = ?2 WHERE id = ?1", p![id, error])?;
     history(c, id, None, Some("FAILED"), "FAILED", error, actor)?;
     super::records::insert_alert(c, "rollback_failed", error, Some(id))
 }
 
 /// An operator's retry of a FAILED instance: RETRYING now, with a fresh
 /// retry budget for the failed step.
-pub fn manual_retry(c: &Connection, id: &str, reason: &str, actor: &str) -> Result<()> {
+pub fn manual_retry(c: &dyn Db, id: &str, reason: &str, actor: &str) -> Result<()> {
     refuse_while_rolling_back(c, id)?;
     let steps: Vec<(String, u32, String)> = c
-        .prepare_cached("SELECT name, seq, state FROM step_runs WHERE instance_id = ?1 ORDER BY seq")?
-        .query_map([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
-        .collect::<rusqlite::Result<_>>()?;
+        .query("SELECT name, seq, state FROM step_runs WHERE instance_id = ?1 ORDER BY seq", p![id])?
+        .iter()
+        .map(|r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .collect::<Result<_>>()?;
     let states: Vec<(&str, u32, StepState)> = steps
         .iter()
         .map(|(n, seq, st)| st.parse().map(|st| (n.as_str(), *seq, st)).map_err(StoreError::Invalid))
@@ -336,11 +335,11 @@ pub fn manual_retry(c: &Connection, id: &str, reason: &str, actor: &str) -> Resu
             .map_err(|e| StoreError::Invalid(format!("instance {id} cannot be retried: {e}")))?;
     }
     move_task(c, id, TaskState::Retrying, reason, actor)?;
-    c.prepare_cached(
+    c.execute(
         "UPDATE task_instances SET next_run_at = ?2, finished_at = NULL, lease_owner = NULL, lease_expires_at = NULL WHERE id = ?1",
-    )?
-    .execute(params![id, ts(Utc::now())])?;
-    c.prepare_cached("UPDATE step_runs SET failures = 0 WHERE instance_id = ?1 AND state = 'FAILED'")?.execute([id])?;
+        p![id, ts(Utc::now())],
+    )?;
+    c.execute("UPDATE step_runs SET failures = 0 WHERE instance_id = ?1 AND state = 'FAILED'", p![id])?;
     Ok(())
 }
 
@@ -348,9 +347,9 @@ pub fn manual_retry(c: &Connection, id: &str, reason: &str, actor: &str) -> Resu
 /// rollback pending; the scheduler runs it.
 /// `owner` is the agent that will run the rollback; `actor` the operator who asked.
 pub fn manual_rollback(
-    c: &Connection,
+    c: &dyn Db,
     id: &str,
-    lease_until: DateTime<Utc>,
+    lease_secs: f64,
     reason: &str,
     owner: &str,
     actor: &str,
@@ -358,17 +357,17 @@ pub fn manual_rollback(
     refuse_while_rolling_back(c, id)?;
     let from = task_state(c, id)?;
     check_task(from, TaskState::RolledBack)?;
-    c.prepare_cached(
+    c.execute(
         // Not finished while its rollback runs.
-        "UPDATE task_instances SET rollback_pending = 1, finished_at = NULL, lease_owner = ?2, lease_expires_at = ?3 WHERE id = ?1",
-    )?
-    .execute(params![id, owner, ts(lease_until)])?;
+        "UPDATE task_instances SET rollback_pending = 1, finished_at = NULL, lease_owner = ?2, \
+         lease_expires_at = apollo_now_plus(?3) WHERE id = ?1",
+        p![id, owner, lease_secs],
+    )?;
     history(c, id, None, Some("FAILED"), "FAILED", &format!("rollback requested: {reason}"), actor)
 }
 
-fn refuse_while_rolling_back(c: &Connection, id: &str) -> Result<()> {
-    let pending: Option<bool> =
-        c.query_row("SELECT rollback_pending FROM task_instances WHERE id = ?1", [id], |r| r.get(0)).optional()?;
+fn refuse_while_rolling_back(c: &dyn Db, id: &str) -> Result<()> {
+    let pending: Option<bool> = c.value("SELECT rollback_pending FROM task_instances WHERE id = ?1", p![id])?;
     match pending {
         None => Err(StoreError::NotFound(format!("no instance {id}"))),
         Some(true) => Err(StoreError::Invalid(format!("instance {id} is being rolled back; wait for it to finish"))),
@@ -380,7 +379,7 @@ fn refuse_while_rolling_back(c: &Connection, id: &str) -> Result<()> {
 /// through RUNNING to FAILED, as the table requires, without running a step.
 /// Its steps keep their states, so an operator's retry resumes it where it
 /// stood, as after a cancel of a running instance.
-pub fn cancel_waiting(c: &Connection, id: &str, reason: &str, actor: &str) -> Result<()> {
+pub fn cancel_waiting(c: &dyn Db, id: &str, reason: &str, actor: &str) -> Result<()> {
     let from = task_state(c, id)?;
     if !matches!(from, TaskState::Pending | TaskState::Retrying) {
         return Err(StoreError::Invalid(format!(
@@ -393,21 +392,16 @@ pub fn cancel_waiting(c: &Connection, id: &str, reason: &str, actor: &str) -> Re
 
 /// Cancels a RUNNING instance that no executor works on (its lease has run
 /// out): its running step is marked failed as cancelled, the instance FAILED.
-pub fn cancel_orphan(c: &Connection, id: &str, reason: &str, actor: &str) -> Result<()> {
-    let expired: Option<bool> = c
-        .query_row(
-            "SELECT lease_expires_at IS NULL OR lease_expires_at < ?2 FROM task_instances WHERE id = ?1 AND state = 'RUNNING'",
-            params![id, ts(Utc::now())],
-            |r| r.get(0),
-        )
-        .optional()?;
+pub fn cancel_orphan(c: &dyn Db, id: &str, reason: &str, actor: &str) -> Result<()> {
+    let expired: Option<bool> = c.value(
+        "SELECT CASE WHEN lease_expires_at IS NULL OR lease_expires_at < apollo_now() THEN 1 ELSE 0 END \
+         FROM task_instances WHERE id = ?1 AND state = 'RUNNING'",
+        p![id],
+    )?;
     if expired != Some(true) {
         return Err(StoreError::Invalid(format!("instance {id} is not RUNNING with an expired lease")));
     }
-    let running: Vec<u32> = c
-        .prepare_cached("SELECT seq FROM step_runs WHERE instance_id = ?1 AND state = 'RUNNING'")?
-        .query_map([id], |r| r.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
+    let running: Vec<u32> = c.column("SELECT seq FROM step_runs WHERE instance_id = ?1 AND state = 'RUNNING'", p![id])?;
     for seq in running {
         step_fail(c, id, seq, &format!("cancelled: {reason}"), false, actor)?;
     }

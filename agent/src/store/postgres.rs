@@ -1,0 +1,224 @@
+//! The PostgreSQL backend: several agents share one database, each with
+//! its own writer connection (group commit, as on SQLite) and a few reader
+//! connections, all in one schema (`database.schema`, default `apollo`).
+//!
+//! The store's SQL runs here with its placeholders renumbered (see
+//! [`super::db`]); each statement is prepared once per connection. Claims
+//! and takeovers take turns through a transaction-scoped advisory lock, and
+//! every state move locks its row first, so two agents never both act on
+//! what each one read.
+
+use super::db::{to_postgres, Db, Row, V};
+use super::{Conn, Result, StoreError};
+use bytes::BytesMut;
+use postgres::types::{FromSql, IsNull, ToSql, Type};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::error::Error;
+
+type BoxError = Box<dyn Error + Sync + Send>;
+
+impl ToSql for V {
+    fn to_sql(&self, ty: &Type, out: &mut BytesMut) -> std::result::Result<IsNull, BoxError> {
+        match (self, ty) {
+            (V::Null, _) => Ok(IsNull::Yes),
+            (V::Int(i), &Type::INT2) => i16::try_from(*i)?.to_sql(ty, out),
+            (V::Int(i), &Type::INT4) => i32::try_from(*i)?.to_sql(ty, out),
+            (V::Int(i), &Type::INT8) => i.to_sql(ty, out),
+            (V::Int(i), &Type::FLOAT8) => (*i as f64).to_sql(ty, out),
+            (V::Int(i), &Type::BOOL) => (*i != 0).to_sql(ty, out),
+            (V::Int(i), _) => i.to_string().to_sql(ty, out),
+            (V::Real(f), &Type::FLOAT4) => (*f as f32).to_sql(ty, out),
+            (V::Real(f), &Type::FLOAT8) => f.to_sql(ty, out),
+            (V::Real(f), _) => f.to_string().to_sql(ty, out),
+            (V::Text(s), _) => s.as_str().to_sql(ty, out),
+        }
+    }
+
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+
+    postgres::types::to_sql_checked!();
+}
+
+impl<'a> FromSql<'a> for V {
+    fn from_sql(ty: &Type, raw: &'a [u8]) -> std::result::Result<V, BoxError> {
+        Ok(match *ty {
+            Type::INT2 => V::Int(i16::from_sql(ty, raw)? as i64),
+            Type::INT4 => V::Int(i32::from_sql(ty, raw)? as i64),
+            Type::INT8 => V::Int(i64::from_sql(ty, raw)?),
+            Type::FLOAT4 => V::Real(f32::from_sql(ty, raw)? as f64),
+            Type::FLOAT8 => V::Real(f64::from_sql(ty, raw)?),
+            Type::BOOL => V::Int(bool::from_sql(ty, raw)? as i64),
+            _ => V::Text(String::from_utf8_lossy(raw).into_owned()),
+        })
+    }
+
+    fn from_sql_null(_: &Type) -> std::result::Result<V, BoxError> {
+        Ok(V::Null)
+    }
+
+    fn accepts(_: &Type) -> bool {
+        true
+    }
+}
+
+/// Where the database is: the parsed URL (with its password) and the schema.
+#[derive(Clone)]
+pub struct Target {
+    pub config: postgres::Config,
+    pub schema: String,
+    /// The URL without its password, for messages.
+    pub shown: String,
+}
+
+impl Target {
+    /// Parses `url`; the password comes from `password` (the variable named
+    /// by `database.password_env`, or `PGPASSWORD`), never from the file.
+    pub fn new(url: &str, schema: &str, password: Option<String>) -> anyhow::Result<Target> {
+        let mut config: postgres::Config =
+            url.parse().map_err(|e| anyhow::anyhow!("database.url: {url:?} is not a PostgreSQL URL: {e}"))?;
+        if let Some(p) = password {
+            config.password(p);
+        }
+        config.application_name("apollo-agent");
+        config.connect_timeout(std::time::Duration::from_secs(5));
+        let hosts: Vec<String> = config
+            .get_hosts()
+            .iter()
+            .map(|h| match h {
+                postgres::config::Host::Tcp(h) => h.clone(),
+                postgres::config::Host::Unix(p) => p.display().to_string(),
+            })
+            .collect();
+        let port = config.get_ports().first().copied().unwrap_or(5432);
+        let shown = format!(
+            "postgres://{}@{}:{port}/{} (schema {schema})",
+            config.get_user().unwrap_or(""),
+            hosts.join(","),
+            config.get_dbname().unwrap_or("")
+        );
+        Ok(Target { config, schema: schema.to_string(), shown })
+    }
+
+    /// A new connection with the schema on its search path.
+    pub fn connect(&self) -> Result<PgConn> {
+        let mut client = self.config.connect(postgres::NoTls)?;
+        client.batch_execute(&format!("SET search_path TO {}", quote_ident(&self.schema)))?;
+        Ok(PgConn {
+            client: RefCell::new(client),
+            stmts: RefCell::new(HashMap::new()),
+            changed: Cell::new(0),
+            target: self.clone(),
+        })
+    }
+}
+
+/// `name` as a quoted SQL identifier.
+pub fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// One connection, with the statements it has prepared.
+pub struct PgConn {
+    client: RefCell<postgres::Client>,
+    stmts: RefCell<HashMap<String, postgres::Statement>>,
+    /// Rows changed by statements on this connection (as SQLite's
+    /// `total_changes`, to tell a commit that changed something).
+    changed: Cell<u64>,
+    target: Target,
+}
+
+impl PgConn {
+    fn statement(&self, sql: &str) -> Result<postgres::Statement> {
+        if let Some(s) = self.stmts.borrow().get(sql) {
+            return Ok(s.clone());
+        }
+        let prepared = self.client.borrow_mut().prepare(&to_postgres(sql)).map_err(|e| with_sql(e, sql))?;
+        self.stmts.borrow_mut().insert(sql.to_string(), prepared.clone());
+        Ok(prepared)
+    }
+
+    pub fn client(&self) -> std::cell::RefMut<'_, postgres::Client> {
+        self.client.borrow_mut()
+    }
+}
+
+/// A database error with the statement that caused it, for the log.
+fn with_sql(e: postgres::Error, sql: &str) -> StoreError {
+    if e.as_db_error().is_some() {
+        tracing::debug!(error = %e, sql, "statement refused");
+    }
+    StoreError::Postgres(e)
+}
+
+impl Db for PgConn {
+    fn execute(&self, sql: &str, params: &[V]) -> Result<u64> {
+        let st = self.statement(sql)?;
+        let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
+        let n = self.client.borrow_mut().execute(&st, &refs).map_err(|e| with_sql(e, sql))?;
+        self.changed.set(self.changed.get() + n);
+        Ok(n)
+    }
+
+    fn query(&self, sql: &str, params: &[V]) -> Result<Vec<Row>> {
+        let st = self.statement(sql)?;
+        let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
+        let rows = self.client.borrow_mut().query(&st, &refs).map_err(|e| with_sql(e, sql))?;
+        rows.iter()
+            .map(|r| (0..r.len()).map(|i| r.try_get::<_, V>(i).map_err(StoreError::Postgres)).collect::<Result<_>>().map(Row))
+            .collect()
+    }
+
+    fn postgres(&self) -> bool {
+        true
+    }
+}
+
+impl Conn for PgConn {
+    fn db(&self) -> &dyn Db {
+        self
+    }
+
+    fn begin(&mut self) -> Result<()> {
+        Ok(self.client.get_mut().batch_execute("BEGIN")?)
+    }
+
+    fn batch(&mut self, sql: &str) -> Result<()> {
+        Ok(self.client.get_mut().batch_execute(sql)?)
+    }
+
+    fn in_transaction(&self) -> bool {
+        !self.client.borrow().is_closed()
+    }
+
+    fn changes(&self) -> u64 {
+        self.changed.get()
+    }
+
+    fn reopen(&mut self) -> Result<()> {
+        if self.client.borrow().is_closed() {
+            let fresh = self.target.connect()?;
+            *self = fresh;
+            tracing::info!(store = %self.target.shown, "reconnected to PostgreSQL");
+        }
+        Ok(())
+    }
+}
+
+/// Whether an error means PostgreSQL cannot be reached (as opposed to a
+/// refused or malformed statement), and why.
+pub fn storage_failure(e: &StoreError) -> Option<String> {
+    match e {
+        StoreError::Postgres(e) if e.as_db_error().is_none() || e.is_closed() => Some(e.to_string()),
+        StoreError::Postgres(e) => {
+            let code = e.code().map(|c| c.code()).unwrap_or_default();
+            // Class 08: connection exceptions; 53: insufficient resources;
+            // 57P: the server is shutting down or restarting.
+            (code.starts_with("08") || code.starts_with("53") || code.starts_with("57P")).then(|| e.to_string())
+        }
+        StoreError::Commit(m) => Some(m.clone()),
+        _ => None,
+    }
+}

@@ -1,0 +1,175 @@
+//! The SQLite backend: one file, one writer connection owned by the writer
+//! thread, read-only connections for queries. The embedded default.
+
+use super::db::{Db, Row, V};
+use super::rows::ts;
+use super::{Conn, Result, StoreError};
+use chrono::Utc;
+use rusqlite::functions::FunctionFlags;
+use rusqlite::types::{ToSqlOutput, ValueRef};
+use rusqlite::{Connection, OpenFlags};
+use std::path::Path;
+
+/// SQLite's page cache of the writer, in KiB (negative: a size, not pages).
+const CACHE_KIB: i64 = -32 * 1024;
+
+impl rusqlite::ToSql for V {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(match self {
+            V::Null => ToSqlOutput::Borrowed(ValueRef::Null),
+            V::Int(i) => ToSqlOutput::Borrowed(ValueRef::Integer(*i)),
+            V::Real(f) => ToSqlOutput::Borrowed(ValueRef::Real(*f)),
+            V::Text(s) => ToSqlOutput::Borrowed(ValueRef::Text(s.as_bytes())),
+        })
+    }
+}
+
+impl Db for Connection {
+    fn execute(&self, sql: &str, params: &[V]) -> Result<u64> {
+        Ok(self.prepare_cached(sql)?.execute(rusqlite::params_from_iter(params))? as u64)
+    }
+
+    fn query(&self, sql: &str, params: &[V]) -> Result<Vec<Row>> {
+        let mut st = self.prepare_cached(sql)?;
+        let n = st.column_count();
+        let mut rows = st.query(rusqlite::params_from_iter(params))?;
+        let mut out = Vec::new();
+        while let Some(r) = rows.next()? {
+            let mut row = Vec::with_capacity(n);
+            for i in 0..n {
+                row.push(match r.get_ref(i)? {
+                    ValueRef::Null => V::Null,
+                    ValueRef::Integer(i) => V::Int(i),
+                    ValueRef::Real(f) => V::Real(f),
+                    ValueRef::Text(t) | ValueRef::Blob(t) => V::Text(String::from_utf8_lossy(t).into_owned()),
+                });
+            }
+            out.push(Row(row));
+        }
+        Ok(out)
+    }
+
+    fn postgres(&self) -> bool {
+        false
+    }
+}
+
+impl Conn for Connection {
+    fn db(&self) -> &dyn Db {
+        self
+    }
+
+    fn begin(&mut self) -> Result<()> {
+        Ok(self.execute_batch("BEGIN IMMEDIATE")?)
+    }
+
+    fn batch(&mut self, sql: &str) -> Result<()> {
+        Ok(self.execute_batch(sql)?)
+    }
+
+    fn in_transaction(&self) -> bool {
+        !self.is_autocommit()
+    }
+
+    fn changes(&self) -> u64 {
+        self.total_changes()
+    }
+}
+
+/// The database's clock, as the store's SQL reads it: `apollo_now()` and
+/// `apollo_now_plus(seconds)` in the stored time format.
+fn add_clock(c: &Connection) -> rusqlite::Result<()> {
+    c.create_scalar_function("apollo_now", 0, FunctionFlags::SQLITE_UTF8, |_| Ok(ts(Utc::now())))?;
+    c.create_scalar_function("apollo_now_plus", 1, FunctionFlags::SQLITE_UTF8, |ctx| {
+        let secs: f64 = ctx.get(0)?;
+        let delta = chrono::Duration::microseconds((secs * 1e6) as i64);
+        Ok(ts(Utc::now() + delta))
+    })
+}
+
+/// Opens the writer connection, creating and migrating the database.
+pub fn open_writer(path: &Path, synchronous_full: bool) -> anyhow::Result<Connection> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut conn = Connection::open(path)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", if synchronous_full { "FULL" } else { "NORMAL" })?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    // The pages every write touches (the heads of the indexes) stay
+    // cached however large the history grows.
+    conn.pragma_update(None, "cache_size", CACHE_KIB)?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    add_clock(&conn)?;
+    super::schema::migrate_sqlite(&mut conn)?;
+    Ok(conn)
+}
+
+/// A read-only connection for queries.
+pub fn open_reader(path: &Path) -> Result<Connection> {
+    let c = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI,
+    )?;
+    c.busy_timeout(std::time::Duration::from_secs(5))?;
+    c.pragma_update(None, "cache_size", CACHE_KIB / 4)?;
+    add_clock(&c)?;
+    Ok(c)
+}
+
+/// Whether an error means the database file cannot be written at all (as
+/// opposed to a refused or malformed write), and why.
+pub fn storage_failure(e: &StoreError) -> Option<String> {
+    use rusqlite::ErrorCode::*;
+    let text = match e {
+        StoreError::Sql(rusqlite::Error::SqliteFailure(f, m)) => match f.code {
+            DiskFull | ReadOnly | SystemIoFailure | CannotOpen => m.clone().unwrap_or_else(|| f.to_string()),
+            _ => return None,
+        },
+        StoreError::Commit(m) => m.clone(),
+        _ => return None,
+    };
+    let lower = text.to_ascii_lowercase();
+    ["full", "readonly", "read-only", "i/o", "unable to open", "rolled the transaction back"]
+        .iter()
+        .any(|w| lower.contains(w))
+        .then_some(text)
+}
+
+/// Copies the database at `db` to `to` with SQLite's online backup API: a
+/// consistent snapshot even while an agent writes (the copy is taken in one
+/// read transaction), checked with `PRAGMA quick_check`, written to a
+/// `.partial` file and renamed, so `to` is whole or absent.
+pub fn backup(db: &Path, to: &Path) -> anyhow::Result<String> {
+    use anyhow::Context as _;
+    if !db.exists() {
+        anyhow::bail!("{}: no store here (is --data-dir or the config right?)", db.display());
+    }
+    let src = Connection::open_with_flags(db, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
+        .with_context(|| format!("{}: cannot open the store", db.display()))?;
+    src.busy_timeout(std::time::Duration::from_secs(30))?;
+    let partial = to.with_extension("partial");
+    let _ = std::fs::remove_file(&partial);
+    {
+        let mut dst = Connection::open(&partial).with_context(|| format!("{}: cannot create", partial.display()))?;
+        let b = rusqlite::backup::Backup::new(&src, &mut dst)?;
+        // Every page in one step: one read transaction, one snapshot.
+        loop {
+            use rusqlite::backup::StepResult;
+            match b.step(-1).with_context(|| format!("copying {} to {}", db.display(), partial.display()))? {
+                StepResult::Done => break,
+                _ => std::thread::sleep(std::time::Duration::from_millis(10)),
+            }
+        }
+    }
+    let dst = Connection::open(&partial)?;
+    let check: String = dst.query_row("PRAGMA quick_check", [], |r| r.get(0))?;
+    if check != "ok" {
+        anyhow::bail!("{}: the copy does not check out: {check}", partial.display());
+    }
+    let instances: i64 = dst.query_row("SELECT COUNT(*) FROM task_instances", [], |r| r.get(0))?;
+    let version: i64 = dst.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    drop(dst);
+    std::fs::rename(&partial, to).with_context(|| format!("{}: cannot rename into place", to.display()))?;
+    Ok(format!("{}: backup of {} ({instances} instances, schema {version})", to.display(), db.display()))
+}
