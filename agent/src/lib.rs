@@ -182,12 +182,20 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         let kind = alert["kind"].as_str().unwrap_or("unknown");
         metrics::get().alerts.get_or_create(&metrics::label("kind", kind)).inc();
     });
+    // On a shared database, the other agents' changes wake this one.
+    let listener = {
+        let s = scheduler.clone();
+        store.listen(Arc::new(move || s.wake()), shutdown.clone())
+    };
     notify::ready(&scheduler.status_line().await);
     let reload_task = tokio::spawn(reloader.run(shutdown.clone()));
     let cron_task = tokio::spawn(cron.run(shutdown.clone()));
     scheduler.run().await;
     let _ = server.await;
     let _ = metrics_task.await;
+    if let Some(l) = listener {
+        let _ = l.await;
+    }
     let _ = alert_counter.await;
     let _ = hooks_task.await;
     let _ = reload_task.await;

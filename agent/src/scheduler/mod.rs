@@ -207,6 +207,11 @@ impl Scheduler {
                 _ = maintenance.tick() => {
                     self.maintain().await;
                     self.archive().await;
+                    if self.store.is_postgres() {
+                        // Retries another agent scheduled (it may have died
+                        // since) fall due here too.
+                        self.load_retry_due(Utc::now()).await;
+                    }
                 }
                 _ = watchdog.tick(), if watching => {
                     crate::notify::alive(&self.status_line().await);

@@ -243,6 +243,34 @@ impl Store {
         &self.inner.bus
     }
 
+    /// Publishes a committed change on this agent's bus and, on a shared
+    /// database, to the other agents (a notification after this change's
+    /// commit; see [`postgres::listen`]).
+    pub fn announce(&self, topic: &str, kind: &str, data: serde_json::Value) {
+        if self.is_postgres() {
+            let payload =
+                serde_json::json!({ "agent": self.agent(), "topic": topic, "kind": kind, "data": &data }).to_string();
+            // PostgreSQL carries at most 8000 bytes; a longer one (an alert
+            // with a long message) is left to the others' next read.
+            if payload.len() < postgres::MAX_NOTIFY {
+                let _ = self.submit(move |c| postgres::notify(c, &payload), |_| {});
+            }
+        }
+        self.bus().publish(topic, kind, data);
+    }
+
+    /// On a shared database: hears the other agents' changes until
+    /// `shutdown`, publishing each on this agent's bus and calling `wake`
+    /// for changes to instances (new work, or a slot freed).
+    pub fn listen(
+        &self,
+        wake: std::sync::Arc<dyn Fn() + Send + Sync>,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        let Backend::Postgres { target, .. } = &self.inner.backend else { return None };
+        Some(tokio::spawn(postgres::listen(target.clone(), self.agent().to_string(), self.bus().clone(), wake, shutdown)))
+    }
+
     /// Runs `f` in the next group-commit batch and returns its result once
     /// the batch is durable. A refused transition is also raised as an alert.
     pub async fn write<R, F>(&self, f: F) -> Result<R>
@@ -271,7 +299,7 @@ impl Store {
             if alert.is_ok() {
                 let _ = rx.await;
             }
-            self.bus().publish(
+            self.announce(
                 "alerts",
                 "alert.raised",
                 serde_json::json!({ "kind": "illegal_transition", "message": e.to_string() }),

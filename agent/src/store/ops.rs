@@ -16,7 +16,7 @@ impl Store {
         if let Some((seq, s)) = step {
             data["step"] = json!({ "seq": seq, "state": s });
         }
-        self.bus().publish("tasks", "instance.updated", data);
+        self.announce("tasks", "instance.updated", data);
     }
 
     pub async fn put_def(&self, hash: &str, task: &str, file: &str, source: &str) -> Result<()> {
@@ -29,7 +29,7 @@ impl Store {
         let task = n.task.clone();
         let (id, created) = self.write(move |c| write::create(c, &n, &actor)).await?;
         if created {
-            self.bus().publish("tasks", "instance.created", json!({ "id": id, "task": task, "state": "PENDING" }));
+            self.announce("tasks", "instance.created", json!({ "id": id, "task": task, "state": "PENDING" }));
         }
         Ok((id, created))
     }
@@ -106,7 +106,7 @@ impl Store {
         let (i, e, a) = (id.to_string(), error.to_string(), self.agent().to_string());
         self.write(move |c| write::rollback_failed(c, &i, &e, &a)).await?;
         self.changed(id, "FAILED", None);
-        self.bus().publish(
+        self.announce(
             "alerts",
             "alert.raised",
             json!({ "kind": "rollback_failed", "instance": id, "message": error }),
@@ -181,7 +181,7 @@ impl Store {
     pub async fn alert(&self, kind: &str, message: &str, instance: Option<&str>) -> Result<()> {
         let (k, m, i) = (kind.to_string(), message.to_string(), instance.map(str::to_string));
         self.write(move |c| records::insert_alert(c, &k, &m, i.as_deref())).await?;
-        self.bus().publish("alerts", "alert.raised", json!({ "kind": kind, "instance": instance, "message": message }));
+        self.announce("alerts", "alert.raised", json!({ "kind": kind, "instance": instance, "message": message }));
         Ok(())
     }
 
@@ -217,7 +217,7 @@ impl Store {
     pub async fn archive(&self, cutoff: DateTime<Utc>, max: usize) -> Result<usize> {
         let ids = self.write(move |c| records::archive(c, cutoff, max)).await?;
         for id in &ids {
-            self.bus().publish("tasks", "instance.archived", json!({ "id": id }));
+            self.announce("tasks", "instance.archived", json!({ "id": id }));
         }
         Ok(ids.len())
     }

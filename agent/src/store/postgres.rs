@@ -68,6 +68,8 @@ impl<'a> FromSql<'a> for V {
 #[derive(Clone)]
 pub struct Target {
     pub config: postgres::Config,
+    /// The same, for the asynchronous connection that listens.
+    pub async_config: tokio_postgres::Config,
     pub schema: String,
     /// The URL without its password, for messages.
     pub shown: String,
@@ -79,9 +81,14 @@ impl Target {
     pub fn new(url: &str, schema: &str, password: Option<String>) -> anyhow::Result<Target> {
         let mut config: postgres::Config =
             url.parse().map_err(|e| anyhow::anyhow!("database.url: {url:?} is not a PostgreSQL URL: {e}"))?;
+        let mut async_config: tokio_postgres::Config =
+            url.parse().map_err(|e| anyhow::anyhow!("database.url: {url:?} is not a PostgreSQL URL: {e}"))?;
         if let Some(p) = password {
-            config.password(p);
+            config.password(p.clone());
+            async_config.password(p);
         }
+        async_config.application_name("apollo-agent");
+        async_config.connect_timeout(std::time::Duration::from_secs(5));
         config.application_name("apollo-agent");
         config.connect_timeout(std::time::Duration::from_secs(5));
         let hosts: Vec<String> = config
@@ -99,7 +106,7 @@ impl Target {
             hosts.join(","),
             config.get_dbname().unwrap_or("")
         );
-        Ok(Target { config, schema: schema.to_string(), shown })
+        Ok(Target { config, async_config, schema: schema.to_string(), shown })
     }
 
     /// A new connection with the schema on its search path.
@@ -204,6 +211,83 @@ impl Conn for PgConn {
             tracing::info!(store = %self.target.shown, "reconnected to PostgreSQL");
         }
         Ok(())
+    }
+}
+
+/// The longest notification payload PostgreSQL carries, less a margin.
+pub const MAX_NOTIFY: usize = 7900;
+
+/// Queues a notification to every agent on the schema, sent when the
+/// transaction commits.
+pub fn notify(c: &dyn Db, payload: &str) -> Result<()> {
+    c.query("SELECT pg_notify('apollo_' || current_schema(), ?1)", super::db::p![payload])?;
+    Ok(())
+}
+
+/// Listens for the other agents' notifications (see [`notify`]) on a
+/// connection of its own, reconnecting with backoff when it drops; each is
+/// published on `bus` as if it had happened here, and a change to an
+/// instance calls `wake`. After a reconnect `wake` is called too: what was
+/// missed meanwhile is found by the next claim.
+pub async fn listen(
+    target: Target,
+    agent: String,
+    bus: crate::bus::Bus,
+    wake: std::sync::Arc<dyn Fn() + Send + Sync>,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    use futures::StreamExt as _;
+    let channel = format!("apollo_{}", target.schema);
+    let mut backoff = std::time::Duration::from_millis(100);
+    while !shutdown.is_cancelled() {
+        let connected = target.async_config.connect(tokio_postgres::NoTls).await;
+        let (client, mut connection) = match connected {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(store = %target.shown, error = %e, "cannot listen for other agents' changes; retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = shutdown.cancelled() => return,
+                }
+                backoff = (backoff * 2).min(std::time::Duration::from_secs(5));
+                continue;
+            }
+        };
+        let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let pump = tokio::spawn(async move {
+            while let Some(Ok(m)) = messages.next().await {
+                if tx.send(m).is_err() {
+                    break;
+                }
+            }
+        });
+        if let Err(e) = client.batch_execute(&format!("LISTEN {}", quote_ident(&channel))).await {
+            tracing::warn!(error = %e, "LISTEN failed; retrying");
+            pump.abort();
+            continue;
+        }
+        backoff = std::time::Duration::from_millis(100);
+        wake();
+        loop {
+            let message = tokio::select! {
+                m = rx.recv() => m,
+                _ = shutdown.cancelled() => None,
+            };
+            let Some(message) = message else { break };
+            let tokio_postgres::AsyncMessage::Notification(n) = message else { continue };
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(n.payload()) else { continue };
+            if v["agent"] == agent.as_str() {
+                continue;
+            }
+            let (topic, kind) = (v["topic"].as_str().unwrap_or_default(), v["kind"].as_str().unwrap_or_default());
+            if topic == "tasks" {
+                wake();
+            }
+            bus.publish(topic, kind, v["data"].clone());
+        }
+        pump.abort();
+        drop(client);
     }
 }
 

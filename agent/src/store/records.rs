@@ -29,8 +29,10 @@ pub fn insert_event(
             return Ok(None);
         }
     }
-    c.execute(
-        "INSERT INTO events (id, name, data, dedup_key, received_at, instances) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    // Another agent may be storing the same key at this moment.
+    let inserted = c.execute(
+        "INSERT INTO events (id, name, data, dedup_key, received_at, instances) VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
+         ON CONFLICT DO NOTHING",
         p![
             id,
             name,
@@ -40,7 +42,7 @@ pub fn insert_event(
             serde_json::to_string(instances).unwrap_or_default()
         ],
     )?;
-    Ok(Some(()))
+    Ok((inserted > 0).then_some(()))
 }
 
 /// Moves up to `max` finished instances (SUCCESS, ROLLED_BACK, and FAILED

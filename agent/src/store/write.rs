@@ -132,10 +132,12 @@ pub fn create(c: &dyn Db, n: &NewInstance, actor: &str) -> Result<(String, bool)
         }
     }
     let now = ts(Utc::now());
-    c.execute(
+    // Another agent may be creating the same key at this moment: the loser
+    // of that race inserts nothing and answers with the winner's id.
+    let inserted = c.execute(
         "INSERT INTO task_instances (id, task, def_hash, queue, priority, max_active, state, attempt, params, context, \
          trace_id, trigger, dedup_key, expected_secs, created_at, updated_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'PENDING', 1, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13)",
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'PENDING', 1, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13) ON CONFLICT DO NOTHING",
         p![
         n.id.as_str(),
         n.task.as_str(),
@@ -152,6 +154,16 @@ pub fn create(c: &dyn Db, n: &NewInstance, actor: &str) -> Result<(String, bool)
         now.as_str()
         ],
     )?;
+    if inserted == 0 {
+        let winner: Option<String> = match &n.dedup_key {
+            Some(key) => c.value("SELECT id FROM task_instances WHERE dedup_key = ?1", p![key])?,
+            None => None,
+        };
+        return match winner {
+            Some(id) => Ok((id, false)),
+            None => Err(StoreError::Invalid(format!("instance {} exists already", n.id))),
+        };
+    }
     for (seq, (name, plugin)) in n.steps.iter().enumerate() {
         c.execute(
             "INSERT INTO step_runs (instance_id, seq, name, plugin, state) VALUES (?1, ?2, ?3, ?4, 'PENDING')",
