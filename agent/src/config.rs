@@ -234,7 +234,35 @@ pub struct MetricsConf {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct QueueConf {
-    pub limit: u32,
+    /// Instances of the queue running at once, across every agent.
+    #[serde(default)]
+    pub limit: Option<u32>,
+    /// Only these agents (by `agent.name`) claim from the queue; empty: every
+    /// agent does (a shared queue). Every agent's config must say the same.
+    #[serde(default)]
+    pub agents: Vec<String>,
+    /// The instances of each task in the queue run one at a time, in the
+    /// order they were created, across every agent.
+    #[serde(default)]
+    pub ordered: bool,
+}
+
+impl Config {
+    /// The queues this agent may not claim from (dedicated to others).
+    pub fn queues_excluded(&self) -> Vec<String> {
+        let me = self.agent_name();
+        let q = &self.scheduler.queues;
+        q.iter().filter(|(_, c)| !c.agents.is_empty() && !c.agents.contains(&me)).map(|(n, _)| n.clone()).collect()
+    }
+
+    /// The queues this agent claims from, as `agents` lists them: `*` for
+    /// every shared queue, and the dedicated ones it serves.
+    pub fn queues_served(&self) -> Vec<String> {
+        let me = self.agent_name();
+        let mut out = vec!["*".to_string()];
+        out.extend(self.scheduler.queues.iter().filter(|(_, c)| c.agents.contains(&me)).map(|(n, _)| n.clone()));
+        out
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -440,7 +468,9 @@ impl Config {
             || schema.len() > 63
             || !schema.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
         {
-            bail!("{file}: database.schema: {schema:?} is not valid (expected 1 to 63 lower-case letters, digits or '_')");
+            bail!(
+                "{file}: database.schema: {schema:?} is not valid (expected 1 to 63 lower-case letters, digits or '_')"
+            );
         }
         if !(1..=64).contains(&self.database.pool_size) {
             bail!("{file}: database.pool_size: {} is out of range (expected 1 to 64)", self.database.pool_size);
@@ -549,8 +579,8 @@ impl Config {
             None => std::env::var("PGPASSWORD").ok(),
         };
         let url = db.url.as_deref().unwrap_or_default();
-        let target = Target::new(url, &db.schema, password.clone())?;
-        let read = db.read_url.as_deref().map(|u| Target::new(u, &db.schema, password)).transpose()?;
+        let target = Box::new(Target::new(url, &db.schema, password.clone())?);
+        let read = db.read_url.as_deref().map(|u| Target::new(u, &db.schema, password).map(Box::new)).transpose()?;
         Ok(Location::Postgres { target, read, pool: db.pool_size })
     }
 

@@ -172,6 +172,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         started: std::time::Instant::now(),
         socket: socket.display().to_string(),
     });
+    // The first heartbeat claims this agent's name on the store.
+    store.heartbeat(scheduler.heartbeat(), true).await.map_err(|e| anyhow::anyhow!("{e}"))?;
     scheduler.recover().await;
     tracing::info!(socket = %socket.display(), store = %store.location(), "agent ready");
     let server = tokio::spawn(server::serve(listener, api, access, shutdown.clone()));
@@ -200,6 +202,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let _ = hooks_task.await;
     let _ = reload_task.await;
     let _ = cron_task.await;
+    let _ = store.agent_stopped().await;
     store.close();
     let _ = std::fs::remove_file(&socket);
     tracing::info!("agent stopped");

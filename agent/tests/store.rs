@@ -7,7 +7,7 @@
 //! a schema newer than the build is refused.
 
 use apollo_agent::bus::Bus;
-use apollo_agent::store::{postgres::Target, Location, NewInstance, Store, StoreError};
+use apollo_agent::store::{postgres::Target, Location, NewInstance, QueuePolicy, Store, StoreError};
 use apollo_shared::state::TaskState;
 use serde_json::{json, Map};
 use std::collections::HashMap;
@@ -54,7 +54,7 @@ impl TestDb {
         match &self.schema {
             None => Location::Sqlite { path: self.dir.path().join("apollo.db"), synchronous_full: true },
             Some(schema) => Location::Postgres {
-                target: Target::new(&pg_url(), schema, None).unwrap(),
+                target: Box::new(Target::new(&pg_url(), schema, None).unwrap()),
                 read: None,
                 pool: 4,
             },
@@ -111,6 +111,7 @@ conformance!(
     finished_instances_past_retention_move_to_the_archive_and_stay_readable,
     a_schema_newer_than_the_build_is_refused,
     transitions_the_table_forbids_are_refused,
+    dedicated_and_ordered_queues_shape_the_claims,
 );
 
 fn new(id: &str, task: &str, queue: &str, priority: u8, max_active: Option<u32>, dedup: Option<&str>) -> NewInstance {
@@ -182,7 +183,7 @@ async fn claims_go_by_priority_then_age_within_queue_and_task_limits(db: TestDb)
     store.create(new("B2", "one", "r", 90, Some(1), None), "test").await.unwrap();
     store.create(new("C1", "c", "limited", 100, None, None), "test").await.unwrap();
     store.create(new("C2", "c", "limited", 100, None, None), "test").await.unwrap();
-    let limits: HashMap<String, u32> = [("limited".to_string(), 1)].into();
+    let limits = QueuePolicy { limits: HashMap::from([("limited".to_string(), 1)]), ..Default::default() };
     let claimed: Vec<String> =
         store.claim(10, lease(), limits.clone()).await.unwrap().into_iter().map(|i| i.id).collect();
     // C2 waits for the queue limit, B2 for max_active; the rest by priority, then age.
@@ -211,7 +212,7 @@ async fn recovery_takes_running_instances_and_marks_interrupted_steps(db: TestDb
         let store = db.open();
         store.put_def("h1", "t", "t.yaml", "task: t").await.unwrap();
         store.create(new("R1", "t", "q", 50, None, None), "test").await.unwrap();
-        store.claim(1, lease(), HashMap::new()).await.unwrap();
+        store.claim(1, lease(), QueuePolicy::default()).await.unwrap();
         store.step_start("R1", 0, "1.0.0", &json!({})).await.unwrap();
         store.close();
     }
@@ -280,7 +281,7 @@ async fn transitions_the_table_forbids_are_refused(db: TestDb) {
     let e = store.step_start("T1", 0, "1.0.0", &json!({})).await.unwrap_err();
     assert!(e.to_string().contains("is PENDING"), "{e}");
     assert!(matches!(store.finish_rolled_back("T1").await, Err(StoreError::Illegal(_))));
-    store.claim(1, lease(), HashMap::new()).await.unwrap();
+    store.claim(1, lease(), QueuePolicy::default()).await.unwrap();
     store.step_start("T1", 0, "1.0.0", &json!({})).await.unwrap();
     store.step_success("T1", 0, &json!({"n": 1}), &json!({"n": 1})).await.unwrap();
     store.finish_success("T1").await.unwrap();
@@ -298,7 +299,7 @@ async fn finished_instances_past_retention_move_to_the_archive_and_stay_readable
     store.put_def("h1", "t", "t.yaml", "task: t").await.unwrap();
     store.create(new("OLD", "t", "q", 50, None, None), "test").await.unwrap();
     store.create(new("LIVE", "t", "q", 50, None, None), "test").await.unwrap();
-    store.claim(1, lease(), HashMap::new()).await.unwrap();
+    store.claim(1, lease(), QueuePolicy::default()).await.unwrap();
     let first = store.list(apollo_agent::store::ListFilter { limit: 10, ..Default::default() }).await.unwrap();
     let running = first.iter().find(|i| i.state == TaskState::Running).unwrap().id.clone();
     store.step_start(&running, 0, "1.0.0", &json!({})).await.unwrap();
@@ -313,5 +314,28 @@ async fn finished_instances_past_retention_move_to_the_archive_and_stay_readable
     assert_eq!(archived.state, TaskState::Success);
     assert_eq!(archived.steps.unwrap()[0].output, Some(json!({"ok": true})));
     assert!(archived.transitions.unwrap().len() >= 5, "the history moved with it");
+    store.close();
+}
+
+async fn dedicated_and_ordered_queues_shape_the_claims(db: TestDb) {
+    let store = db.open();
+    store.put_def("h1", "t", "t.yaml", "task: t").await.unwrap();
+    // O1..O3 in an ordered queue: O3 has the highest priority, yet O1 (the
+    // oldest) goes first and alone. X1 is in a queue dedicated elsewhere.
+    store.create(new("O1", "ord", "serial", 25, None, None), "test").await.unwrap();
+    store.create(new("O2", "ord", "serial", 50, None, None), "test").await.unwrap();
+    store.create(new("O3", "ord", "serial", 90, None, None), "test").await.unwrap();
+    store.create(new("X1", "other", "special", 99, None, None), "test").await.unwrap();
+    let policy = QueuePolicy { excluded: vec!["special".into()], ordered: vec!["serial".into()], ..Default::default() };
+    let ids = |v: Vec<apollo_shared::protocol::Instance>| v.into_iter().map(|i| i.id).collect::<Vec<_>>();
+    assert_eq!(ids(store.claim(10, lease(), policy.clone()).await.unwrap()), ["O1"]);
+    assert!(store.claim(10, lease(), policy.clone()).await.unwrap().is_empty(), "O2 waits for O1");
+    store.step_start("O1", 0, "1.0.0", &json!({})).await.unwrap();
+    store.step_success("O1", 0, &json!({}), &json!({})).await.unwrap();
+    store.finish_success("O1").await.unwrap();
+    assert_eq!(ids(store.claim(10, lease(), policy.clone()).await.unwrap()), ["O2"]);
+    // The agent the queue is dedicated to claims X1.
+    let mine = QueuePolicy { ordered: vec!["serial".into()], ..Default::default() };
+    assert_eq!(ids(store.claim(10, lease(), mine).await.unwrap()), ["X1"]);
     store.close();
 }

@@ -45,6 +45,7 @@ pub const METHODS: &[&str] = &[
     "events.list",
     "alerts.list",
     "audit.list",
+    "agents.list",
     "subscribe",
 ];
 
@@ -416,6 +417,29 @@ impl PluginStats {
             ],
         }
     }
+}
+
+/// An agent that uses the store (on PostgreSQL, one of several).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentInfo {
+    pub name: String,
+    /// `<name>:<pid>`, as it signs leases and history.
+    pub id: String,
+    pub host: String,
+    pub version: String,
+    /// The queues it claims from: `*` for every shared one, and the
+    /// dedicated queues it serves.
+    pub queues: Vec<String>,
+    pub running: u64,
+    pub started_at: DateTime<Utc>,
+    pub heartbeat_at: DateTime<Utc>,
+    /// Seconds since its last heartbeat, by the store's clock.
+    pub heartbeat_age_secs: f64,
+    /// Its lease renewals are late (no heartbeat for half a lease): it may
+    /// be stuck, or gone.
+    pub late: bool,
+    /// It stopped cleanly.
+    pub stopped: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

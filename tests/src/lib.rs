@@ -394,3 +394,56 @@ pub fn http_receiver() -> (u16, std::sync::mpsc::Receiver<(String, Value)>) {
     });
     (port, rx)
 }
+
+/// The PostgreSQL the tests use: `APOLLO_TEST_DATABASE_URL`, default the
+/// machine's server at 127.0.0.1:5432 (trust auth, database `test`).
+pub fn pg_url() -> String {
+    std::env::var("APOLLO_TEST_DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+/// A schema of a test's own on the test PostgreSQL, dropped when this is.
+pub struct PgSchema {
+    pub name: String,
+}
+
+impl PgSchema {
+    /// A fresh, empty schema name for `test` (the schema is created by the
+    /// first agent that opens it).
+    pub fn new(test: &str) -> PgSchema {
+        let s = PgSchema { name: format!("apollo_e2e_{test}_{}", std::process::id()) };
+        s.sql(&format!("DROP SCHEMA IF EXISTS {} CASCADE", s.name));
+        s
+    }
+
+    /// The `database:` section that puts an agent on this schema.
+    pub fn config(&self) -> String {
+        format!("database:\n  url: {}\n  schema: {}\n", pg_url(), self.name)
+    }
+
+    /// Runs SQL (with the schema on the search path); the rows as text.
+    pub fn sql(&self, sql: &str) -> Vec<Vec<Option<String>>> {
+        let (url, sql) = (pg_url(), format!("SET search_path TO {}; {sql}", self.name));
+        std::thread::spawn(move || {
+            let mut c = postgres::Client::connect(&url, postgres::NoTls).unwrap_or_else(|e| {
+                panic!(
+                    "PostgreSQL at {url} is unreachable ({e}); start it, or point APOLLO_TEST_DATABASE_URL elsewhere"
+                )
+            });
+            let mut out = Vec::new();
+            for m in c.simple_query(&sql).unwrap() {
+                if let postgres::SimpleQueryMessage::Row(r) = m {
+                    out.push((0..r.len()).map(|i| r.get(i).map(str::to_string)).collect());
+                }
+            }
+            out
+        })
+        .join()
+        .unwrap()
+    }
+}
+
+impl Drop for PgSchema {
+    fn drop(&mut self) {
+        self.sql(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name));
+    }
+}

@@ -139,8 +139,27 @@ impl Scheduler {
         self.config().scheduler.lease
     }
 
-    fn queue_limits(&self) -> HashMap<String, u32> {
-        self.config().scheduler.queues.iter().map(|(q, c)| (q.clone(), c.limit)).collect()
+    fn queue_policy(&self) -> crate::store::QueuePolicy {
+        let config = self.config();
+        let queues = &config.scheduler.queues;
+        crate::store::QueuePolicy {
+            limits: queues.iter().filter_map(|(q, c)| c.limit.map(|l| (q.clone(), l))).collect(),
+            excluded: config.queues_excluded(),
+            ordered: queues.iter().filter(|(_, c)| c.ordered).map(|(q, _)| q.clone()).collect(),
+        }
+    }
+
+    /// What this agent says of itself in the store (`apollo agents`).
+    pub fn heartbeat(&self) -> crate::store::Heartbeat {
+        let config = self.config();
+        crate::store::Heartbeat {
+            name: config.agent_name(),
+            host: nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_default(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            queues: config.queues_served(),
+            running: self.running(),
+            lease_secs: config.scheduler.lease.as_secs_f64(),
+        }
     }
 
     /// Takes back what an earlier life of the agent held: stops the processes
@@ -187,7 +206,7 @@ impl Scheduler {
             }
             let free = (self.config().scheduler.concurrency as usize).saturating_sub(self.running());
             if free > 0 && !self.shutdown.is_cancelled() {
-                match self.store.claim(free, self.lease(), self.queue_limits()).await {
+                match self.store.claim(free, self.lease(), self.queue_policy()).await {
                     Ok(claimed) => claimed.into_iter().for_each(|i| self.adopt(i)),
                     Err(e) => tracing::error!(error = %e, "claim failed"),
                 }
@@ -211,6 +230,9 @@ impl Scheduler {
                         // Retries another agent scheduled (it may have died
                         // since) fall due here too.
                         self.load_retry_due(Utc::now()).await;
+                        if let Err(e) = self.store.fold_counts().await {
+                            tracing::warn!(error = %e, "state counts not folded");
+                        }
                     }
                 }
                 _ = watchdog.tick(), if watching => {
@@ -254,6 +276,9 @@ impl Scheduler {
         let ids: Vec<String> = held.iter().map(|(k, _)| k.clone()).collect();
         if let Err(e) = self.store.renew_leases(ids.clone(), self.lease()).await {
             tracing::error!(error = %e, "lease renewal failed");
+        }
+        if let Err(e) = self.store.heartbeat(self.heartbeat(), false).await {
+            tracing::warn!(error = %e, "heartbeat not recorded");
         }
         let factor = self.config().scheduler.zombie_factor;
         for (id, a) in held {

@@ -152,6 +152,7 @@ impl Api {
                 let p: LimitParams = params(method, p, "limit?")?;
                 to_value(self.scheduler.store.audit(p.limit.unwrap_or(100).min(1000)).await.map_err(store_err)?)
             }
+            "agents.list" => to_value(self.scheduler.store.agents().await.map_err(store_err)?),
             "alerts.list" => {
                 let p: LimitParams = params(method, p, "limit?")?;
                 to_value(self.scheduler.store.alerts(p.limit.unwrap_or(100).min(1000)).await.map_err(store_err)?)
@@ -411,7 +412,7 @@ impl Api {
             }
         }
         for s in &mut stats {
-            s.limit = limits.get(&s.queue).map(|l| l.limit as u64);
+            s.limit = limits.get(&s.queue).and_then(|l| l.limit).map(u64::from);
         }
         stats.sort_by(|a, b| a.queue.cmp(&b.queue));
         to_value(stats)

@@ -133,9 +133,8 @@ impl Row {
     /// Column `i` as a `T`; an error naming the column when it is not one.
     pub fn get<T: FromV>(&self, i: usize) -> Result<T> {
         let v = self.0.get(i).unwrap_or(&V::Null);
-        T::from_v(v).ok_or_else(|| {
-            StoreError::Invalid(format!("column {i}: {v:?} is not a {}", std::any::type_name::<T>()))
-        })
+        T::from_v(v)
+            .ok_or_else(|| StoreError::Invalid(format!("column {i}: {v:?} is not a {}", std::any::type_name::<T>())))
     }
 }
 
@@ -147,7 +146,6 @@ pub trait Db {
     fn query(&self, sql: &str, params: &[V]) -> Result<Vec<Row>>;
     /// Whether this is PostgreSQL (for the few statements that differ).
     fn postgres(&self) -> bool;
-
 }
 
 impl dyn Db + '_ {

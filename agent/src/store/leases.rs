@@ -14,28 +14,38 @@ use std::collections::HashMap;
 /// On PostgreSQL, claims and takeovers of every agent on the schema take
 /// turns (a lock held until the transaction ends), so the counts each one
 /// reads are the counts it acts on: every limit holds across the cluster.
-fn take_turn(c: &dyn Db) -> Result<()> {
+pub(super) fn take_turn(c: &dyn Db) -> Result<()> {
     if c.postgres() {
         c.query("SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.claim'))", &[])?;
     }
     Ok(())
 }
 
+/// A runnable instance: priority, id, task, queue, max_active, state.
+type Candidate = (i64, String, String, String, Option<u32>, String);
+
+/// The queues' rules for a claim, from `scheduler.queues`.
+#[derive(Debug, Clone, Default)]
+pub struct QueuePolicy {
+    /// Running instances per queue, at most.
+    pub limits: HashMap<String, u32>,
+    /// Queues dedicated to other agents: never claimed here.
+    pub excluded: Vec<String>,
+    /// Queues whose tasks run one instance at a time, in creation order.
+    pub ordered: Vec<String>,
+}
+
 /// Claims up to `n` runnable instances by priority then age, respecting the
-/// per-queue limits and each instance's `max_active`.
+/// per-queue limits, each instance's `max_active`, the queues dedicated to
+/// other agents and the ordered queues.
 ///
 /// Candidates are read per task (the head of each task's runnable rows, by a
 /// loose scan of the per-task index), so a long backlog of a task at its
 /// `max_active` or of a full queue never hides the work behind it: the cost
 /// is one index seek per task with runnable work, not a walk of the backlog.
-pub fn claim(
-    c: &dyn Db,
-    agent: &str,
-    n: usize,
-    lease_secs: f64,
-    queue_limits: &HashMap<String, u32>,
-) -> Result<Vec<Claimed>> {
+pub fn claim(c: &dyn Db, agent: &str, n: usize, lease_secs: f64, policy: &QueuePolicy) -> Result<Vec<Claimed>> {
     take_turn(c)?;
+    let queue_limits = &policy.limits;
     let now = Utc::now();
     let mut per_queue: HashMap<String, u32> = HashMap::new();
     let mut per_task: HashMap<String, u32> = HashMap::new();
@@ -52,16 +62,15 @@ pub fn claim(
         *per_task.entry(r.get(1)?).or_default() += count;
     }
     let tasks: Vec<String> = c.column(
-            "WITH RECURSIVE t(task) AS (\
+        "WITH RECURSIVE t(task) AS (\
                SELECT MIN(task) FROM task_instances INDEXED BY task_instances_runnable_task \
                WHERE state IN ('PENDING', 'RETRYING') \
                UNION ALL \
                SELECT (SELECT MIN(task) FROM task_instances INDEXED BY task_instances_runnable_task \
                        WHERE state IN ('PENDING', 'RETRYING') AND task > t.task) FROM t WHERE t.task IS NOT NULL) \
              SELECT task FROM t WHERE task IS NOT NULL",
-            &[],
-        )?;
-    type Candidate = (i64, String, String, String, Option<u32>, String);
+        &[],
+    )?;
     let mut candidates: Vec<Candidate> = Vec::new();
     let heads = if c.postgres() {
         // A row another transaction is moving is not a candidate now.
@@ -74,8 +83,27 @@ pub fn claim(
          ORDER BY priority DESC, id LIMIT ?2"
     };
     for task in tasks {
-        for r in c.query(heads, p![task, n])? {
-            candidates.push((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?));
+        let rows = c.query(heads, p![task.as_str(), n])?;
+        let mut ordered_done = false;
+        for r in rows {
+            let queue: String = r.get(3)?;
+            if policy.excluded.contains(&queue) {
+                continue;
+            }
+            if policy.ordered.contains(&queue) {
+                // Only the task's oldest waiting instance in the queue may
+                // start, and only when none of the task's is under way.
+                if !ordered_done {
+                    ordered_done = true;
+                    if per_task.get(&task).copied().unwrap_or(0) == 0 {
+                        if let Some(head) = ordered_head(c, &task, &queue)? {
+                            candidates.push(head);
+                        }
+                    }
+                }
+                continue;
+            }
+            candidates.push((r.get(0)?, r.get(1)?, r.get(2)?, queue, r.get(4)?, r.get(5)?));
         }
     }
     candidates.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
@@ -86,7 +114,11 @@ pub fn claim(
         }
         let q_running = per_queue.get(&queue).copied().unwrap_or(0);
         let t_running = per_task.get(&task).copied().unwrap_or(0);
-        if queue_limits.get(&queue).is_some_and(|&l| q_running >= l) || max_active.is_some_and(|m| t_running >= m) {
+        let one_at_a_time = policy.ordered.contains(&queue) && t_running > 0;
+        if queue_limits.get(&queue).is_some_and(|&l| q_running >= l)
+            || max_active.is_some_and(|m| t_running >= m)
+            || one_at_a_time
+        {
             continue;
         }
         let reason = if state == "RETRYING" { "claimed for retry" } else { "claimed" };
@@ -101,6 +133,23 @@ pub fn claim(
         claimed.push(super::read::instance_with_steps(c, &id)?);
     }
     Ok(claimed)
+}
+
+/// The oldest instance of `task` in `queue` still to run (PENDING or
+/// RETRYING), when it may start now.
+fn ordered_head(c: &dyn Db, task: &str, queue: &str) -> Result<Option<Candidate>> {
+    let head = c.query_opt(
+        "SELECT priority, id, task, queue, max_active, state, \
+         CASE WHEN next_run_at IS NULL OR next_run_at <= apollo_now() THEN 1 ELSE 0 END \
+         FROM task_instances INDEXED BY task_instances_runnable_task \
+         WHERE task = ?1 AND queue = ?2 AND state IN ('PENDING', 'RETRYING') ORDER BY id LIMIT 1",
+        p![task, queue],
+    )?;
+    let Some(r) = head else { return Ok(None) };
+    if !r.get::<bool>(6)? {
+        return Ok(None);
+    }
+    Ok(Some((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)))
 }
 
 /// Extends the leases this agent holds on instances it still runs (RUNNING,
@@ -147,13 +196,7 @@ pub fn shift_times(c: &dyn Db, delta: chrono::TimeDelta) -> Result<usize> {
 /// `only_expired`, only those whose lease has run out. Steps that were
 /// RUNNING are marked FAILED as interrupted (not counted against retries),
 /// so they run again: at-least-once.
-pub fn recover(
-    c: &dyn Db,
-    agent: &str,
-    lease_secs: f64,
-    only_expired: bool,
-    held: &[String],
-) -> Result<Vec<Claimed>> {
+pub fn recover(c: &dyn Db, agent: &str, lease_secs: f64, only_expired: bool, held: &[String]) -> Result<Vec<Claimed>> {
     take_turn(c)?;
     let ids: Vec<String> = c.column(
         // Each branch uses the state index; an OR across them would scan the table.

@@ -25,7 +25,9 @@ pub mod schema;
 pub mod sqlite;
 mod write;
 
+pub use leases::QueuePolicy;
 pub use read::ListFilter;
+pub use records::Heartbeat;
 pub use write::{Claimed, Decide, FailurePlan, NewInstance};
 
 use crate::bus::Bus;
@@ -39,7 +41,7 @@ use tokio::sync::oneshot;
 pub enum StoreError {
     #[error("database error: {0}")]
     Sql(#[from] rusqlite::Error),
-    #[error("database error: {0}")]
+    #[error("database error: {}", postgres::describe(.0))]
     Postgres(#[from] ::postgres::Error),
     #[error("{0}")]
     Illegal(#[from] IllegalTransition),
@@ -85,12 +87,17 @@ trait Job: Send {
     fn run(self: Box<Self>, conn: &dyn Db) -> (bool, Ack);
     /// Tells the caller the write never ran.
     fn abort(self: Box<Self>, why: &str);
+    /// Whether it takes the cluster's turn (claims, takeovers): its batch
+    /// takes the turn first, before any row lock, so no two agents' batches
+    /// can wait for each other.
+    fn in_turn(&self) -> bool;
 }
 type Ack = Box<dyn FnOnce(Option<&str>) + Send>;
 
 struct FnJob<F, D> {
     f: F,
     deliver: D,
+    turn: bool,
 }
 
 impl<R, F, D> Job for FnJob<F, D>
@@ -100,7 +107,7 @@ where
     D: FnOnce(Result<R>) + Send + 'static,
 {
     fn run(self: Box<Self>, conn: &dyn Db) -> (bool, Ack) {
-        let FnJob { f, deliver } = *self;
+        let FnJob { f, deliver, .. } = *self;
         let result = f(conn);
         let ok = result.is_ok();
         let ack: Ack = Box::new(move |commit_error| match (commit_error, result) {
@@ -112,6 +119,10 @@ where
 
     fn abort(self: Box<Self>, why: &str) {
         (self.deliver)(Err(StoreError::Commit(why.to_string())))
+    }
+
+    fn in_turn(&self) -> bool {
+        self.turn
     }
 }
 
@@ -132,7 +143,7 @@ pub struct Store {
 /// Which database, and how to reach it again.
 enum Backend {
     Sqlite { path: PathBuf },
-    Postgres { target: postgres::Target, read: Option<postgres::Target> },
+    Postgres { target: Box<postgres::Target>, read: Option<Box<postgres::Target>> },
 }
 
 struct Inner {
@@ -166,9 +177,16 @@ impl Drop for Inner {
 
 /// Where an agent's store is, from `database:` in its config.
 pub enum Location {
-    Sqlite { path: PathBuf, synchronous_full: bool },
+    Sqlite {
+        path: PathBuf,
+        synchronous_full: bool,
+    },
     /// `pool`: reader connections kept open.
-    Postgres { target: postgres::Target, read: Option<postgres::Target>, pool: usize },
+    Postgres {
+        target: Box<postgres::Target>,
+        read: Option<Box<postgres::Target>>,
+        pool: usize,
+    },
 }
 
 impl Store {
@@ -268,7 +286,13 @@ impl Store {
         shutdown: tokio_util::sync::CancellationToken,
     ) -> Option<tokio::task::JoinHandle<()>> {
         let Backend::Postgres { target, .. } = &self.inner.backend else { return None };
-        Some(tokio::spawn(postgres::listen(target.clone(), self.agent().to_string(), self.bus().clone(), wake, shutdown)))
+        Some(tokio::spawn(postgres::listen(
+            (**target).clone(),
+            self.agent().to_string(),
+            self.bus().clone(),
+            wake,
+            shutdown,
+        )))
     }
 
     /// Runs `f` in the next group-commit batch and returns its result once
@@ -278,10 +302,32 @@ impl Store {
         R: Send + 'static,
         F: FnOnce(&dyn Db) -> Result<R> + Send + 'static,
     {
+        self.write_job(f, false).await
+    }
+
+    /// As [`Store::write`], for a claim or a takeover: on PostgreSQL its
+    /// batch takes the cluster's turn before anything else.
+    pub(crate) async fn write_in_turn<R, F>(&self, f: F) -> Result<R>
+    where
+        R: Send + 'static,
+        F: FnOnce(&dyn Db) -> Result<R> + Send + 'static,
+    {
+        self.write_job(f, true).await
+    }
+
+    async fn write_job<R, F>(&self, f: F, turn: bool) -> Result<R>
+    where
+        R: Send + 'static,
+        F: FnOnce(&dyn Db) -> Result<R> + Send + 'static,
+    {
         let (tx, rx) = oneshot::channel();
-        self.submit(f, move |r| {
-            let _ = tx.send(r);
-        })?;
+        self.submit_job(
+            f,
+            move |r| {
+                let _ = tx.send(r);
+            },
+            turn,
+        )?;
         let result = rx.await.map_err(|_| StoreError::Closed)?;
         let result = self.note_health(result);
         if let Err(StoreError::Illegal(e)) = &result {
@@ -389,7 +435,16 @@ impl Store {
         F: FnOnce(&dyn Db) -> Result<R> + Send + 'static,
         D: FnOnce(Result<R>) + Send + 'static,
     {
-        let job: Box<dyn Job> = Box::new(FnJob { f, deliver });
+        self.submit_job(f, deliver, false)
+    }
+
+    fn submit_job<R, F, D>(&self, f: F, deliver: D, turn: bool) -> Result<()>
+    where
+        R: Send + 'static,
+        F: FnOnce(&dyn Db) -> Result<R> + Send + 'static,
+        D: FnOnce(Result<R>) + Send + 'static,
+    {
+        let job: Box<dyn Job> = Box::new(FnJob { f, deliver, turn });
         let guard = self.inner.writer.lock().expect("writer lock");
         let sender = guard.as_ref().ok_or(StoreError::Closed)?;
         sender.send(job).map_err(|_| StoreError::Closed)
@@ -460,6 +515,14 @@ fn run_batch(conn: &mut dyn Conn, batch: Vec<Box<dyn Job>>, wrote: &std::sync::a
         // Nothing ran; each caller learns why.
         batch.into_iter().for_each(|job| job.abort(&msg));
         return;
+    }
+    if batch.iter().any(|j| j.in_turn()) {
+        if let Err(e) = leases::take_turn(conn.db()) {
+            let msg = e.to_string();
+            let _ = conn.batch("ROLLBACK");
+            batch.into_iter().for_each(|job| job.abort(&msg));
+            return;
+        }
     }
     let mut acks = Vec::with_capacity(batch.len());
     let mut jobs = batch.into_iter();

@@ -7,7 +7,6 @@ use super::{leases, records};
 use super::{Result, Store};
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
-use std::collections::HashMap;
 use std::time::Duration;
 
 impl Store {
@@ -36,10 +35,10 @@ impl Store {
 
     /// Claims up to `n` runnable instances for `lease` (measured by the
     /// database's clock).
-    pub async fn claim(&self, n: usize, lease: Duration, queue_limits: HashMap<String, u32>) -> Result<Vec<Claimed>> {
+    pub async fn claim(&self, n: usize, lease: Duration, policy: leases::QueuePolicy) -> Result<Vec<Claimed>> {
         let agent = self.agent().to_string();
         let secs = lease.as_secs_f64();
-        let claimed = self.write(move |c| leases::claim(c, &agent, n, secs, &queue_limits)).await?;
+        let claimed = self.write_in_turn(move |c| leases::claim(c, &agent, n, secs, &policy)).await?;
         for i in &claimed {
             self.changed(&i.id, "RUNNING", None);
         }
@@ -106,11 +105,7 @@ impl Store {
         let (i, e, a) = (id.to_string(), error.to_string(), self.agent().to_string());
         self.write(move |c| write::rollback_failed(c, &i, &e, &a)).await?;
         self.changed(id, "FAILED", None);
-        self.announce(
-            "alerts",
-            "alert.raised",
-            json!({ "kind": "rollback_failed", "instance": id, "message": error }),
-        );
+        self.announce("alerts", "alert.raised", json!({ "kind": "rollback_failed", "instance": id, "message": error }));
         Ok(())
     }
 
@@ -170,7 +165,7 @@ impl Store {
     pub async fn recover(&self, lease: Duration, only_expired: bool, held: Vec<String>) -> Result<Vec<Claimed>> {
         let agent = self.agent().to_string();
         let secs = lease.as_secs_f64();
-        self.write(move |c| leases::recover(c, &agent, secs, only_expired, &held)).await
+        self.write_in_turn(move |c| leases::recover(c, &agent, secs, only_expired, &held)).await
     }
 
     /// Moves retry times and leases by `delta` (after the wall clock jumped).
@@ -212,6 +207,26 @@ impl Store {
             Ok(())
         })
         .await
+    }
+
+    /// This agent's heartbeat; `starting` for the first of its life.
+    pub async fn heartbeat(&self, h: records::Heartbeat, starting: bool) -> Result<()> {
+        let id = self.agent().trim_start_matches("agent:").to_string();
+        self.write(move |c| records::heartbeat(c, &id, &h, starting)).await
+    }
+
+    /// Notes that this agent stopped cleanly.
+    pub async fn agent_stopped(&self) -> Result<()> {
+        let id = self.agent().trim_start_matches("agent:").to_string();
+        self.write(move |c| records::stopped(c, &id)).await
+    }
+
+    /// Folds the state counts' deltas (PostgreSQL).
+    pub async fn fold_counts(&self) -> Result<()> {
+        if self.is_postgres() {
+            self.write(records::fold_counts).await?;
+        }
+        Ok(())
     }
 
     pub async fn archive(&self, cutoff: DateTime<Utc>, max: usize) -> Result<usize> {

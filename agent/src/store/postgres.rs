@@ -122,6 +122,17 @@ impl Target {
     }
 }
 
+/// An error as PostgreSQL worded it (`db error` alone says nothing).
+pub fn describe(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(d) => {
+            let detail = d.detail().map(|x| format!(" ({x})")).unwrap_or_default();
+            format!("{}{detail} [{}]", d.message(), d.code().code())
+        }
+        None => e.to_string(),
+    }
+}
+
 /// `name` as a quoted SQL identifier.
 pub fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
@@ -174,7 +185,9 @@ impl Db for PgConn {
         let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
         let rows = self.client.borrow_mut().query(&st, &refs).map_err(|e| with_sql(e, sql))?;
         rows.iter()
-            .map(|r| (0..r.len()).map(|i| r.try_get::<_, V>(i).map_err(StoreError::Postgres)).collect::<Result<_>>().map(Row))
+            .map(|r| {
+                (0..r.len()).map(|i| r.try_get::<_, V>(i).map_err(StoreError::Postgres)).collect::<Result<_>>().map(Row)
+            })
             .collect()
     }
 

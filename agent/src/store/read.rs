@@ -104,7 +104,13 @@ impl Store {
     pub async fn counts(&self) -> Result<BTreeMap<String, u64>> {
         self.read(|c| {
             let mut out: BTreeMap<String, u64> = TaskState::ALL.iter().map(|s| (s.to_string(), 0)).collect();
-            for r in c.query("SELECT state, n FROM state_counts", &[])? {
+            let sql = if c.postgres() {
+                "SELECT state, CAST(SUM(n) AS BIGINT) FROM (SELECT state, n FROM state_counts \
+                 UNION ALL SELECT state, d FROM state_deltas) AS c GROUP BY state"
+            } else {
+                "SELECT state, n FROM state_counts"
+            };
+            for r in c.query(sql, &[])? {
                 out.insert(r.get(0)?, r.get(1)?);
             }
             Ok(out)
@@ -255,11 +261,44 @@ impl Store {
     pub async fn event_by_key(&self, key: &str) -> Result<Option<(String, serde_json::Value)>> {
         let key = key.to_string();
         self.read(move |c| {
-            let Some(row) = c.query_opt("SELECT id, instances FROM events WHERE dedup_key = ?1", p![key.as_str()])? else {
+            let Some(row) = c.query_opt("SELECT id, instances FROM events WHERE dedup_key = ?1", p![key.as_str()])?
+            else {
                 return Ok(None);
             };
             let (id, i): (String, String) = (row.get(0)?, row.get(1)?);
             Ok(Some((id, serde_json::from_str(&i).unwrap_or_default())))
+        })
+        .await
+    }
+
+    /// Every agent that has used the store, by name.
+    pub async fn agents(&self) -> Result<Vec<apollo_shared::protocol::AgentInfo>> {
+        self.read(|c| {
+            c.query(
+                "SELECT name, id, host, version, queues, running, started_at, heartbeat_at, \
+                 CASE WHEN heartbeat_at < apollo_now_plus(-(lease_secs / 2)) THEN 1 ELSE 0 END, \
+                 CASE WHEN stopped_at IS NULL THEN 0 ELSE 1 END, apollo_now() FROM agents ORDER BY name",
+                &[],
+            )?
+            .iter()
+            .map(|r| {
+                let heartbeat = parse_ts(r.get(7)?).unwrap_or_default();
+                let now = parse_ts(r.get(10)?).unwrap_or_default();
+                Ok(apollo_shared::protocol::AgentInfo {
+                    name: r.get(0)?,
+                    id: r.get(1)?,
+                    host: r.get(2)?,
+                    version: r.get(3)?,
+                    queues: serde_json::from_str(&r.get::<String>(4)?).unwrap_or_default(),
+                    running: r.get(5)?,
+                    started_at: parse_ts(r.get(6)?).unwrap_or_default(),
+                    heartbeat_at: heartbeat,
+                    heartbeat_age_secs: (now - heartbeat).num_milliseconds().max(0) as f64 / 1000.0,
+                    late: r.get(8)?,
+                    stopped: r.get(9)?,
+                })
+            })
+            .collect()
         })
         .await
     }

@@ -80,3 +80,74 @@ pub fn archive(c: &dyn Db, cutoff: DateTime<Utc>, max: usize) -> Result<Vec<Stri
     }
     Ok(ids)
 }
+
+/// What an agent says of itself in its heartbeat.
+#[derive(Debug, Clone)]
+pub struct Heartbeat {
+    pub name: String,
+    pub host: String,
+    pub version: String,
+    pub queues: Vec<String>,
+    pub running: usize,
+    pub lease_secs: f64,
+}
+
+/// Records an agent's heartbeat (by the store's clock). The first one of a
+/// life (`starting`) refuses to take the name of another agent that is alive
+/// — its heartbeat younger than its lease — elsewhere.
+pub fn heartbeat(c: &dyn Db, id: &str, h: &Heartbeat, starting: bool) -> Result<()> {
+    if starting {
+        let other = c.query_opt(
+            "SELECT id, host, CASE WHEN heartbeat_at > apollo_now_plus(-lease_secs) AND stopped_at IS NULL THEN 1 ELSE 0 END \
+             FROM agents WHERE name = ?1",
+            p![h.name.as_str()],
+        )?;
+        if let Some(r) = other {
+            let (other_id, host, alive): (String, String, bool) = (r.get(0)?, r.get(1)?, r.get(2)?);
+            // On this host a dead process is known dead.
+            let pid_alive = |id: &str| {
+                id.rsplit(':')
+                    .next()
+                    .and_then(|p| p.parse::<i32>().ok())
+                    .is_some_and(|pid| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok())
+            };
+            if alive && other_id != id && (host != h.host || pid_alive(&other_id)) {
+                return Err(super::StoreError::Invalid(format!(
+                    "another agent named {:?} ({other_id} on {host}) is alive on this store; give this one another \
+                     agent.name (or --name), or stop that one",
+                    h.name
+                )));
+            }
+        }
+    }
+    let queues = serde_json::to_string(&h.queues).unwrap_or_default();
+    let started = if starting { Some(ts(Utc::now())) } else { None };
+    c.execute(
+        "INSERT INTO agents (name, id, host, version, queues, running, lease_secs, started_at, heartbeat_at, stopped_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, COALESCE(?8, ?9), apollo_now(), NULL) \
+         ON CONFLICT (name) DO UPDATE SET id = ?2, host = ?3, version = ?4, queues = ?5, running = ?6, lease_secs = ?7, \
+         started_at = COALESCE(?8, agents.started_at), heartbeat_at = apollo_now(), stopped_at = NULL",
+        p![h.name.as_str(), id, h.host.as_str(), h.version.as_str(), queues, h.running, h.lease_secs, started, ts(Utc::now())],
+    )?;
+    Ok(())
+}
+
+/// Notes that an agent stopped cleanly.
+pub fn stopped(c: &dyn Db, id: &str) -> Result<()> {
+    c.execute("UPDATE agents SET stopped_at = apollo_now(), running = 0 WHERE id = ?1", p![id])?;
+    Ok(())
+}
+
+/// PostgreSQL: folds the per-state deltas into the counts (a no-op on
+/// SQLite, whose triggers update the counts in place).
+pub fn fold_counts(c: &dyn Db) -> Result<()> {
+    if c.postgres() {
+        c.execute(
+            "WITH moved AS (DELETE FROM state_deltas RETURNING state, d), \
+             sums AS (SELECT state, SUM(d) AS d FROM moved GROUP BY state) \
+             UPDATE state_counts SET n = state_counts.n + sums.d FROM sums WHERE state_counts.state = sums.state",
+            &[],
+        )?;
+    }
+    Ok(())
+}

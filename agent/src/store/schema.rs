@@ -152,7 +152,25 @@ CREATE INDEX transitions_operator ON transitions(id)
     r#"
 CREATE INDEX step_runs_plugin ON step_runs(plugin, finished_at) WHERE finished_at IS NOT NULL;
 "#,
+    // 8: the agents that use the store, with their heartbeats.
+    AGENTS,
 ];
+
+/// The agents table (both backends).
+const AGENTS: &str = r#"
+CREATE TABLE agents (
+    name         TEXT PRIMARY KEY,
+    id           TEXT NOT NULL,
+    host         TEXT NOT NULL,
+    version      TEXT NOT NULL,
+    queues       TEXT NOT NULL,
+    running      INTEGER NOT NULL,
+    lease_secs   DOUBLE PRECISION NOT NULL,
+    started_at   TEXT NOT NULL,
+    heartbeat_at TEXT NOT NULL,
+    stopped_at   TEXT
+);
+"#;
 
 /// The newest SQLite schema this build knows.
 pub const VERSION: usize = MIGRATIONS.len();
@@ -178,10 +196,11 @@ pub fn migrate_sqlite(conn: &mut Connection) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// PostgreSQL's migrations. The first is SQLite's seven in one: the same
+/// PostgreSQL's migrations. The first is SQLite's first seven in one: the same
 /// tables, columns and indexes (times as the same sortable text), with
 /// PL/pgSQL triggers and the database's clock as `apollo_now()`.
-const PG_MIGRATIONS: &[&str] = &[r#"
+const PG_MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE task_defs (
     hash        TEXT PRIMARY KEY,
     task        TEXT NOT NULL,
@@ -291,16 +310,20 @@ CREATE TABLE cron_state (
     task      TEXT PRIMARY KEY,
     last_fire TEXT NOT NULL
 );
+-- Counts per state: every change appends a delta (agents never wait on
+-- one another for a counter row); `counts` adds them to the base, and the
+-- maintenance folds them in.
 CREATE TABLE state_counts (state TEXT PRIMARY KEY, n BIGINT NOT NULL);
 INSERT INTO state_counts (state, n)
     VALUES ('PENDING', 0), ('RUNNING', 0), ('SUCCESS', 0), ('FAILED', 0), ('RETRYING', 0), ('ROLLED_BACK', 0);
+CREATE TABLE state_deltas (id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, state TEXT NOT NULL, d INTEGER NOT NULL);
 CREATE FUNCTION state_counts_keep() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP IN ('UPDATE', 'DELETE') THEN
-        UPDATE state_counts SET n = n - 1 WHERE state = OLD.state;
+        INSERT INTO state_deltas (state, d) VALUES (OLD.state, -1);
     END IF;
     IF TG_OP IN ('INSERT', 'UPDATE') THEN
-        UPDATE state_counts SET n = n + 1 WHERE state = NEW.state;
+        INSERT INTO state_deltas (state, d) VALUES (NEW.state, 1);
     END IF;
     RETURN NULL;
 END $$;
@@ -314,7 +337,9 @@ $$;
 CREATE FUNCTION apollo_now_plus(secs DOUBLE PRECISION) RETURNS TEXT LANGUAGE sql VOLATILE AS $$
     SELECT to_char((clock_timestamp() + secs * interval '1 second') AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
 $$;
-"#];
+"#,
+    AGENTS,
+];
 
 /// The newest PostgreSQL schema this build knows.
 pub const PG_VERSION: usize = PG_MIGRATIONS.len();

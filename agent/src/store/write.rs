@@ -78,7 +78,10 @@ pub(super) fn task_state(c: &dyn Db, id: &str) -> Result<TaskState> {
 pub(super) fn move_task(c: &dyn Db, id: &str, to: TaskState, reason: &str, actor: &str) -> Result<TaskState> {
     let from = task_state(c, id)?;
     check_task(from, to)?;
-    c.execute("UPDATE task_instances SET state = ?2, updated_at = ?3 WHERE id = ?1", p![id, to.as_str(), ts(Utc::now())])?;
+    c.execute(
+        "UPDATE task_instances SET state = ?2, updated_at = ?3 WHERE id = ?1",
+        p![id, to.as_str(), ts(Utc::now())],
+    )?;
     history(c, id, None, Some(from.as_str()), to.as_str(), reason, actor)?;
     Ok(from)
 }
@@ -95,14 +98,7 @@ fn step_state(c: &dyn Db, id: &str, seq: u32) -> Result<StepState> {
 }
 
 /// Moves a step to `to` after the table allows it, with a history row.
-pub(super) fn move_step(
-    c: &dyn Db,
-    id: &str,
-    seq: u32,
-    to: StepState,
-    reason: &str,
-    actor: &str,
-) -> Result<StepState> {
+pub(super) fn move_step(c: &dyn Db, id: &str, seq: u32, to: StepState, reason: &str, actor: &str) -> Result<StepState> {
     let from = step_state(c, id, seq)?;
     check_step(from, to)?;
     c.execute("UPDATE step_runs SET state = ?3 WHERE instance_id = ?1 AND seq = ?2", p![id, seq, to.as_str()])?;
@@ -358,14 +354,7 @@ pub fn manual_retry(c: &dyn Db, id: &str, reason: &str, actor: &str) -> Result<(
 /// An operator's rollback of a FAILED instance: held by this agent with the
 /// rollback pending; the scheduler runs it.
 /// `owner` is the agent that will run the rollback; `actor` the operator who asked.
-pub fn manual_rollback(
-    c: &dyn Db,
-    id: &str,
-    lease_secs: f64,
-    reason: &str,
-    owner: &str,
-    actor: &str,
-) -> Result<()> {
+pub fn manual_rollback(c: &dyn Db, id: &str, lease_secs: f64, reason: &str, owner: &str, actor: &str) -> Result<()> {
     refuse_while_rolling_back(c, id)?;
     let from = task_state(c, id)?;
     check_task(from, TaskState::RolledBack)?;
@@ -413,7 +402,8 @@ pub fn cancel_orphan(c: &dyn Db, id: &str, reason: &str, actor: &str) -> Result<
     if expired != Some(true) {
         return Err(StoreError::Invalid(format!("instance {id} is not RUNNING with an expired lease")));
     }
-    let running: Vec<u32> = c.column("SELECT seq FROM step_runs WHERE instance_id = ?1 AND state = 'RUNNING'", p![id])?;
+    let running: Vec<u32> =
+        c.column("SELECT seq FROM step_runs WHERE instance_id = ?1 AND state = 'RUNNING'", p![id])?;
     for seq in running {
         step_fail(c, id, seq, &format!("cancelled: {reason}"), false, actor)?;
     }

@@ -137,6 +137,8 @@ enum Cmd {
     Completions { shell: clap_complete::Shell },
     /// Print this command's man page (roff): `apollo man > apollo.1`.
     Man,
+    /// Every agent on the store: name, host, version, queues, running, last heartbeat, late or not.
+    Agents,
     /// What operators did (run, retry, rollback, cancel), who, and why; newest first.
     Audit {
         #[arg(long, default_value_t = 50)]
@@ -329,6 +331,7 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
         Cmd::Plugins => simple(&client, "plugins.list", json, |v| render::plugins(&out, v)).await,
         Cmd::Queues => simple(&client, "queues.stats", json, |v| render::queues(&out, v)).await,
         Cmd::Status => simple(&client, "agent.status", json, |v| render::status(&out, v)).await,
+        Cmd::Agents => simple(&client, "agents.list", json, |v| render::agents(&out, v)).await,
         Cmd::Completions { .. } | Cmd::Man => Ok(ExitCode::SUCCESS),
         Cmd::Audit { limit } => {
             let v = client.call("audit.list", json!({"limit": limit})).await?;

@@ -178,6 +178,34 @@ pub fn plugins(_out: &Out, v: &Value) {
     }
 }
 
+pub fn agents(out: &Out, v: &Value) {
+    println!(
+        "{:<16} {:<22} {:<16} {:<8} {:>7} {:>10}  {:<10} QUEUES",
+        "NAME", "ID", "HOST", "VERSION", "RUNNING", "HEARTBEAT", "STATE"
+    );
+    for a in v.as_array().into_iter().flatten() {
+        let state = if a["stopped"] == true {
+            out.paint("stopped", "SKIPPED")
+        } else if a["late"] == true {
+            out.paint("late", "FAILED")
+        } else {
+            out.paint("live", "SUCCESS")
+        };
+        let queues: Vec<&str> = a["queues"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+        println!(
+            "{:<16} {:<22} {:<16} {:<8} {:>7} {:>9.1}s  {:<10} {}",
+            a["name"].as_str().unwrap_or_default(),
+            a["id"].as_str().unwrap_or_default(),
+            a["host"].as_str().unwrap_or_default(),
+            a["version"].as_str().unwrap_or_default(),
+            a["running"],
+            a["heartbeat_age_secs"].as_f64().unwrap_or_default(),
+            state,
+            queues.join(",")
+        );
+    }
+}
+
 pub fn queues(_out: &Out, v: &Value) {
     println!("{:<12} {:>8} {:>6} {:>8} {:>9}  OLDEST PENDING", "QUEUE", "RUNNING", "LIMIT", "PENDING", "RETRYING");
     for q in v.as_array().into_iter().flatten() {
