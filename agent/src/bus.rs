@@ -44,6 +44,17 @@ impl Bus {
         stop: tokio_util::sync::CancellationToken,
         mut f: impl FnMut(&Value) + Send + 'static,
     ) -> tokio::task::JoinHandle<()> {
+        self.each("alerts", stop, move |ev| f(&ev.data))
+    }
+
+    /// Calls `f` with every event on `topic` published from now on, until
+    /// `stop`; events missed by falling behind are counted in a warning.
+    pub fn each(
+        &self,
+        topic: &'static str,
+        stop: tokio_util::sync::CancellationToken,
+        mut f: impl FnMut(&Event) + Send + 'static,
+    ) -> tokio::task::JoinHandle<()> {
         let mut rx = self.subscribe();
         tokio::spawn(async move {
             loop {
@@ -52,10 +63,10 @@ impl Bus {
                     _ = stop.cancelled() => return,
                 };
                 match ev {
-                    Ok(ev) if ev.topic == "alerts" => f(&ev.data),
+                    Ok(ev) if ev.topic == topic => f(&ev),
                     Ok(_) => {}
                     Err(broadcast::error::RecvError::Lagged(n)) => {
-                        tracing::warn!(missed = n, "an alert listener fell behind the bus");
+                        tracing::warn!(missed = n, topic, "a bus listener fell behind");
                     }
                     Err(broadcast::error::RecvError::Closed) => return,
                 }

@@ -189,6 +189,17 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         let s = scheduler.clone();
         store.listen(Arc::new(move || s.wake()), shutdown.clone())
     };
+    // Requests from the other agents: stop an instance this one runs.
+    let control = {
+        let (s, me) = (scheduler.clone(), store.agent().to_string());
+        bus.each("control", shutdown.clone(), move |ev| {
+            if ev.kind == "cancel" && ev.data["to"] == me.as_str() {
+                let (id, reason) =
+                    (ev.data["id"].as_str().unwrap_or_default(), ev.data["reason"].as_str().unwrap_or_default());
+                let _ = s.cancel(id, scheduler::StopReason::Cancel(reason.to_string()));
+            }
+        })
+    };
     notify::ready(&scheduler.status_line().await);
     let reload_task = tokio::spawn(reloader.run(shutdown.clone()));
     let cron_task = tokio::spawn(cron.run(shutdown.clone()));
@@ -199,6 +210,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         let _ = l.await;
     }
     let _ = alert_counter.await;
+    let _ = control.await;
     let _ = hooks_task.await;
     let _ = reload_task.await;
     let _ = cron_task.await;

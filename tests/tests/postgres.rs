@@ -151,3 +151,135 @@ async fn a_dead_agents_instances_are_taken_over_after_its_lease() {
     assert!(rows.iter().any(|t| t.reason.starts_with("recovered") && !t.actor.starts_with("agent:b:")), "{rows:#?}");
     drop(agents);
 }
+
+/// The agent (a, b or c) holding a RUNNING instance of `task`, if one runs.
+fn holder(schema: &PgSchema, task: &str) -> Option<String> {
+    schema
+        .sql(&format!(
+            "SELECT split_part(lease_owner, ':', 2) FROM task_instances WHERE task = '{task}' AND state = 'RUNNING'"
+        ))
+        .first()
+        .and_then(|r| r[0].clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dedicated_queues_go_to_their_agents_and_ordered_queues_keep_order_across_a_death() {
+    let schema = PgSchema::new("queues");
+    let shared = tempfile::tempdir().unwrap();
+    let witness = shared.path().join("witness");
+    let special = "task: sp\nqueue: special\nsteps:\n  - plugin: sleep\n    params: {seconds: 0.02}\n";
+    let serial = format!(
+        "task: ser\nqueue: serial\nsteps:\n  - plugin: shell\n    params:\n      command: echo \"start $APOLLO_IDEMPOTENCY_KEY\" >> {w}; sleep 0.15; echo \"end $APOLLO_IDEMPOTENCY_KEY\" >> {w}\n",
+        w = witness.display()
+    );
+    let queues = "scheduler:\n  lease: 2s\n  queues:\n    special: {agents: [c]}\n    serial: {ordered: true}\n";
+    let mut agents = agents(&schema, 3, queues, &[("sp.yaml", special), ("ser.yaml", &serial)]);
+    let c = agents[0].client().await;
+    c.subscribe(&["tasks"]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+
+    // The dedicated queue: only c claims, whichever agent was asked.
+    let mut sp = Vec::new();
+    for i in 0..20 {
+        let via = agents[i % 2].client().await;
+        sp.push(trigger(&via, "sp", json!({})).await);
+    }
+    for id in &sp {
+        wait_until(&c, &mut events, id, "the dedicated queue's instances", ended).await;
+    }
+    let claimers = schema.sql(
+        "SELECT DISTINCT split_part(t.actor, ':', 2) FROM transitions t JOIN task_instances i ON i.id = t.instance_id \
+         WHERE i.task = 'sp' AND t.reason = 'claimed'",
+    );
+    assert_eq!(claimers, vec![vec![Some("c".to_string())]], "only c serves the dedicated queue");
+
+    // The ordered queue: one at a time, in creation order, through the
+    // death of the agent running them.
+    let mut ser = Vec::new();
+    for _ in 0..10 {
+        ser.push(trigger(&c, "ser", json!({})).await);
+    }
+    wait_until(&c, &mut events, &ser[3], "the fourth ordered instance to start", |i| i.state.as_str() == "RUNNING")
+        .await;
+    let victim = holder(&schema, "ser").expect("an ordered instance runs");
+    let v = ["a", "b", "c"].iter().position(|n| *n == victim).unwrap();
+    agents[v].kill9();
+    let watcher = agents[if v == 0 { 1 } else { 0 }].client().await;
+    watcher.subscribe(&["tasks"]).await.unwrap();
+    let mut events = watcher.take_events().unwrap();
+    for id in &ser {
+        let done = wait_until(&watcher, &mut events, id, "every ordered instance to finish", ended).await;
+        assert_eq!(done.state.as_str(), "SUCCESS", "{done:?}");
+    }
+    let mut open: Option<String> = None;
+    let mut first_starts = Vec::new();
+    for line in witness_lines(&witness) {
+        let (what, key) = line.split_once(' ').unwrap();
+        let inst = key.split(':').next().unwrap().to_string();
+        match what {
+            "start" => {
+                // A start while another instance is open would be two at once;
+                // the same instance again is the killed run, repeated.
+                if let Some(o) = &open {
+                    assert_eq!(o, &inst, "{inst} started while {o} ran: {:#?}", witness_lines(&witness));
+                }
+                if !first_starts.contains(&inst) {
+                    first_starts.push(inst.clone());
+                }
+                open = Some(inst);
+            }
+            _ => open = None,
+        }
+    }
+    assert_eq!(first_starts, ser, "started in creation order");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schedules_and_events_make_one_instance_whichever_agents_see_them() {
+    let schema = PgSchema::new("once");
+    let tick = "task: tick\nschedule: '* * * * * *'\ntimezone: UTC\nsteps:\n  - plugin: sleep\n";
+    let on = "task: on\non_event: deploy\nsteps:\n  - plugin: sleep\n";
+    let agents = agents(&schema, 3, "", &[("tick.yaml", tick), ("on.yaml", on)]);
+    let c = agents[0].client().await;
+    c.subscribe(&["tasks"]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    // Three fires (of every agent's schedule) are seen, woken by their creation.
+    let fired = || schema.sql("SELECT COUNT(*) FROM task_instances WHERE task = 'tick'")[0][0].clone().unwrap();
+    wait_event(&mut events, "three fires", |_| fired().parse::<u32>().unwrap() >= 3).await;
+    // One event with a dedup key, published to two agents at once.
+    let (a, b) = (agents[0].client().await, agents[1].client().await);
+    let event = json!({"name": "deploy", "dedup_key": "release-42", "data": {"v": 42}});
+    let (ra, rb) = tokio::join!(a.call("events.publish", event.clone()), b.call("events.publish", event.clone()));
+    let (ra, rb) = (ra.unwrap(), rb.unwrap());
+    drop(agents);
+    let per_fire =
+        schema.sql("SELECT dedup_key, COUNT(*) FROM task_instances WHERE task = 'tick' GROUP BY 1 HAVING COUNT(*) > 1");
+    assert!(per_fire.is_empty(), "a fire made more than one instance: {per_fire:?}");
+    let keys = schema.sql("SELECT COUNT(DISTINCT dedup_key), COUNT(*) FROM task_instances WHERE task = 'tick'");
+    assert_eq!(keys[0][0], keys[0][1], "one instance per fire time");
+    let on = schema.sql("SELECT id FROM task_instances WHERE task = 'on'");
+    assert_eq!(on.len(), 1, "one instance for the event, published twice: {ra} {rb}");
+    let made: Vec<&serde_json::Value> = [&ra, &rb].iter().flat_map(|r| r["instances"].as_array().unwrap()).collect();
+    assert_eq!(made.len(), 1, "exactly one of the two calls created it: {ra} {rb}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_through_any_agent_stops_the_instance_where_it_runs() {
+    let schema = PgSchema::new("cancel");
+    let long = "task: long\nsteps:\n  - plugin: shell\n    params: {command: sleep 30}\n";
+    let agents = agents(&schema, 2, "", &[("long.yaml", long)]);
+    let a = agents[0].client().await;
+    a.subscribe(&["tasks"]).await.unwrap();
+    let mut events = a.take_events().unwrap();
+    let id = trigger(&a, "long", json!({})).await;
+    wait_until(&a, &mut events, &id, "the instance to run", |i| i.state.as_str() == "RUNNING").await;
+    let runs_on = holder(&schema, "long").unwrap();
+    let other = if runs_on == "a" { &agents[1] } else { &agents[0] };
+    let (code, out) = other.cli_json(&["cancel", &id, "--reason", "wrong release"]);
+    assert_eq!(code, 0, "{out:#}");
+    let done = wait_until(&a, &mut events, &id, "the cancel", ended).await;
+    assert_eq!(done.state.as_str(), "FAILED");
+    assert!(done.error.as_deref().unwrap_or_default().contains("wrong release"), "{done:?}");
+    let steps = done.steps.unwrap();
+    assert!(steps[0].error.as_deref().unwrap_or_default().contains("cancelled"), "{steps:?}");
+}

@@ -18,6 +18,56 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+/// Commits a result the agent must not lose: while the store cannot be
+/// reached or written, the write is tried again (with growing pauses) for as
+/// long as the executor runs; the result waits in memory meanwhile. A write
+/// whose commit was cut off may have landed: `landed` tells from the stored
+/// instance, before a repeat is refused as an illegal transition.
+async fn durably<F, Fut>(
+    s: &Arc<Scheduler>,
+    active: &Active,
+    id: &str,
+    what: &str,
+    write: F,
+    landed: impl Fn(&apollo_shared::protocol::Instance) -> bool,
+) -> Result<(), StoreError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<(), StoreError>>,
+{
+    let mut pause = Duration::from_millis(100);
+    let mut tried = false;
+    loop {
+        match write().await {
+            Ok(()) => return Ok(()),
+            Err(StoreError::Unwritable(_) | StoreError::Commit(_) | StoreError::Closed)
+                if active.token.is_cancelled() =>
+            {
+                return Err(StoreError::Closed)
+            }
+            Err(e @ (StoreError::Unwritable(_) | StoreError::Commit(_))) => {
+                if !tried {
+                    tracing::warn!(error = %e, "cannot record {what} now; it is kept and recorded when the store can be written");
+                }
+                tried = true;
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = active.token.cancelled() => {}
+                }
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+            Err(e @ StoreError::Illegal(_)) if tried => {
+                // The earlier attempt committed after all?
+                return match s.store.get(id).await {
+                    Ok(i) if landed(&i) => Ok(()),
+                    _ => Err(e),
+                };
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// How one step attempt ended.
 enum Outcome {
     Done,
@@ -36,8 +86,12 @@ pub async fn run(s: &Arc<Scheduler>, inst: Claimed, active: &Active) {
                 // with the reason, never RUNNING without an executor.
                 let msg = format!("stopped: {e}");
                 tracing::error!("{msg}");
-                let running = s.store.get(&id).await.is_ok_and(|i| i.state == TaskState::Running);
-                if running {
+                // Not when another agent has taken it over (on a shared
+                // database): it is that agent's to finish.
+                let ours = s.store.get(&id).await.is_ok_and(|i| {
+                    i.state == TaskState::Running && i.lease_owner.as_deref() == Some(s.store.agent())
+                });
+                if ours {
                     if let Err(e) = s.store.fail(&id, &msg, FailurePlan::Stop, s.store.agent()).await {
                         tracing::warn!(error = %e, "could not mark the instance FAILED");
                     }
@@ -94,7 +148,8 @@ async fn run_inner(s: &Arc<Scheduler>, inst: Claimed, active: &Active) -> Result
             Outcome::Ended => return Ok(()),
         }
     }
-    s.store.finish_success(&inst.id).await?;
+    let landed = |i: &apollo_shared::protocol::Instance| i.state == TaskState::Success;
+    durably(s, active, &inst.id, "the instance's SUCCESS", || s.store.finish_success(&inst.id), landed).await?;
     finished(&inst.task, "SUCCESS");
     tracing::info!("instance succeeded");
     Ok(())
@@ -242,7 +297,12 @@ async fn run_step(
     async {
         match result {
             Ok(output) => {
-                s.store.step_success(id, step.seq, &output, &ctx.to_value()).await?;
+                let context = ctx.to_value();
+                let committed = |i: &apollo_shared::protocol::Instance| {
+                    i.steps.iter().flatten().any(|x| x.seq == step.seq && x.state == StepState::Success)
+                };
+                let write = || s.store.step_success(id, step.seq, &output, &context);
+                durably(s, active, id, "the step's SUCCESS", write, committed).await?;
                 tracing::info!("step succeeded");
                 Ok(Outcome::Done)
             }

@@ -241,6 +241,25 @@ impl Api {
             }
             let inst = self.scheduler.store.get(&p.id).await.map_err(store_err)?;
             let expired = inst.lease_expires_at.is_none_or(|t| t < chrono::Utc::now());
+            let store = &self.scheduler.store;
+            let elsewhere = inst.lease_owner.as_deref().filter(|o| *o != store.agent());
+            if let (TaskState::Running, false, Some(owner)) = (inst.state, expired, elsewhere) {
+                // Another agent on the shared database runs it: it is asked to stop it.
+                let mut changes = store.bus().subscribe();
+                store.announce("control", "cancel", json!({ "id": p.id, "reason": reason, "to": owner }));
+                let grace = self.scheduler.config().scheduler.kill_grace + std::time::Duration::from_secs(10);
+                let until = tokio::time::Instant::now() + grace;
+                while store.get(&p.id).await.map_err(store_err)?.state == TaskState::Running {
+                    tokio::select! {
+                        _ = changes.recv() => {}
+                        _ = tokio::time::sleep_until(until) => return Err(RpcError::new(
+                            code::BUSY,
+                            format!("instance {} runs on agent {owner}, which did not stop it within {}s", p.id, grace.as_secs()),
+                        )),
+                    }
+                }
+                break;
+            }
             if inst.state == TaskState::Running && expired {
                 // Nobody works on it: its holder died or stopped on a store error.
                 self.scheduler
