@@ -180,10 +180,17 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let hooks_task = hooks::start(&settings, store.clone(), shutdown.clone());
     let metrics_task = tokio::spawn(metrics::follow(scheduler.clone(), shutdown.clone()));
     // Alerts counted by kind, from the bus every alert is published on.
-    let alert_counter = bus.each_alert(shutdown.clone(), |alert| {
-        let kind = alert["kind"].as_str().unwrap_or("unknown");
-        metrics::get().alerts.get_or_create(&metrics::label("kind", kind)).inc();
-    });
+    let alert_counter = {
+        let s = scheduler.clone();
+        bus.each_alert(shutdown.clone(), move |alert| {
+            let kind = alert["kind"].as_str().unwrap_or("unknown");
+            metrics::get().alerts.get_or_create(&metrics::label("kind", kind)).inc();
+            // The store is back: what stalled on it goes on now.
+            if kind == "store_writable" {
+                s.wake();
+            }
+        })
+    };
     // On a shared database, the other agents' changes wake this one.
     let listener = {
         let s = scheduler.clone();

@@ -7,7 +7,7 @@
 //! a schema newer than the build is refused.
 
 use apollo_agent::bus::Bus;
-use apollo_agent::store::{postgres::Target, Location, NewInstance, QueuePolicy, Store, StoreError};
+use apollo_agent::store::{postgres::Target, Location, NewInstance, QueuePolicy, Recover, Store, StoreError};
 use apollo_shared::state::TaskState;
 use serde_json::{json, Map};
 use std::collections::HashMap;
@@ -219,8 +219,8 @@ async fn recovery_takes_running_instances_and_marks_interrupted_steps(db: TestDb
     // A new store on the same database, as after a crash.
     let store = db.open();
     // Expired-only recovery leaves a live lease alone.
-    assert!(store.recover(lease(), true, Vec::new()).await.unwrap().is_empty());
-    let found = store.recover(lease(), false, Vec::new()).await.unwrap();
+    assert!(store.recover(lease(), Recover::Expired { held: Vec::new() }).await.unwrap().is_empty());
+    let found = store.recover(lease(), Recover::All).await.unwrap();
     assert_eq!(found.len(), 1);
     let inst = store.get("R1").await.unwrap();
     assert_eq!(inst.state, TaskState::Running);

@@ -283,3 +283,110 @@ async fn a_cancel_through_any_agent_stops_the_instance_where_it_runs() {
     let steps = done.steps.unwrap();
     assert!(steps[0].error.as_deref().unwrap_or_default().contains("cancelled"), "{steps:?}");
 }
+
+/// A TCP proxy in front of PostgreSQL that the test can cut (every
+/// connection closed, new ones refused) and restore.
+struct Proxy {
+    port: u16,
+    up: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    open: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl Proxy {
+    fn start(to: std::net::SocketAddr) -> Proxy {
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let up = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let open = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (u, o) = (up.clone(), open.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                if !u.load(Ordering::SeqCst) {
+                    continue; // refused: dropped at once
+                }
+                let Ok(server) = std::net::TcpStream::connect(to) else { continue };
+                let mut open = o.lock().unwrap();
+                open.push(client.try_clone().unwrap());
+                open.push(server.try_clone().unwrap());
+                for (mut from, mut into) in
+                    [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)]
+                {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut into);
+                        let _ = into.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Proxy { port, up, open }
+    }
+
+    fn cut(&self) {
+        self.up.store(false, std::sync::atomic::Ordering::SeqCst);
+        for s in self.open.lock().unwrap().drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    fn restore(&self) {
+        self.up.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_connection_loses_nothing_and_the_agent_recovers_on_its_own() {
+    let schema = PgSchema::new("cut");
+    let server: std::net::SocketAddr = {
+        let url = pg_url();
+        let cfg: postgres::Config = url.parse().unwrap();
+        let host = match &cfg.get_hosts()[0] {
+            postgres::config::Host::Tcp(h) => h.clone(),
+            other => panic!("the cut test needs PostgreSQL over TCP, not {other:?} ({url})"),
+        };
+        let port = cfg.get_ports().first().copied().unwrap_or(5432);
+        std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), port)).unwrap().next().unwrap()
+    };
+    let proxy = Proxy::start(server);
+    let shared = tempfile::tempdir().unwrap();
+    let witness = shared.path().join("witness");
+    let step = format!(
+        "  - plugin: shell\n    params:\n      command: sleep 0.1; echo \"$APOLLO_IDEMPOTENCY_KEY\" >> {}\n",
+        witness.display()
+    );
+    let url = pg_url().replacen(&format!(":{}/", server.port()), &format!(":{}/", proxy.port), 1);
+    let agent = Agent::builder()
+        .config(&format!("database:\n  url: {url}\n  schema: {}\nscheduler:\n  concurrency: 8\n", schema.name))
+        .task("w.yaml", &format!("task: w\nsteps:\n{step}{step}"))
+        .start();
+    let c = agent.client().await;
+    c.subscribe(&["tasks", "alerts"]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..40 {
+        ids.push(trigger(&c, "w", json!({})).await);
+    }
+    wait_until(&c, &mut events, &ids[5], "some work to be done", ended).await;
+
+    proxy.cut();
+    wait_event(&mut events, "the store_unwritable alert", |e| e.data["kind"] == "store_unwritable").await;
+    let status = c.call("agent.status", json!({})).await.unwrap();
+    assert!(
+        status["store_error"].as_str().is_some_and(|e| e.contains("cannot be reached") || e.contains("cannot be read")),
+        "the status says the store is unreachable: {status}"
+    );
+    proxy.restore();
+    wait_event(&mut events, "the store_writable alert", |e| e.data["kind"] == "store_writable").await;
+    for id in &ids {
+        let done = wait_until(&c, &mut events, id, "every instance to finish", ended).await;
+        assert_eq!(done.state.as_str(), "SUCCESS", "{done:?}");
+    }
+    let lines = witness_lines(&witness);
+    let unique: BTreeSet<&String> = lines.iter().collect();
+    assert_eq!(unique.len(), 80, "every step ran");
+    let status = c.call("agent.status", json!({})).await.unwrap();
+    assert!(status["store_error"].is_null(), "{status}");
+    let alerts = agent.cli_json(&["alerts"]).1;
+    let kinds: Vec<&str> = alerts.as_array().unwrap().iter().filter_map(|a| a["kind"].as_str()).collect();
+    assert!(kinds.contains(&"store_unwritable") && kinds.contains(&"store_writable"), "{alerts:#}");
+}

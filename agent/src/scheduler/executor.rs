@@ -75,12 +75,14 @@ enum Outcome {
     Ended,
 }
 
-pub async fn run(s: &Arc<Scheduler>, inst: Claimed, active: &Active) {
+/// Runs an instance; true when it stopped on a store error (the scheduler
+/// takes it up again once the store can be written).
+pub async fn run(s: &Arc<Scheduler>, inst: Claimed, active: &Active) -> bool {
     let span = tracing::info_span!("instance", task_id = %inst.id, trace_id = %inst.trace_id, task = %inst.task);
     let id = inst.id.clone();
     async {
         match run_inner(s, inst, active).await {
-            Ok(()) => {}
+            Ok(()) => false,
             Err(e @ (StoreError::Illegal(_) | StoreError::Invalid(_))) => {
                 // The instance cannot go on as the store holds it: it ends FAILED
                 // with the reason, never RUNNING without an executor.
@@ -96,11 +98,14 @@ pub async fn run(s: &Arc<Scheduler>, inst: Claimed, active: &Active) {
                         tracing::warn!(error = %e, "could not mark the instance FAILED");
                     }
                 }
+                false
             }
             Err(e) => {
-                // A store error (disk full, I/O): the lease is no longer renewed,
-                // and the instance is taken up again when it runs out.
-                tracing::error!(error = %e, "executor stopped on a store error; the instance resumes when its lease expires");
+                // A store error (disk full, I/O, the database out of reach):
+                // the instance is taken up again once the store can be written
+                // (or by anyone when its lease runs out).
+                tracing::error!(error = %e, "executor stopped on a store error; the instance resumes when the store is back");
+                !s.is_shutting_down()
             }
         }
     }

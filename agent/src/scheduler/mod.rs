@@ -13,7 +13,7 @@ use crate::catalog::Catalog;
 use crate::config::Config;
 use crate::plugins::Plugins;
 use crate::settings::Settings;
-use crate::store::{Claimed, Store};
+use crate::store::{Claimed, Recover, Store};
 use apollo_shared::def::TaskDef;
 use chrono::Utc;
 use std::collections::HashMap;
@@ -69,6 +69,9 @@ pub struct Scheduler {
     clock_anchor: Mutex<(chrono::DateTime<Utc>, Instant)>,
     /// Notified when the wall clock jumped (the schedules look again).
     pub clock_jumped: Notify,
+    /// Instances whose executors stopped on a store error: taken up again
+    /// as soon as the store can be written.
+    stalled: Mutex<Vec<String>>,
 }
 
 /// A wall clock that moved more than this against the monotonic clock jumped.
@@ -98,6 +101,7 @@ impl Scheduler {
             shutdown,
             clock_anchor: Mutex::new((Utc::now(), Instant::now())),
             clock_jumped: Notify::new(),
+            stalled: Mutex::new(Vec::new()),
         })
     }
 
@@ -149,6 +153,32 @@ impl Scheduler {
         }
     }
 
+    /// Takes up again the instances whose executors stopped on a store
+    /// error, once the store can be written (their leases are still this
+    /// agent's; nothing waits for them to run out).
+    async fn resume_stalled(self: &Arc<Self>) {
+        let ids = std::mem::take(&mut *self.stalled.lock().expect("stalled"));
+        if ids.is_empty() || self.shutdown.is_cancelled() {
+            return;
+        }
+        if self.store.unwritable().is_some() && !self.store_answers().await {
+            *self.stalled.lock().expect("stalled") = ids;
+            return;
+        }
+        match self.store.recover(self.lease(), Recover::Stalled(ids.clone())).await {
+            Ok(found) => {
+                tracing::info!(count = found.len(), "the store can be written again; resuming stalled instances");
+                found.into_iter().for_each(|i| self.adopt(i));
+            }
+            Err(_) => *self.stalled.lock().expect("stalled") = ids,
+        }
+    }
+
+    /// Whether the store answers a read now.
+    async fn store_answers(&self) -> bool {
+        self.store.counts().await.is_ok()
+    }
+
     /// What this agent says of itself in the store (`apollo agents`).
     pub fn heartbeat(&self) -> crate::store::Heartbeat {
         let config = self.config();
@@ -167,7 +197,7 @@ impl Scheduler {
     /// accepts connections only after this, so no client ever sees an
     /// instance RUNNING with nobody working on it.
     pub async fn recover(self: &Arc<Self>) {
-        match self.store.recover(self.lease(), false, Vec::new()).await {
+        match self.store.recover(self.lease(), Recover::All).await {
             Ok(found) => {
                 if !found.is_empty() {
                     tracing::info!(count = found.len(), "resuming instances held when the agent stopped");
@@ -204,6 +234,7 @@ impl Scheduler {
                 maintenance = tokio::time::interval(tick_for(lease));
                 maintenance.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             }
+            self.resume_stalled().await;
             let free = (self.config().scheduler.concurrency as usize).saturating_sub(self.running());
             if free > 0 && !self.shutdown.is_cancelled() {
                 match self.store.claim(free, self.lease(), self.queue_policy()).await {
@@ -214,8 +245,11 @@ impl Scheduler {
             let due = *self.retry_due.lock().expect("retry due");
             let sleep_for =
                 due.map(|t| (t - Utc::now()).to_std().unwrap_or(Duration::ZERO)).unwrap_or(Duration::from_secs(3600));
+            // Stalled instances are looked at again every half second.
+            let stalled = !self.stalled.lock().expect("stalled").is_empty();
             tokio::select! {
                 _ = self.wake.notified() => {}
+                _ = tokio::time::sleep(Duration::from_millis(500)), if stalled => {}
                 Ok(()) = settings.changed() => {}
                 _ = tokio::time::sleep(sleep_for) => {
                     // The loop's top claims what fell due; the next wait is for
@@ -300,7 +334,7 @@ impl Scheduler {
         if self.shutdown.is_cancelled() {
             return;
         }
-        match self.store.recover(self.lease(), true, ids).await {
+        match self.store.recover(self.lease(), Recover::Expired { held: ids }).await {
             Ok(found) => {
                 self.stop_leftovers(&found).await;
                 for i in found {
@@ -442,8 +476,11 @@ impl Scheduler {
         let me = self.clone();
         self.tracker.spawn(async move {
             let id = inst.id.clone();
-            executor::run(&me, inst, &active).await;
+            let stalled = executor::run(&me, inst, &active).await;
             me.active.lock().expect("active").remove(&id);
+            if stalled {
+                me.stalled.lock().expect("stalled").push(id.clone());
+            }
             let _ = active.done.send(true);
             me.wake();
         });

@@ -438,7 +438,11 @@ impl Api {
     }
 
     async fn status(&self) -> Reply {
-        let counts = self.scheduler.store.counts().await.map_err(store_err)?;
+        // The status answers even when the store cannot be read: it says so.
+        let (counts, unread) = match self.scheduler.store.counts().await {
+            Ok(c) => (c, None),
+            Err(e) => (Default::default(), Some(format!("the store cannot be read: {e}"))),
+        };
         let cat = self.scheduler.catalog.read().expect("catalog");
         let cfg = self.scheduler.config();
         to_value(AgentStatus {
@@ -455,7 +459,7 @@ impl Api {
             definition_errors: cat.errors.len() as u64,
             concurrency: cfg.scheduler.concurrency,
             shutting_down: self.scheduler.is_shutting_down(),
-            store_error: self.scheduler.store.unwritable(),
+            store_error: self.scheduler.store.unwritable().or(unread),
         })
     }
 }

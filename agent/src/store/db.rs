@@ -146,6 +146,12 @@ pub trait Db {
     fn query(&self, sql: &str, params: &[V]) -> Result<Vec<Row>>;
     /// Whether this is PostgreSQL (for the few statements that differ).
     fn postgres(&self) -> bool;
+
+    /// Whether a connection that sat idle still works (a PostgreSQL
+    /// connection may have been cut meanwhile).
+    fn alive(&self) -> bool {
+        true
+    }
 }
 
 impl dyn Db + '_ {

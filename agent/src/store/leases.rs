@@ -196,20 +196,44 @@ pub fn shift_times(c: &dyn Db, delta: chrono::TimeDelta) -> Result<usize> {
 /// `only_expired`, only those whose lease has run out. Steps that were
 /// RUNNING are marked FAILED as interrupted (not counted against retries),
 /// so they run again: at-least-once.
-pub fn recover(c: &dyn Db, agent: &str, lease_secs: f64, only_expired: bool, held: &[String]) -> Result<Vec<Claimed>> {
+/// Which held instances a recovery takes.
+#[derive(Debug, Clone)]
+pub enum Recover {
+    /// Every one (at start: what an earlier life of the agent held).
+    All,
+    /// Those whose lease ran out, but for these (its own, still running).
+    Expired { held: Vec<String> },
+    /// These, held by this agent, whose executors stopped on a store error.
+    Stalled(Vec<String>),
+}
+
+pub fn recover(c: &dyn Db, agent: &str, lease_secs: f64, which: &Recover) -> Result<Vec<Claimed>> {
     take_turn(c)?;
-    let ids: Vec<String> = c.column(
+    let only_expired = matches!(which, Recover::Expired { .. });
+    let rows = c.query(
         // Each branch uses the state index; an OR across them would scan the table.
-        "SELECT id FROM (\
-           SELECT id, priority, lease_expires_at FROM task_instances WHERE state = 'RUNNING' \
+        "SELECT id, lease_owner FROM (\
+           SELECT id, priority, lease_owner, lease_expires_at FROM task_instances WHERE state = 'RUNNING' \
            UNION ALL \
-           SELECT id, priority, lease_expires_at FROM task_instances INDEXED BY task_instances_rolling_back \
+           SELECT id, priority, lease_owner, lease_expires_at FROM task_instances INDEXED BY task_instances_rolling_back \
            WHERE state = 'FAILED' AND rollback_pending = 1) AS held \
          WHERE ?1 = 0 OR lease_expires_at IS NULL OR lease_expires_at < apollo_now() ORDER BY priority DESC, id",
         p![only_expired],
     )?;
+    let mut ids = Vec::new();
+    for r in rows {
+        let (id, owner): (String, Option<String>) = (r.get(0)?, r.get(1)?);
+        let take = match which {
+            Recover::All => true,
+            Recover::Expired { held } => !held.contains(&id),
+            Recover::Stalled(these) => these.contains(&id) && owner.as_deref() == Some(agent),
+        };
+        if take {
+            ids.push(id);
+        }
+    }
     let mut out = Vec::new();
-    for id in ids.into_iter().filter(|id| !held.contains(id)) {
+    for id in ids {
         let running: Vec<u32> =
             c.column("SELECT seq FROM step_runs WHERE instance_id = ?1 AND state = 'RUNNING'", p![id.as_str()])?;
         for seq in running {

@@ -25,7 +25,7 @@ pub mod schema;
 pub mod sqlite;
 mod write;
 
-pub use leases::QueuePolicy;
+pub use leases::{QueuePolicy, Recover};
 pub use read::ListFilter;
 pub use records::Heartbeat;
 pub use write::{Claimed, Decide, FailurePlan, NewInstance};
@@ -150,6 +150,7 @@ struct Inner {
     backend: Backend,
     writer: Mutex<Option<mpsc::Sender<Box<dyn Job>>>>,
     writer_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Idle readers.
     readers: Mutex<Vec<Reader>>,
     /// How many readers are kept open.
     pool: usize,
@@ -464,8 +465,11 @@ impl Store {
     where
         F: FnOnce(&dyn Db) -> Result<R>,
     {
-        let conn = self.inner.readers.lock().expect("reader pool").pop();
-        let conn: Reader = match conn {
+        let pooled = self.inner.readers.lock().expect("reader pool").pop();
+        // A pooled PostgreSQL connection is checked first (one cut since it
+        // was last used is replaced rather than failing the read).
+        let pooled = pooled.filter(|c| c.alive());
+        let conn: Reader = match pooled {
             Some(c) => c,
             None => match &self.inner.backend {
                 Backend::Sqlite { path } => Box::new(sqlite::open_reader(path)?),

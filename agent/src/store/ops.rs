@@ -162,10 +162,10 @@ impl Store {
         Ok((failures, plan))
     }
 
-    pub async fn recover(&self, lease: Duration, only_expired: bool, held: Vec<String>) -> Result<Vec<Claimed>> {
+    pub async fn recover(&self, lease: Duration, which: leases::Recover) -> Result<Vec<Claimed>> {
         let agent = self.agent().to_string();
         let secs = lease.as_secs_f64();
-        self.write_in_turn(move |c| leases::recover(c, &agent, secs, only_expired, &held)).await
+        self.write_in_turn(move |c| leases::recover(c, &agent, secs, &which)).await
     }
 
     /// Moves retry times and leases by `delta` (after the wall clock jumped).

@@ -194,6 +194,11 @@ impl Db for PgConn {
     fn postgres(&self) -> bool {
         true
     }
+
+    fn alive(&self) -> bool {
+        let mut client = self.client.borrow_mut();
+        !client.is_closed() && client.is_valid(std::time::Duration::from_secs(2)).is_ok()
+    }
 }
 
 impl Conn for PgConn {
