@@ -197,7 +197,14 @@ impl Scheduler {
     /// accepts connections only after this, so no client ever sees an
     /// instance RUNNING with nobody working on it.
     pub async fn recover(self: &Arc<Self>) {
-        match self.store.recover(self.lease(), Recover::All).await {
+        // On a shared database the other agents' instances are theirs.
+        let which = if self.store.is_postgres() {
+            let id = self.store.agent();
+            Recover::AtStart { prefix: id[..id.rfind(':').map_or(id.len(), |i| i + 1)].to_string() }
+        } else {
+            Recover::All
+        };
+        match self.store.recover(self.lease(), which).await {
             Ok(found) => {
                 if !found.is_empty() {
                     tracing::info!(count = found.len(), "resuming instances held when the agent stopped");

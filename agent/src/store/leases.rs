@@ -199,8 +199,12 @@ pub fn shift_times(c: &dyn Db, delta: chrono::TimeDelta) -> Result<usize> {
 /// Which held instances a recovery takes.
 #[derive(Debug, Clone)]
 pub enum Recover {
-    /// Every one (at start: what an earlier life of the agent held).
+    /// Every one (at start on SQLite, where one agent is the only one:
+    /// what an earlier life of it held).
     All,
+    /// At start on a shared database: what earlier lives of this agent held
+    /// (lease owners `<prefix><pid>`), and what anyone held whose lease ran out.
+    AtStart { prefix: String },
     /// Those whose lease ran out, but for these (its own, still running).
     Expired { held: Vec<String> },
     /// These, held by this agent, whose executors stopped on a store error.
@@ -212,7 +216,7 @@ pub fn recover(c: &dyn Db, agent: &str, lease_secs: f64, which: &Recover) -> Res
     let only_expired = matches!(which, Recover::Expired { .. });
     let rows = c.query(
         // Each branch uses the state index; an OR across them would scan the table.
-        "SELECT id, lease_owner FROM (\
+        "SELECT id, lease_owner, CASE WHEN lease_expires_at IS NULL OR lease_expires_at < apollo_now() THEN 1 ELSE 0 END FROM (\
            SELECT id, priority, lease_owner, lease_expires_at FROM task_instances WHERE state = 'RUNNING' \
            UNION ALL \
            SELECT id, priority, lease_owner, lease_expires_at FROM task_instances INDEXED BY task_instances_rolling_back \
@@ -222,9 +226,10 @@ pub fn recover(c: &dyn Db, agent: &str, lease_secs: f64, which: &Recover) -> Res
     )?;
     let mut ids = Vec::new();
     for r in rows {
-        let (id, owner): (String, Option<String>) = (r.get(0)?, r.get(1)?);
+        let (id, owner, expired): (String, Option<String>, bool) = (r.get(0)?, r.get(1)?, r.get(2)?);
         let take = match which {
             Recover::All => true,
+            Recover::AtStart { prefix } => expired || owner.as_deref().is_none_or(|o| o.starts_with(prefix.as_str())),
             Recover::Expired { held } => !held.contains(&id),
             Recover::Stalled(these) => these.contains(&id) && owner.as_deref() == Some(agent),
         };
