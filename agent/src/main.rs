@@ -54,6 +54,18 @@ enum Command {
         /// Where to write the copy (written to FILE.partial, then renamed).
         file: PathBuf,
     },
+    /// Promote this installation from SQLite to PostgreSQL: copy its store
+    /// (stopped) into an empty schema in one transaction, verify every
+    /// table's row count and checksum, and print a report.
+    Migrate {
+        /// The PostgreSQL database: postgres://user@host:port/db (the
+        /// password from database.password_env or PGPASSWORD).
+        #[arg(long)]
+        to: String,
+        /// The schema to fill (default: database.schema, else apollo).
+        #[arg(long)]
+        schema: Option<String>,
+    },
     /// Tools for plugin authors.
     #[command(subcommand)]
     Plugin(PluginCmd),
@@ -137,6 +149,28 @@ fn real_main(args: Args) -> anyhow::Result<ExitCode> {
             let db = cfg.db_path();
             let report = apollo_agent::store::backup(&db, &file)?;
             println!("{report}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Migrate { to, schema } => {
+            let db = cfg.db_path();
+            let _lock = apollo_agent::lock_data_dir(&cfg.data_dir()).map_err(|e| {
+                anyhow::anyhow!("{e:#}\napollo-agent migrate: stop the agent before migrating its store")
+            })?;
+            let schema = schema.unwrap_or_else(|| cfg.database.schema.clone());
+            let password = match &cfg.database.password_env {
+                Some(var) => std::env::var(var).ok(),
+                None => std::env::var("PGPASSWORD").ok(),
+            };
+            let target = apollo_agent::store::postgres::Target::new(&to, &schema, password)?;
+            let report = apollo_agent::store::migrate::to_postgres(&db, &target)?;
+            println!("migrated {} to {}", db.display(), target.shown);
+            for t in &report {
+                println!("  {:<16} {:>9} rows  sha256 {}", t.table, t.rows, &t.checksum[..16]);
+            }
+            println!(
+                "verified: every table's rows and checksum match. Next: in apollo.yaml set\n  database:\n    url: {to}\n    \
+                 schema: {schema}\nand start the agents; they continue every unfinished instance."
+            );
             Ok(ExitCode::SUCCESS)
         }
         Command::DialStdio => {

@@ -390,3 +390,83 @@ async fn a_cut_connection_loses_nothing_and_the_agent_recovers_on_its_own() {
     let kinds: Vec<&str> = alerts.as_array().unwrap().iter().filter_map(|a| a["kind"].as_str()).collect();
     assert!(kinds.contains(&"store_unwritable") && kinds.contains(&"store_writable"), "{alerts:#}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sqlite_installation_is_promoted_and_its_unfinished_work_finishes_on_postgres() {
+    let schema = PgSchema::new("migrate");
+    let shared = tempfile::tempdir().unwrap();
+    let open = shared.path().join("gate-open");
+    let gate = format!(
+        "task: gate\nsteps:\n  - plugin: shell\n    params: {{command: 'while [ ! -e {} ]; do sleep 0.05; done'}}\n  - plugin: sleep\n",
+        open.display()
+    );
+    let mut agent = Agent::builder()
+        .config("scheduler:\n  concurrency: 1\n")
+        .task("ok.yaml", "task: ok\nsteps:\n  - plugin: sleep\n")
+        .task(
+            "bad.yaml",
+            "task: bad\non_failure: stop\nsteps:\n  - plugin: shell\n    retry: 0\n    params: {command: exit 3}\n",
+        )
+        .task("gate.yaml", &gate)
+        .start();
+    assert_eq!(agent.cli_json(&["run", "ok", "--wait"]).0, 0);
+    assert_eq!(agent.cli_json(&["run", "bad", "--wait"]).0, 1);
+    let c = agent.client().await;
+    c.subscribe(&["tasks"]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    let mid = trigger(&c, "gate", json!({})).await;
+    wait_until(&c, &mut events, &mid, "the gate to run", |i| i.state.as_str() == "RUNNING").await;
+    let queued = [trigger(&c, "ok", json!({})).await, trigger(&c, "ok", json!({})).await];
+    let migrate = |agent: &Agent| {
+        std::process::Command::new(agent_bin())
+            .current_dir(agent.path())
+            .args(["--data-dir", "data", "--tasks", "tasks", "migrate", "--to", &pg_url(), "--schema", &schema.name])
+            .output()
+            .unwrap()
+    };
+    // A running agent is refused.
+    let out = migrate(&agent);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("stop the agent before migrating"), "{err}");
+    let (_, before) = agent.cli_json(&["ls", "--limit", "100"]);
+    let (_, shown_before) = agent.cli_json(&["show", &mid]);
+    drop(c);
+    agent.kill9();
+
+    let out = migrate(&agent);
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{report}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(report.contains("task_instances") && report.contains("5 rows") && report.contains("verified"), "{report}");
+    // Into a schema that is no longer empty: refused.
+    let out = migrate(&agent);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("the target is not empty"), "{err}");
+
+    // The same installation, now on PostgreSQL.
+    std::fs::write(agent.path().join("apollo.yaml"), format!("{}scheduler:\n  concurrency: 1\n", schema.config()))
+        .unwrap();
+    agent.spawn();
+    let (_, after) = agent.cli_json(&["ls", "--limit", "100"]);
+    let summary = |v: &serde_json::Value| -> Vec<(String, String)> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|i| (i["id"].as_str().unwrap().into(), i["task"].as_str().unwrap().into()))
+            .collect()
+    };
+    assert_eq!(summary(&after), summary(&before), "the same instances");
+    let (_, shown_after) = agent.cli_json(&["show", &mid]);
+    let history = |v: &serde_json::Value| v["transitions"].as_array().unwrap().clone();
+    let (was, is) = (history(&shown_before), history(&shown_after));
+    assert!(was.len() >= 3 && is.starts_with(&was), "the same history, then the resumption:\n{was:#?}\n{is:#?}");
+    std::fs::write(&open, "").unwrap();
+    let c = agent.client().await;
+    c.subscribe(&["tasks"]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    for id in [&mid, &queued[0], &queued[1]] {
+        let done = wait_until(&c, &mut events, id, "the unfinished instances to finish on PostgreSQL", ended).await;
+        assert_eq!(done.state.as_str(), "SUCCESS", "{done:?}");
+    }
+}

@@ -16,6 +16,7 @@
 
 pub mod db;
 mod leases;
+pub mod migrate;
 mod ops;
 pub mod postgres;
 mod read;
