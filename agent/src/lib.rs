@@ -171,6 +171,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         name,
         started: std::time::Instant::now(),
         socket: socket.display().to_string(),
+        listing: store.for_listing(),
     });
     // The first heartbeat claims this agent's name on the store.
     store.heartbeat(scheduler.heartbeat(), true).await.map_err(|e| anyhow::anyhow!("{e}"))?;

@@ -322,6 +322,22 @@ impl Proxy {
         Proxy { port, up, open }
     }
 
+    /// A proxy in front of the test PostgreSQL, and the URL through it.
+    fn in_front() -> (Proxy, String) {
+        let url = pg_url();
+        let cfg: postgres::Config = url.parse().unwrap();
+        let host = match &cfg.get_hosts()[0] {
+            postgres::config::Host::Tcp(h) => h.clone(),
+            other => panic!("this test needs PostgreSQL over TCP, not {other:?} ({url})"),
+        };
+        let port = cfg.get_ports().first().copied().unwrap_or(5432);
+        let server = std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), port)).unwrap().next().unwrap();
+        let proxy = Proxy::start(server);
+        let through = url.replacen(&format!(":{port}/"), &format!(":{}/", proxy.port), 1);
+        assert_ne!(through, url, "the test URL names its port ({url})");
+        (proxy, through)
+    }
+
     fn cut(&self) {
         self.up.store(false, std::sync::atomic::Ordering::SeqCst);
         for s in self.open.lock().unwrap().drain(..) {
@@ -337,24 +353,13 @@ impl Proxy {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_connection_loses_nothing_and_the_agent_recovers_on_its_own() {
     let schema = PgSchema::new("cut");
-    let server: std::net::SocketAddr = {
-        let url = pg_url();
-        let cfg: postgres::Config = url.parse().unwrap();
-        let host = match &cfg.get_hosts()[0] {
-            postgres::config::Host::Tcp(h) => h.clone(),
-            other => panic!("the cut test needs PostgreSQL over TCP, not {other:?} ({url})"),
-        };
-        let port = cfg.get_ports().first().copied().unwrap_or(5432);
-        std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), port)).unwrap().next().unwrap()
-    };
-    let proxy = Proxy::start(server);
+    let (proxy, url) = Proxy::in_front();
     let shared = tempfile::tempdir().unwrap();
     let witness = shared.path().join("witness");
     let step = format!(
         "  - plugin: shell\n    params:\n      command: sleep 0.1; echo \"$APOLLO_IDEMPOTENCY_KEY\" >> {}\n",
         witness.display()
     );
-    let url = pg_url().replacen(&format!(":{}/", server.port()), &format!(":{}/", proxy.port), 1);
     let agent = Agent::builder()
         .config(&format!("database:\n  url: {url}\n  schema: {}\nscheduler:\n  concurrency: 8\n", schema.name))
         .task("w.yaml", &format!("task: w\nsteps:\n{step}{step}"))
@@ -469,4 +474,34 @@ async fn a_sqlite_installation_is_promoted_and_its_unfinished_work_finishes_on_p
         let done = wait_until(&c, &mut events, id, "the unfinished instances to finish on PostgreSQL", ended).await;
         assert_eq!(done.state.as_str(), "SUCCESS", "{done:?}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listings_read_from_the_replica_and_the_agent_from_the_primary() {
+    let schema = PgSchema::new("replica");
+    // The "replica" is the same server behind a proxy the test can cut.
+    let (replica, read_url) = Proxy::in_front();
+    let agent = Agent::builder()
+        .config(&format!("{}  read_url: {read_url}\n", schema.config()))
+        .task("ok.yaml", "task: ok\nsteps:\n  - plugin: sleep\n")
+        .start();
+    let (code, first) = agent.cli_json(&["run", "ok", "--wait"]);
+    assert_eq!(code, 0, "{first}");
+    let (code, listed) = agent.cli_json(&["ls"]);
+    assert_eq!((code, listed.as_array().map(Vec::len)), (0, Some(1)), "{listed}");
+    replica.cut();
+    // The agent's own work reads the primary: it goes on.
+    let (code, second) = agent.cli_json(&["run", "ok", "--wait"]);
+    assert_eq!((code, second["state"].as_str()), (0, Some("SUCCESS")), "{second}");
+    // Listings read the replica: they fail, saying so.
+    let out = agent.cli(&["ls"]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("database error"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    replica.restore();
+    let (code, listed) = agent.cli_json(&["ls"]);
+    assert_eq!((code, listed.as_array().map(Vec::len)), (0, Some(2)), "{listed}");
 }

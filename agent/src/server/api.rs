@@ -20,6 +20,8 @@ pub struct Api {
     pub name: String,
     pub started: Instant,
     pub socket: String,
+    /// The store for what clients list (the replica, with `database.read_url`).
+    pub listing: crate::store::Store,
 }
 
 type Reply = Result<Value, RpcError>;
@@ -146,16 +148,16 @@ impl Api {
             "events.publish" => self.triggers.publish(params(method, p, "name, data?, dedup_key?")?, actor).await,
             "events.list" => {
                 let p: LimitParams = params(method, p, "limit?")?;
-                to_value(self.scheduler.store.events(p.limit.unwrap_or(100).min(1000)).await.map_err(store_err)?)
+                to_value(self.listing.events(p.limit.unwrap_or(100).min(1000)).await.map_err(store_err)?)
             }
             "audit.list" => {
                 let p: LimitParams = params(method, p, "limit?")?;
-                to_value(self.scheduler.store.audit(p.limit.unwrap_or(100).min(1000)).await.map_err(store_err)?)
+                to_value(self.listing.audit(p.limit.unwrap_or(100).min(1000)).await.map_err(store_err)?)
             }
-            "agents.list" => to_value(self.scheduler.store.agents().await.map_err(store_err)?),
+            "agents.list" => to_value(self.listing.agents().await.map_err(store_err)?),
             "alerts.list" => {
                 let p: LimitParams = params(method, p, "limit?")?;
-                to_value(self.scheduler.store.alerts(p.limit.unwrap_or(100).min(1000)).await.map_err(store_err)?)
+                to_value(self.listing.alerts(p.limit.unwrap_or(100).min(1000)).await.map_err(store_err)?)
             }
             _ => Err(RpcError::new(
                 code::METHOD_NOT_FOUND,
@@ -221,7 +223,7 @@ impl Api {
             ));
         }
         let filter = ListFilter { state: p.state, task: p.task, queue: p.queue, limit, before: p.cursor };
-        let store = &self.scheduler.store;
+        let store = &self.listing;
         let items =
             if p.archived { store.list_archived(filter).await } else { store.list(filter).await }.map_err(store_err)?;
         let next_cursor = (items.len() as u32 == limit).then(|| items.last().map(|i| i.id.clone())).flatten();
@@ -353,7 +355,7 @@ impl Api {
 
     /// Statistics of one plugin version's latest runs.
     async fn plugin_stats(&self, name: &str, version: &str) -> Option<PluginStats> {
-        let mut runs = self.scheduler.store.plugin_runs(name, version, 1000).await.ok()?;
+        let mut runs = self.listing.plugin_runs(name, version, 1000).await.ok()?;
         if runs.is_empty() {
             return None;
         }
@@ -412,7 +414,7 @@ impl Api {
     }
 
     async fn queues(&self) -> Reply {
-        let mut stats = self.scheduler.store.queue_stats().await.map_err(store_err)?;
+        let mut stats = self.listing.queue_stats().await.map_err(store_err)?;
         let config = self.scheduler.config();
         let limits = &config.scheduler.queues;
         let mut names: Vec<String> =

@@ -135,10 +135,12 @@ const READERS: usize = 4;
 /// A connection for queries, on either backend.
 type Reader = Box<dyn Db + Send>;
 
-/// A cheap handle; clones share the writer and the read pool.
+/// A cheap handle; clones share the writer and the read pools.
 #[derive(Clone)]
 pub struct Store {
     inner: Arc<Inner>,
+    /// Reads go to the replica (`database.read_url`), when there is one.
+    replica: bool,
 }
 
 /// Which database, and how to reach it again.
@@ -153,6 +155,8 @@ struct Inner {
     writer_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// Idle readers.
     readers: Mutex<Vec<Reader>>,
+    /// Idle readers of the replica.
+    replica_readers: Mutex<Vec<Reader>>,
     /// How many readers are kept open.
     pool: usize,
     bus: Bus,
@@ -170,7 +174,8 @@ impl Drop for Inner {
     fn drop(&mut self) {
         // A PostgreSQL connection closes by blocking on its own runtime,
         // which may not happen on a thread that runs async tasks.
-        let readers = std::mem::take(&mut *self.readers.lock().expect("reader pool"));
+        let mut readers = std::mem::take(&mut *self.readers.lock().expect("reader pool"));
+        readers.append(&mut self.replica_readers.lock().expect("reader pool"));
         if !readers.is_empty() {
             let _ = std::thread::spawn(move || drop(readers)).join();
         }
@@ -225,12 +230,14 @@ impl Store {
                 writer: Mutex::new(Some(tx)),
                 writer_thread: Mutex::new(Some(thread)),
                 readers: Mutex::new(Vec::new()),
+                replica_readers: Mutex::new(Vec::new()),
                 pool,
                 bus,
                 agent,
                 unwritable: Mutex::new(None),
                 wrote,
             }),
+            replica: false,
         })
     }
 
@@ -249,6 +256,12 @@ impl Store {
             Backend::Sqlite { path } => format!("sqlite:{}", path.display()),
             Backend::Postgres { target, .. } => target.shown.clone(),
         }
+    }
+
+    /// A handle whose reads go to the replica (`database.read_url`) when
+    /// there is one: for what clients list, never for what the agent decides.
+    pub fn for_listing(&self) -> Store {
+        Store { inner: self.inner.clone(), replica: true }
     }
 
     pub fn is_postgres(&self) -> bool {
@@ -466,7 +479,12 @@ impl Store {
     where
         F: FnOnce(&dyn Db) -> Result<R>,
     {
-        let pooled = self.inner.readers.lock().expect("reader pool").pop();
+        let replica = match &self.inner.backend {
+            Backend::Postgres { read: Some(r), .. } if self.replica => Some(r),
+            _ => None,
+        };
+        let pool_of = || if replica.is_some() { &self.inner.replica_readers } else { &self.inner.readers };
+        let pooled = pool_of().lock().expect("reader pool").pop();
         // A pooled PostgreSQL connection is checked first (one cut since it
         // was last used is replaced rather than failing the read).
         let pooled = pooled.filter(|c| c.alive());
@@ -474,13 +492,13 @@ impl Store {
             Some(c) => c,
             None => match &self.inner.backend {
                 Backend::Sqlite { path } => Box::new(sqlite::open_reader(path)?),
-                Backend::Postgres { target, read } => Box::new(read.as_ref().unwrap_or(target).connect()?),
+                Backend::Postgres { target, .. } => Box::new(replica.unwrap_or(target).connect()?),
             },
         };
         let result = f(conn.as_ref());
         // A reader whose connection failed is not kept.
         let broken = matches!(&result, Err(StoreError::Postgres(e)) if e.is_closed() || e.as_db_error().is_none());
-        let mut pool = self.inner.readers.lock().expect("reader pool");
+        let mut pool = pool_of().lock().expect("reader pool");
         if pool.len() < self.inner.pool && !broken {
             pool.push(conn);
         }
@@ -493,7 +511,8 @@ impl Store {
         if let Some(t) = self.inner.writer_thread.lock().expect("writer thread").take() {
             let _ = t.join();
         }
-        let readers = std::mem::take(&mut *self.inner.readers.lock().expect("reader pool"));
+        let mut readers = std::mem::take(&mut *self.inner.readers.lock().expect("reader pool"));
+        readers.append(&mut self.inner.replica_readers.lock().expect("reader pool"));
         let _ = std::thread::spawn(move || drop(readers)).join();
     }
 }
