@@ -86,6 +86,10 @@ pub struct Database {
     /// PostgreSQL: an optional replica for the console's and the CLI's reads.
     #[serde(default)]
     pub read_url: Option<String>,
+    /// PostgreSQL with `sslmode=require`: a PEM file of certificate
+    /// authorities to trust besides the web's (a private CA).
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
     /// Reader connections kept open (the writer has its own).
     #[serde(default = "default_pool")]
     pub pool_size: usize,
@@ -579,8 +583,13 @@ impl Config {
             None => std::env::var("PGPASSWORD").ok(),
         };
         let url = db.url.as_deref().unwrap_or_default();
-        let target = Box::new(Target::new(url, &db.schema, password.clone())?);
-        let read = db.read_url.as_deref().map(|u| Target::new(u, &db.schema, password).map(Box::new)).transpose()?;
+        let ca = db.ca_file.as_deref().map(|p| self.rel(p));
+        let target = Box::new(Target::with_ca(url, &db.schema, password.clone(), ca.as_deref())?);
+        let read = db
+            .read_url
+            .as_deref()
+            .map(|u| Target::with_ca(u, &db.schema, password, ca.as_deref()).map(Box::new))
+            .transpose()?;
         Ok(Location::Postgres { target, read, pool: db.pool_size })
     }
 

@@ -505,3 +505,33 @@ async fn listings_read_from_the_replica_and_the_agent_from_the_primary() {
     let (code, listed) = agent.cli_json(&["ls"]);
     assert_eq!((code, listed.as_array().map(Vec::len)), (0, Some(2)), "{listed}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_is_used_when_the_url_asks_and_an_untrusted_server_is_refused() {
+    // The machine's server presents Debian's self-signed certificate for localhost.
+    const CERT: &str = "/etc/ssl/certs/ssl-cert-snakeoil.pem";
+    assert!(Path::new(CERT).exists(), "{CERT} is missing: the test PostgreSQL's certificate");
+    let schema = PgSchema::new("tls");
+    let url = pg_url().replacen("127.0.0.1", "localhost", 1);
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let config = |ca: &str| format!("database:\n  url: {url}{sep}sslmode=require\n  schema: {}\n{ca}", schema.name);
+    let agent = Agent::builder()
+        .config(&config(&format!("  ca_file: {CERT}\n")))
+        .task("ok.yaml", "task: ok\nsteps:\n  - plugin: sleep\n")
+        .start();
+    let (code, inst) = agent.cli_json(&["run", "ok", "--wait"]);
+    assert_eq!((code, inst["state"].as_str()), (0, Some("SUCCESS")), "{inst}");
+    drop(agent);
+    // Without the certificate's issuer trusted, the agent refuses to start, saying why.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("apollo.yaml"), config("")).unwrap();
+    std::fs::create_dir(dir.path().join("tasks")).unwrap();
+    let out = std::process::Command::new(agent_bin())
+        .current_dir(dir.path())
+        .args(["--data-dir", "data", "--socket", "agent.sock"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("TLS handshake") && err.contains("UnknownIssuer"), "{err}");
+}

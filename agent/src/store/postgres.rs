@@ -73,12 +73,47 @@ pub struct Target {
     pub schema: String,
     /// The URL without its password, for messages.
     pub shown: String,
+    /// TLS (rustls), when the URL asks for it with `sslmode=require`; the
+    /// server's certificate is checked against the web's roots and
+    /// `database.ca_file`'s.
+    tls: Option<tokio_postgres_rustls::MakeRustlsConnect>,
+}
+
+/// A TLS connector trusting the web's roots and those in `ca_file`.
+fn tls(ca_file: Option<&std::path::Path>) -> anyhow::Result<tokio_postgres_rustls::MakeRustlsConnect> {
+    use rustls_pki_types::pem::PemObject as _;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(path) = ca_file {
+        let certs = rustls_pki_types::CertificateDer::pem_file_iter(path)
+            .map_err(|e| anyhow::anyhow!("database.ca_file: {}: {e}", path.display()))?;
+        for cert in certs {
+            let cert = cert.map_err(|e| anyhow::anyhow!("database.ca_file: {}: {e}", path.display()))?;
+            roots.add(cert).map_err(|e| anyhow::anyhow!("database.ca_file: {}: {e}", path.display()))?;
+        }
+    }
+    let config =
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+    Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
 }
 
 impl Target {
     /// Parses `url`; the password comes from `password` (the variable named
     /// by `database.password_env`, or `PGPASSWORD`), never from the file.
     pub fn new(url: &str, schema: &str, password: Option<String>) -> anyhow::Result<Target> {
+        Target::with_ca(url, schema, password, None)
+    }
+
+    /// As [`Target::new`], trusting the certificates in `ca_file` too.
+    pub fn with_ca(
+        url: &str,
+        schema: &str,
+        password: Option<String>,
+        ca_file: Option<&std::path::Path>,
+    ) -> anyhow::Result<Target> {
         let mut config: postgres::Config =
             url.parse().map_err(|e| anyhow::anyhow!("database.url: {url:?} is not a PostgreSQL URL: {e}"))?;
         let mut async_config: tokio_postgres::Config =
@@ -106,12 +141,19 @@ impl Target {
             hosts.join(","),
             config.get_dbname().unwrap_or("")
         );
-        Ok(Target { config, async_config, schema: schema.to_string(), shown })
+        let tls = match config.get_ssl_mode() {
+            postgres::config::SslMode::Require => Some(tls(ca_file)?),
+            _ => None,
+        };
+        Ok(Target { config, async_config, schema: schema.to_string(), shown, tls })
     }
 
     /// A new connection with the schema on its search path.
     pub fn connect(&self) -> Result<PgConn> {
-        let mut client = self.config.connect(postgres::NoTls)?;
+        let mut client = match &self.tls {
+            Some(tls) => self.config.connect(tls.clone())?,
+            None => self.config.connect(postgres::NoTls)?,
+        };
         client.batch_execute(&format!("SET search_path TO {}", quote_ident(&self.schema)))?;
         Ok(PgConn {
             client: RefCell::new(client),
@@ -129,7 +171,16 @@ pub fn describe(e: &postgres::Error) -> String {
             let detail = d.detail().map(|x| format!(" ({x})")).unwrap_or_default();
             format!("{}{detail} [{}]", d.message(), d.code().code())
         }
-        None => e.to_string(),
+        None => {
+            // The cause (a TLS or socket error) is in the chain.
+            let mut text = e.to_string();
+            let mut cause = std::error::Error::source(e);
+            while let Some(c) = cause {
+                text.push_str(&format!(": {c}"));
+                cause = c.source();
+            }
+            text
+        }
     }
 }
 
@@ -242,6 +293,30 @@ pub fn notify(c: &dyn Db, payload: &str) -> Result<()> {
     Ok(())
 }
 
+/// A listening connection, whichever its transport.
+type Pinned = std::pin::Pin<Box<dyn ConnectionLike + Send>>;
+
+/// What `listen` needs of a connection: its messages.
+trait ConnectionLike {
+    fn poll_message(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<std::result::Result<tokio_postgres::AsyncMessage, tokio_postgres::Error>>>;
+}
+
+impl<S, T> ConnectionLike for tokio_postgres::Connection<S, T>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    fn poll_message(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<std::result::Result<tokio_postgres::AsyncMessage, tokio_postgres::Error>>> {
+        self.get_mut().poll_message(cx)
+    }
+}
+
 /// Listens for the other agents' notifications (see [`notify`]) on a
 /// connection of its own, reconnecting with backoff when it drops; each is
 /// published on `bus` as if it had happened here, and a change to an
@@ -258,7 +333,12 @@ pub async fn listen(
     let channel = format!("apollo_{}", target.schema);
     let mut backoff = std::time::Duration::from_millis(100);
     while !shutdown.is_cancelled() {
-        let connected = target.async_config.connect(tokio_postgres::NoTls).await;
+        let connected = match &target.tls {
+            Some(tls) => target.async_config.connect(tls.clone()).await.map(|(c, conn)| (c, Box::pin(conn) as Pinned)),
+            None => {
+                target.async_config.connect(tokio_postgres::NoTls).await.map(|(c, conn)| (c, Box::pin(conn) as Pinned))
+            }
+        };
         let (client, mut connection) = match connected {
             Ok(c) => c,
             Err(e) => {
@@ -271,7 +351,7 @@ pub async fn listen(
                 continue;
             }
         };
-        let mut messages = futures::stream::poll_fn(move |cx| connection.poll_message(cx));
+        let mut messages = futures::stream::poll_fn(move |cx| connection.as_mut().poll_message(cx));
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let pump = tokio::spawn(async move {
             while let Some(Ok(m)) = messages.next().await {
