@@ -282,6 +282,17 @@ async fn a_cancel_through_any_agent_stops_the_instance_where_it_runs() {
     assert!(done.error.as_deref().unwrap_or_default().contains("wrong release"), "{done:?}");
     let steps = done.steps.unwrap();
     assert!(steps[0].error.as_deref().unwrap_or_default().contains("cancelled"), "{steps:?}");
+
+    // The console's agents view lists both, live.
+    let sock = agents[0].socket.display().to_string();
+    let mut console = apollo_tests::console::Console::start(agents[0].path(), &["--socket", &sock], None);
+    console.wait_for(&["connected"]);
+    console.keys(":agents\r");
+    let screen = console.wait_for(&["<agents>", "agents (2)", "live"]);
+    for name in ["a", "b"] {
+        assert!(screen.lines().any(|l| l.starts_with(&format!("│{name} "))), "{name} is listed:\n{screen}");
+    }
+    assert_eq!(console.quit(), 0);
 }
 
 /// A TCP proxy in front of PostgreSQL that the test can cut (every

@@ -5,7 +5,7 @@ use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
 /// The keys of the normal mode, for the help overlay: (keys, what they do).
 pub const HELP: &[(&str, &str)] = &[
-    (":", "switch view (queues, tasks, defs, plugins, alerts; Tab completes)"),
+    (":", "switch view (queues, tasks, defs, plugins, alerts, agents; Tab completes)"),
     ("/", "filter: text, state:failed, task:NAME, queue:NAME"),
     ("Enter", "drill down (queue → tasks, task → timeline, step → details)"),
     ("Esc", "back"),

@@ -193,6 +193,10 @@ async fn refresh(
     let status = client.call_as("agent.status", json!({})).await?;
     let _ = news.send(News::Status(status)).await;
     let _ = news.send(News::Queues(client.call_as("queues.stats", json!({})).await?)).await;
+    // An older agent has no agents.list: the view stays empty.
+    if let Ok(agents) = client.call_as("agents.list", json!({})).await {
+        let _ = news.send(News::Agents(agents)).await;
+    }
     let page: ListResult = client.call_as("tasks.list", Value::Object(watch.query.clone())).await?;
     let _ = news.send(News::Tasks { items: page.items, next_cursor: page.next_cursor, append: false }).await;
     if let Some(id) = &watch.instance {

@@ -31,6 +31,7 @@ pub struct App {
     pub defs: Vec<DefInfo>,
     pub plugins: Vec<PluginInfo>,
     pub alerts: Vec<Alert>,
+    pub agents: Vec<apollo_shared::protocol::AgentInfo>,
     /// Selected row per list view, and the offset of the first shown row.
     pub selected: std::collections::HashMap<View, usize>,
     /// The filter of each list view (`state:failed task:x queue:y text`).
@@ -69,6 +70,7 @@ impl App {
             defs: Vec::new(),
             plugins: Vec::new(),
             alerts: Vec::new(),
+            agents: Vec::new(),
             selected: Default::default(),
             filters: Default::default(),
             instance: None,
@@ -165,6 +167,13 @@ impl App {
         self.alerts.iter().filter(|a| self.keep(View::Alerts, &format!("{} {}", a.kind, a.message))).collect()
     }
 
+    pub fn visible_agents(&self) -> Vec<&apollo_shared::protocol::AgentInfo> {
+        self.agents
+            .iter()
+            .filter(|a| self.keep(View::Agents, &format!("{} {} {}", a.name, a.host, a.queues.join(" "))))
+            .collect()
+    }
+
     fn rows(&self, v: View) -> usize {
         match v {
             View::Queues => self.visible_queues().len(),
@@ -172,6 +181,7 @@ impl App {
             View::Defs => self.visible_defs().len(),
             View::Plugins => self.visible_plugins().len(),
             View::Alerts => self.visible_alerts().len(),
+            View::Agents => self.visible_agents().len(),
             View::Timeline => self.instance.as_ref().and_then(|i| i.steps.as_ref()).map_or(0, Vec::len),
             View::Step => self.step_lines().len(),
         }

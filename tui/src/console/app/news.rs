@@ -35,6 +35,7 @@ impl App {
             News::Defs(d) => self.defs = d,
             News::Plugins(p) => self.plugins = p,
             News::Alerts(a) => self.alerts = a,
+            News::Agents(a) => self.agents = a,
             News::Logs(text) => self.logs = text,
             News::DryRun(r) => self.mode = Mode::DryRun(r),
             News::Done(Ok(m)) => self.say(m, false),

@@ -1,7 +1,7 @@
 //! The vocabulary of the console: views, modes, actions in, news in, commands out.
 
 use apollo_shared::protocol::{
-    AgentStatus, Alert, DefInfo, DryRunResult, Event, HelloResult, Instance, PluginInfo, QueueStats,
+    AgentInfo, AgentStatus, Alert, DefInfo, DryRunResult, Event, HelloResult, Instance, PluginInfo, QueueStats,
 };
 use serde_json::{Map, Value};
 
@@ -14,16 +14,18 @@ pub enum View {
     Defs,
     Plugins,
     Alerts,
+    Agents,
 }
 
 impl View {
     /// Views reachable with `:`.
-    pub const NAMED: [(&'static str, View); 5] = [
+    pub const NAMED: [(&'static str, View); 6] = [
         ("queues", View::Queues),
         ("tasks", View::Tasks),
         ("defs", View::Defs),
         ("plugins", View::Plugins),
         ("alerts", View::Alerts),
+        ("agents", View::Agents),
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -34,6 +36,7 @@ impl View {
             View::Defs => "defs",
             View::Plugins => "plugins",
             View::Alerts => "alerts",
+            View::Agents => "agents",
         }
     }
 }
@@ -153,6 +156,7 @@ pub enum News {
     Defs(Vec<DefInfo>),
     Plugins(Vec<PluginInfo>),
     Alerts(Vec<Alert>),
+    Agents(Vec<AgentInfo>),
     Logs(String),
     DryRun(DryRunResult),
     /// An action's outcome, as the agent worded it.

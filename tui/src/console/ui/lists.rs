@@ -294,3 +294,51 @@ pub fn alerts(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         rows,
     );
 }
+
+pub fn agents(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    let rows = app
+        .visible_agents()
+        .iter()
+        .map(|a| {
+            let state = if a.stopped {
+                Span::styled("stopped", theme.dim())
+            } else if a.late {
+                Span::styled("late", theme.error())
+            } else {
+                Span::styled("live", theme.state("SUCCESS"))
+            };
+            vec![
+                Cell::from(a.name.clone()),
+                Cell::from(a.host.clone()),
+                Cell::from(a.version.clone()),
+                Cell::from(a.running.to_string()),
+                Cell::from(format!("{:.1}s ago", a.heartbeat_age_secs)),
+                Cell::from(state),
+                Cell::from(a.queues.join(", ")),
+            ]
+        })
+        .collect();
+    let widths = vec![
+        Constraint::Length(16),
+        Constraint::Length(16),
+        Constraint::Length(8),
+        Constraint::Length(8),
+        Constraint::Length(12),
+        Constraint::Length(8),
+        Constraint::Min(10),
+    ];
+    table(
+        f,
+        area,
+        app,
+        theme,
+        View::Agents,
+        Shape {
+            title: format!(" agents ({}) ", app.visible_agents().len()),
+            header: vec!["NAME", "HOST", "VERSION", "RUNNING", "HEARTBEAT", "STATE", "QUEUES"],
+            widths,
+            empty: "no agent has recorded a heartbeat yet",
+        },
+        rows,
+    );
+}
