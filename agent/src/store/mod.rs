@@ -131,6 +131,8 @@ where
 const MAX_BATCH: usize = 1024;
 /// Reader connections a SQLite store keeps open.
 const READERS: usize = 4;
+/// Writer connections (and threads) of a PostgreSQL store.
+const PG_WRITERS: usize = 4;
 
 /// A connection for queries, on either backend.
 type Reader = Box<dyn Db + Send>;
@@ -152,7 +154,11 @@ enum Backend {
 struct Inner {
     backend: Backend,
     writer: Mutex<Option<mpsc::Sender<Box<dyn Job>>>>,
-    writer_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    writer_threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// Changes to tell the other agents (PostgreSQL), sent together by one
+    /// write; `notes_queued` while that write waits in the queue.
+    notes: Mutex<Vec<String>>,
+    notes_queued: std::sync::atomic::AtomicBool,
     /// Idle readers.
     readers: Mutex<Vec<Reader>>,
     /// Idle readers of the replica.
@@ -207,28 +213,43 @@ impl Store {
     /// than this build knows is refused). Blocks: call it off the async
     /// runtime's threads (PostgreSQL's client runs its own).
     pub fn open_at(location: Location, bus: Bus, agent: String) -> anyhow::Result<Store> {
-        let (conn, backend, pool): (Box<dyn Conn>, Backend, usize) = match location {
+        let (conns, backend, pool): (Vec<Box<dyn Conn>>, Backend, usize) = match location {
             Location::Sqlite { path, synchronous_full } => {
-                (Box::new(sqlite::open_writer(&path, synchronous_full)?), Backend::Sqlite { path }, READERS)
+                (vec![Box::new(sqlite::open_writer(&path, synchronous_full)?)], Backend::Sqlite { path }, READERS)
             }
             Location::Postgres { target, read, pool } => {
-                let conn = target.connect().map_err(|e| anyhow::anyhow!("{}: cannot connect: {e}", target.shown))?;
-                schema::migrate_postgres(&mut conn.client(), &target.schema)
+                let connect = || target.connect().map_err(|e| anyhow::anyhow!("{}: cannot connect: {e}", target.shown));
+                let first = connect()?;
+                schema::migrate_postgres(&mut first.client(), &target.schema)
                     .map_err(|e| anyhow::anyhow!("{}: {e:#}", target.shown))?;
-                (Box::new(conn), Backend::Postgres { target, read }, pool)
+                // Several writers, each with its own connection and batches:
+                // the round trips of one overlap with the others'.
+                let mut conns: Vec<Box<dyn Conn>> = vec![Box::new(first)];
+                for _ in 1..PG_WRITERS {
+                    conns.push(Box::new(connect()?));
+                }
+                (conns, Backend::Postgres { target, read }, pool)
             }
         };
         let (tx, rx) = mpsc::channel::<Box<dyn Job>>();
+        let rx = Arc::new(Mutex::new(rx));
         let wrote = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let counter = wrote.clone();
-        let thread = std::thread::Builder::new()
-            .name("apollo-store-writer".into())
-            .spawn(move || writer_loop(conn, rx, &counter))?;
+        let mut threads = Vec::new();
+        for conn in conns {
+            let (rx, counter) = (rx.clone(), wrote.clone());
+            threads.push(
+                std::thread::Builder::new()
+                    .name("apollo-store-writer".into())
+                    .spawn(move || writer_loop(conn, &rx, &counter))?,
+            );
+        }
         Ok(Store {
             inner: Arc::new(Inner {
                 backend,
                 writer: Mutex::new(Some(tx)),
-                writer_thread: Mutex::new(Some(thread)),
+                writer_threads: Mutex::new(threads),
+                notes: Mutex::new(Vec::new()),
+                notes_queued: std::sync::atomic::AtomicBool::new(false),
                 readers: Mutex::new(Vec::new()),
                 replica_readers: Mutex::new(Vec::new()),
                 pool,
@@ -281,12 +302,23 @@ impl Store {
     /// commit; see [`postgres::listen`]).
     pub fn announce(&self, topic: &str, kind: &str, data: serde_json::Value) {
         if self.is_postgres() {
-            let payload =
-                serde_json::json!({ "agent": self.agent(), "topic": topic, "kind": kind, "data": &data }).to_string();
+            let payload = serde_json::json!({ "topic": topic, "kind": kind, "data": &data }).to_string();
             // PostgreSQL carries at most 8000 bytes; a longer one (an alert
             // with a long message) is left to the others' next read.
             if payload.len() < postgres::MAX_NOTIFY {
-                let _ = self.submit(move |c| postgres::notify(c, &payload), |_| {});
+                self.inner.notes.lock().expect("notes").push(payload);
+                // One write sends what has gathered by the time it runs.
+                if !self.inner.notes_queued.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                    let store = self.clone();
+                    let _ = self.submit(
+                        move |c| {
+                            store.inner.notes_queued.store(false, std::sync::atomic::Ordering::SeqCst);
+                            let notes = std::mem::take(&mut *store.inner.notes.lock().expect("notes"));
+                            postgres::notify(c, store.agent(), &notes)
+                        },
+                        |_| {},
+                    );
+                }
             }
         }
         self.bus().publish(topic, kind, data);
@@ -508,7 +540,7 @@ impl Store {
     /// Stops the writer after it has committed everything queued so far.
     pub fn close(&self) {
         self.inner.writer.lock().expect("writer lock").take();
-        if let Some(t) = self.inner.writer_thread.lock().expect("writer thread").take() {
+        for t in std::mem::take(&mut *self.inner.writer_threads.lock().expect("writer threads")) {
             let _ = t.join();
         }
         let mut readers = std::mem::take(&mut *self.inner.readers.lock().expect("reader pool"));
@@ -519,15 +551,25 @@ impl Store {
 
 pub use sqlite::backup;
 
-fn writer_loop(mut conn: Box<dyn Conn>, rx: mpsc::Receiver<Box<dyn Job>>, wrote: &std::sync::atomic::AtomicU64) {
-    while let Ok(first) = rx.recv() {
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
+fn writer_loop(
+    mut conn: Box<dyn Conn>,
+    rx: &Mutex<mpsc::Receiver<Box<dyn Job>>>,
+    wrote: &std::sync::atomic::AtomicU64,
+) {
+    loop {
+        // The writer that is free takes what waits (one, on SQLite).
+        let batch = {
+            let rx = rx.lock().expect("write queue");
+            let Ok(first) = rx.recv() else { return };
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(job) => batch.push(job),
+                    Err(_) => break,
+                }
             }
-        }
+            batch
+        };
         run_batch(conn.as_mut(), batch, wrote);
     }
 }
@@ -550,8 +592,11 @@ fn run_batch(conn: &mut dyn Conn, batch: Vec<Box<dyn Job>>, wrote: &std::sync::a
     }
     let mut acks = Vec::with_capacity(batch.len());
     let mut jobs = batch.into_iter();
+    // The end of one write's savepoint goes with the start of the next (one
+    // round trip, not two).
+    let mut end = "";
     while let Some(job) = jobs.next() {
-        if let Err(e) = conn.batch("SAVEPOINT w") {
+        if let Err(e) = conn.batch(&format!("{end}SAVEPOINT w")) {
             tracing::error!(error = %e, "savepoint failed");
         }
         let (ok, ack) = job.run(conn.db());
@@ -570,16 +615,13 @@ fn run_batch(conn: &mut dyn Conn, batch: Vec<Box<dyn Job>>, wrote: &std::sync::a
             }
             return;
         }
-        let end = if ok { "RELEASE w" } else { "ROLLBACK TO w; RELEASE w" };
-        if let Err(e) = conn.batch(end) {
-            tracing::error!(error = %e, "savepoint release failed");
-        }
+        end = if ok { "RELEASE w; " } else { "ROLLBACK TO w; RELEASE w; " };
     }
     crate::crash_point!("store.before_commit");
     let committing = std::time::Instant::now();
     let m = crate::metrics::get();
     m.batch_size.observe(acks.len() as f64);
-    let committed = conn.batch("COMMIT");
+    let committed = conn.batch(&format!("{end}COMMIT"));
     m.commit_seconds.observe(committing.elapsed().as_secs_f64());
     match committed {
         Ok(()) => {

@@ -286,10 +286,25 @@ impl Conn for PgConn {
 /// The longest notification payload PostgreSQL carries, less a margin.
 pub const MAX_NOTIFY: usize = 7900;
 
-/// Queues a notification to every agent on the schema, sent when the
-/// transaction commits.
-pub fn notify(c: &dyn Db, payload: &str) -> Result<()> {
-    c.query("SELECT pg_notify('apollo_' || current_schema(), ?1)", super::db::p![payload])?;
+/// Queues notifications to every agent on the schema, sent when the
+/// transaction commits: `{"agent": …, "events": [...]}`, as few as fit.
+pub fn notify(c: &dyn Db, agent: &str, events: &[String]) -> Result<()> {
+    let head = format!("{{\"agent\":{},\"events\":[", serde_json::Value::from(agent));
+    let mut payload = head.clone();
+    for (i, e) in events.iter().enumerate() {
+        if payload.len() + e.len() + 2 > MAX_NOTIFY && payload.len() > head.len() {
+            payload.push_str("]}");
+            c.query("SELECT pg_notify('apollo_' || current_schema(), ?1)", super::db::p![payload.as_str()])?;
+            payload = head.clone();
+        } else if i > 0 && payload.len() > head.len() {
+            payload.push(',');
+        }
+        payload.push_str(e);
+    }
+    if payload.len() > head.len() {
+        payload.push_str("]}");
+        c.query("SELECT pg_notify('apollo_' || current_schema(), ?1)", super::db::p![payload.as_str()])?;
+    }
     Ok(())
 }
 
@@ -378,11 +393,15 @@ pub async fn listen(
             if v["agent"] == agent.as_str() {
                 continue;
             }
-            let (topic, kind) = (v["topic"].as_str().unwrap_or_default(), v["kind"].as_str().unwrap_or_default());
-            if topic == "tasks" {
-                wake();
+            let mut woke = false;
+            for e in v["events"].as_array().into_iter().flatten() {
+                let (topic, kind) = (e["topic"].as_str().unwrap_or_default(), e["kind"].as_str().unwrap_or_default());
+                if topic == "tasks" && !woke {
+                    wake();
+                    woke = true;
+                }
+                bus.publish(topic, kind, e["data"].clone());
             }
-            bus.publish(topic, kind, v["data"].clone());
         }
         pump.abort();
         drop(client);
