@@ -5,7 +5,7 @@
 
 use super::db::{p, Db};
 use super::rows::ts;
-use super::write::{history, move_task, step_fail, task_state, Claimed};
+use super::write::{history, move_task_and, step_fail, task_state, Also, Claimed};
 use super::Result;
 use apollo_shared::state::TaskState;
 use chrono::Utc;
@@ -122,12 +122,10 @@ pub fn claim(c: &dyn Db, agent: &str, n: usize, lease_secs: f64, policy: &QueueP
             continue;
         }
         let reason = if state == "RETRYING" { "claimed for retry" } else { "claimed" };
-        move_task(c, &id, TaskState::Running, reason, agent)?;
-        c.execute(
-            "UPDATE task_instances SET attempt = attempt + ?5, started_at = COALESCE(started_at, ?2), \
-             next_run_at = NULL, lease_owner = ?3, lease_expires_at = apollo_now_plus(?4), finished_at = NULL WHERE id = ?1",
-            p![id.as_str(), ts(now), agent, lease_secs, state == "RETRYING"],
-        )?;
+        let also = "attempt = attempt + ?4, started_at = COALESCE(started_at, ?5), next_run_at = NULL, \
+                    lease_owner = ?6, lease_expires_at = apollo_now_plus(?7), finished_at = NULL";
+        let params = p![state == "RETRYING", ts(now), agent, lease_secs];
+        move_task_and(c, &id, TaskState::Running, reason, agent, Also(also, params))?;
         *per_queue.entry(queue).or_default() += 1;
         *per_task.entry(task).or_default() += 1;
         claimed.push(super::read::instance_with_steps(c, &id)?);

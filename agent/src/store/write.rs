@@ -2,7 +2,7 @@
 //! transaction (in its own savepoint) and checks the transition table before
 //! it changes a state.
 
-use super::db::{p, Db};
+use super::db::{p, Db, V};
 use super::rows::ts;
 use super::{Result, StoreError};
 use apollo_shared::protocol::Instance;
@@ -74,32 +74,60 @@ pub(super) fn task_state(c: &dyn Db, id: &str) -> Result<TaskState> {
     s.parse().map_err(StoreError::Invalid)
 }
 
+/// What else a move changes in the same row, in the same statement: `SET`
+/// assignments whose placeholders come after the move's own three.
+pub(super) struct Also<'a>(pub &'a str, pub &'a [V]);
+
+/// Nothing else.
+pub(super) const ONLY: Also<'static> = Also("", &[]);
+
 /// Moves an instance to `to` after the table allows it, with a history row.
 pub(super) fn move_task(c: &dyn Db, id: &str, to: TaskState, reason: &str, actor: &str) -> Result<TaskState> {
+    move_task_and(c, id, to, reason, actor, ONLY)
+}
+
+/// As [`move_task`], changing `also` with it (one statement, not two).
+pub(super) fn move_task_and(
+    c: &dyn Db,
+    id: &str,
+    to: TaskState,
+    reason: &str,
+    actor: &str,
+    also: Also,
+) -> Result<TaskState> {
     let from = task_state(c, id)?;
     check_task(from, to)?;
-    c.execute(
-        "UPDATE task_instances SET state = ?2, updated_at = ?3 WHERE id = ?1",
-        p![id, to.as_str(), ts(Utc::now())],
-    )?;
+    let mut params = vec![V::from(id), V::from(to.as_str()), V::from(ts(Utc::now()))];
+    params.extend_from_slice(also.1);
+    if also.0.is_empty() {
+        c.execute("UPDATE task_instances SET state = ?2, updated_at = ?3 WHERE id = ?1", &params)?;
+    } else {
+        c.execute(
+            &format!("UPDATE task_instances SET state = ?2, updated_at = ?3, {} WHERE id = ?1", also.0),
+            &params,
+        )?;
+    }
     history(c, id, None, Some(from.as_str()), to.as_str(), reason, actor)?;
     Ok(from)
 }
 
-fn step_state(c: &dyn Db, id: &str, seq: u32) -> Result<StepState> {
+/// A step's state, attempts and failures (locked on PostgreSQL).
+fn step_row(c: &dyn Db, id: &str, seq: u32) -> Result<(StepState, u32, u32)> {
     let sql = if c.postgres() {
-        "SELECT state FROM step_runs WHERE instance_id = ?1 AND seq = ?2 FOR UPDATE"
+        "SELECT state, attempts, failures FROM step_runs WHERE instance_id = ?1 AND seq = ?2 FOR UPDATE"
     } else {
-        "SELECT state FROM step_runs WHERE instance_id = ?1 AND seq = ?2"
+        "SELECT state, attempts, failures FROM step_runs WHERE instance_id = ?1 AND seq = ?2"
     };
-    let s: Option<String> = c.value(sql, p![id, seq])?;
-    let s = s.ok_or_else(|| StoreError::NotFound(format!("no step {seq} in instance {id}")))?;
-    s.parse().map_err(StoreError::Invalid)
+    let r = c
+        .query_opt(sql, p![id, seq])?
+        .ok_or_else(|| StoreError::NotFound(format!("no step {seq} in instance {id}")))?;
+    let state: String = r.get(0)?;
+    Ok((state.parse().map_err(StoreError::Invalid)?, r.get(1)?, r.get(2)?))
 }
 
 /// Moves a step to `to` after the table allows it, with a history row.
 pub(super) fn move_step(c: &dyn Db, id: &str, seq: u32, to: StepState, reason: &str, actor: &str) -> Result<StepState> {
-    let from = step_state(c, id, seq)?;
+    let (from, _, _) = step_row(c, id, seq)?;
     check_step(from, to)?;
     c.execute("UPDATE step_runs SET state = ?3 WHERE instance_id = ?1 AND seq = ?2", p![id, seq, to.as_str()])?;
     history(c, id, Some(seq), Some(from.as_str()), to.as_str(), reason, actor)?;
@@ -193,28 +221,29 @@ fn ensure_held(c: &dyn Db, id: &str, agent: &str) -> Result<()> {
 
 pub fn step_start(c: &dyn Db, id: &str, seq: u32, version: &str, params_json: &str, actor: &str) -> Result<u32> {
     ensure_held(c, id, actor)?;
-    let attempt: u32 = c
-        .value::<u32>("SELECT attempts FROM step_runs WHERE instance_id = ?1 AND seq = ?2", p![id, seq])?
-        .ok_or_else(|| StoreError::NotFound(format!("no step {seq} in instance {id}")))?
-        + 1;
-    move_step(c, id, seq, StepState::Running, &format!("attempt {attempt}"), actor)?;
+    let (from, attempts, _) = step_row(c, id, seq)?;
+    check_step(from, StepState::Running)?;
+    let attempt = attempts + 1;
     c.execute(
-        "UPDATE step_runs SET attempts = ?3, plugin_version = ?4, params = ?5, started_at = ?6, finished_at = NULL, error = NULL \
-         WHERE instance_id = ?1 AND seq = ?2",
+        "UPDATE step_runs SET state = 'RUNNING', attempts = ?3, plugin_version = ?4, params = ?5, started_at = ?6, \
+         finished_at = NULL, error = NULL WHERE instance_id = ?1 AND seq = ?2",
         p![id, seq, attempt, version, params_json, ts(Utc::now())],
     )?;
+    history(c, id, Some(seq), Some(from.as_str()), "RUNNING", &format!("attempt {attempt}"), actor)?;
     Ok(attempt)
 }
 
 /// Records a step's SUCCESS, its output and the new context together.
 pub fn step_success(c: &dyn Db, id: &str, seq: u32, output: &str, context: &str, actor: &str) -> Result<()> {
     ensure_held(c, id, actor)?;
-    move_step(c, id, seq, StepState::Success, "succeeded", actor)?;
+    let (from, _, _) = step_row(c, id, seq)?;
+    check_step(from, StepState::Success)?;
     let now = ts(Utc::now());
     c.execute(
-        "UPDATE step_runs SET output = ?3, finished_at = ?4 WHERE instance_id = ?1 AND seq = ?2",
+        "UPDATE step_runs SET state = 'SUCCESS', output = ?3, finished_at = ?4 WHERE instance_id = ?1 AND seq = ?2",
         p![id, seq, output, now.as_str()],
     )?;
+    history(c, id, Some(seq), Some(from.as_str()), "SUCCESS", "succeeded", actor)?;
     c.execute("UPDATE task_instances SET context = ?2, updated_at = ?3 WHERE id = ?1", p![id, context, now])?;
     Ok(())
 }
@@ -222,13 +251,15 @@ pub fn step_success(c: &dyn Db, id: &str, seq: u32, output: &str, context: &str,
 /// Records a failed attempt; `counts` is false when the attempt was
 /// interrupted (agent restart) rather than failed by the plugin.
 pub fn step_fail(c: &dyn Db, id: &str, seq: u32, error: &str, counts: bool, actor: &str) -> Result<u32> {
-    move_step(c, id, seq, StepState::Failed, error, actor)?;
+    let (from, _, failures) = step_row(c, id, seq)?;
+    check_step(from, StepState::Failed)?;
+    let failures = failures + u32::from(counts);
     c.execute(
-        "UPDATE step_runs SET error = ?3, finished_at = ?4, failures = failures + ?5 WHERE instance_id = ?1 AND seq = ?2",
-        p![id, seq, error, ts(Utc::now()), counts],
+        "UPDATE step_runs SET state = 'FAILED', error = ?3, finished_at = ?4, failures = ?5 WHERE instance_id = ?1 AND seq = ?2",
+        p![id, seq, error, ts(Utc::now()), failures],
     )?;
-    c.value("SELECT failures FROM step_runs WHERE instance_id = ?1 AND seq = ?2", p![id, seq])?
-        .ok_or_else(|| StoreError::NotFound(format!("no step {seq} in instance {id}")))
+    history(c, id, Some(seq), Some(from.as_str()), "FAILED", error, actor)?;
+    Ok(failures)
 }
 
 /// What a failed attempt leads to, decided inside the transaction that
@@ -255,18 +286,14 @@ pub fn fail_step(
 }
 
 pub fn finish_success(c: &dyn Db, id: &str, actor: &str) -> Result<()> {
-    move_task(c, id, TaskState::Success, "all steps succeeded", actor)?;
-    c.execute(
-        "UPDATE task_instances SET finished_at = ?2, error = NULL, lease_owner = NULL, lease_expires_at = NULL WHERE id = ?1",
-        p![id, ts(Utc::now())],
-    )?;
+    let also = "finished_at = ?4, error = NULL, lease_owner = NULL, lease_expires_at = NULL";
+    move_task_and(c, id, TaskState::Success, "all steps succeeded", actor, Also(also, p![ts(Utc::now())]))?;
     Ok(())
 }
 
 /// RUNNING → FAILED, then what the plan says.
 pub fn fail(c: &dyn Db, id: &str, error: &str, plan: FailurePlan, actor: &str) -> Result<()> {
-    move_task(c, id, TaskState::Failed, error, actor)?;
-    c.execute("UPDATE task_instances SET error = ?2 WHERE id = ?1", p![id, error])?;
+    move_task_and(c, id, TaskState::Failed, error, actor, Also("error = ?4", p![error]))?;
     match plan {
         FailurePlan::Retry(at) => {
             let wait = (at - Utc::now()).num_milliseconds().max(0) as f64 / 1000.0;

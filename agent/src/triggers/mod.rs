@@ -141,10 +141,13 @@ impl Triggers {
             steps: Map::new(),
         };
         let store = &self.scheduler.store;
-        store
-            .put_def(&loaded.hash, &def.task, &loaded.file.display().to_string(), &loaded.source)
-            .await
-            .map_err(store_error)?;
+        if !self.stored.lock().expect("stored").contains(&loaded.hash) {
+            store
+                .put_def(&loaded.hash, &def.task, &loaded.file.display().to_string(), &loaded.source)
+                .await
+                .map_err(store_error)?;
+            self.stored.lock().expect("stored").insert(loaded.hash.clone());
+        }
         let n = NewInstance {
             id,
             task: def.task.clone(),
