@@ -10,6 +10,7 @@
 //! - [`catalog`]: definitions loaded from the tasks directory.
 //! - [`reload`]: live definitions (file watcher, SIGHUP).
 //! - [`settings`]: the settings in force, which SIGHUP replaces.
+//! - [`handles`]: what the API, triggers and schedules hold instead of the scheduler.
 //! - [`triggers`]: manual, scheduled and event triggers; the clock.
 //! - [`server`]: the socket server, the protocol methods, dial-stdio.
 //! - [`bus`]: change notifications for subscribers.
@@ -28,6 +29,7 @@ pub mod bus;
 pub mod catalog;
 pub mod check;
 pub mod config;
+pub mod handles;
 pub mod hooks;
 pub mod logs;
 pub mod metrics;
@@ -148,7 +150,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let scheduler =
         scheduler::Scheduler::new(store.clone(), catalog.clone(), registry.clone(), settings.clone(), shutdown.clone());
     let access = Arc::new(server::Access::new(&config.socket));
-    let triggers = Arc::new(triggers::Triggers::new(scheduler.clone()));
+    let triggers = Arc::new(triggers::Triggers::new(scheduler.handles()));
     let reloaded = Arc::new(tokio::sync::Notify::new());
     let reloader = reload::Reloader {
         dir: tasks_dir.clone(),
@@ -167,7 +169,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     };
     let api = Arc::new(server::Api {
         triggers,
-        scheduler: scheduler.clone(),
+        h: scheduler.handles(),
         name,
         started: std::time::Instant::now(),
         socket: socket.display().to_string(),
@@ -179,7 +181,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     tracing::info!(socket = %socket.display(), store = %store.location(), "agent ready");
     let server = tokio::spawn(server::serve(listener, api, access, shutdown.clone()));
     let hooks_task = hooks::start(&settings, store.clone(), shutdown.clone());
-    let metrics_task = tokio::spawn(metrics::follow(scheduler.clone(), shutdown.clone()));
+    let metrics_task = tokio::spawn(metrics::follow(scheduler.handles(), shutdown.clone()));
     // Alerts counted by kind, from the bus every alert is published on.
     let alert_counter = {
         let s = scheduler.clone();

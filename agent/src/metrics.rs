@@ -100,7 +100,7 @@ pub fn labels(a: (&'static str, &str), b: (&'static str, &str)) -> Labels {
 
 /// The text, with the per-queue gauges read from the store now (every queue
 /// a definition or the config names, idle ones at 0).
-pub async fn scrape(s: &crate::scheduler::Scheduler) -> String {
+pub async fn scrape(s: &crate::handles::Handles) -> String {
     let m = get();
     if let Ok(stats) = s.store.queue_stats().await {
         let mut queues: std::collections::BTreeSet<String> =
@@ -128,7 +128,7 @@ pub async fn scrape(s: &crate::scheduler::Scheduler) -> String {
 /// Serves `GET /metrics` on `addr` until `shutdown`.
 pub async fn serve(
     addr: std::net::SocketAddr,
-    scheduler: std::sync::Arc<crate::scheduler::Scheduler>,
+    scheduler: crate::handles::Handles,
     shutdown: tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<()> {
     use http_body_util::Full;
@@ -167,10 +167,7 @@ pub async fn serve(
 /// changed address closes the old listener and opens the new one, none stops
 /// serving. An address that cannot be had is logged and raised as an alert;
 /// the agent runs on.
-pub async fn follow(
-    scheduler: std::sync::Arc<crate::scheduler::Scheduler>,
-    shutdown: tokio_util::sync::CancellationToken,
-) {
+pub async fn follow(scheduler: crate::handles::Handles, shutdown: tokio_util::sync::CancellationToken) {
     let mut changes = scheduler.settings.subscribe();
     loop {
         let addr = changes.borrow_and_update().metrics.listen;

@@ -43,7 +43,7 @@ fn rig(dir: tempfile::TempDir, defs: &[(&str, &str)], start: DateTime<Utc>) -> R
     let catalog = Arc::new(RwLock::new(cat));
     let scheduler =
         Scheduler::new(store.clone(), catalog, registry, Arc::new(Settings::new(config)), CancellationToken::new());
-    let triggers = Arc::new(Triggers::new(scheduler));
+    let triggers = Arc::new(Triggers::new(scheduler.handles()));
     let clock = Arc::new(ManualClock::new(start));
     let runner = CronRunner { triggers, clock: clock.clone(), reloaded: Default::default() };
     Rig { _dir: dir, store, clock, runner }
@@ -171,10 +171,10 @@ async fn daylight_saving_forward_and_back_fire_once_a_day() {
 async fn catch_up_all_is_bounded_by_catchup_max_keeping_the_latest_fires() {
     let all = "task: all\nschedule: '0 6 * * *'\ntimezone: UTC\ncatchup: all\nsteps:\n  - plugin: sleep\n";
     let r = rig(tempfile::tempdir().unwrap(), &[("all.yaml", all)], t("2026-01-01T12:00:00Z"));
-    let scheduler = &r.runner.triggers.scheduler;
-    let mut config = (*scheduler.config()).clone();
+    let h = &r.runner.triggers.h;
+    let mut config = (*h.config()).clone();
     config.scheduler.catchup_max = 2;
-    scheduler.settings.apply(config);
+    h.settings.apply(config);
     r.runner.tick().await;
     r.clock.set(t("2026-01-06T09:00:00Z"));
     r.runner.tick().await;

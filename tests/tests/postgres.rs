@@ -85,7 +85,21 @@ async fn three_agents_share_the_work_and_no_step_runs_twice() {
     let lines = witness_lines(&witness);
     let unique: BTreeSet<&String> = lines.iter().collect();
     assert_eq!(unique.len(), 3 * n, "every step ran");
-    assert_eq!(lines.len(), 3 * n, "no step ran twice: {} runs for {} steps", lines.len(), 3 * n);
+    if lines.len() != 3 * n {
+        let mut seen = BTreeSet::new();
+        let twice: Vec<&String> = lines.iter().filter(|l| !seen.insert(*l)).collect();
+        let logs: Vec<String> = agents
+            .iter()
+            .flat_map(|a| {
+                a.log()
+                    .lines()
+                    .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        panic!("no step ran twice: {} runs for {} steps; twice: {twice:?}\n{}", lines.len(), 3 * n, logs.join("\n"));
+    }
     let by_agent: BTreeMap<String, usize> = schema
         .sql("SELECT split_part(actor, ':', 2), COUNT(*) FROM transitions WHERE reason = 'claimed' GROUP BY 1")
         .into_iter()

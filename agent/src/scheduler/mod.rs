@@ -68,7 +68,7 @@ pub struct Scheduler {
     /// wall clock jumping (see [`Scheduler::watch_clock`]).
     clock_anchor: Mutex<(chrono::DateTime<Utc>, Instant)>,
     /// Notified when the wall clock jumped (the schedules look again).
-    pub clock_jumped: Notify,
+    pub clock_jumped: Arc<Notify>,
     /// Instances whose executors stopped on a store error: taken up again
     /// as soon as the store can be written.
     stalled: Mutex<Vec<String>>,
@@ -100,7 +100,7 @@ impl Scheduler {
             tracker: TaskTracker::new(),
             shutdown,
             clock_anchor: Mutex::new((Utc::now(), Instant::now())),
-            clock_jumped: Notify::new(),
+            clock_jumped: Arc::new(Notify::new()),
             stalled: Mutex::new(Vec::new()),
         })
     }
@@ -541,5 +541,41 @@ impl Scheduler {
 
     pub fn is_shutting_down(&self) -> bool {
         self.shutdown.is_cancelled()
+    }
+}
+
+impl crate::handles::Control for Arc<Scheduler> {
+    fn wake(&self) {
+        Scheduler::wake(self)
+    }
+    fn adopt(&self, inst: Claimed) {
+        Scheduler::adopt(self, inst)
+    }
+    fn cancel(&self, id: &str, why: StopReason) -> Option<watch::Receiver<bool>> {
+        Scheduler::cancel(self, id, why)
+    }
+    fn running(&self) -> usize {
+        Scheduler::running(self)
+    }
+    fn is_shutting_down(&self) -> bool {
+        Scheduler::is_shutting_down(self)
+    }
+    fn expected_secs(&self, def: &TaskDef) -> f64 {
+        self.expected_for(def)
+    }
+}
+
+impl Scheduler {
+    /// The handles the API, triggers and schedules hold.
+    pub fn handles(self: &Arc<Self>) -> crate::handles::Handles {
+        crate::handles::Handles {
+            store: self.store.clone(),
+            catalog: self.catalog.clone(),
+            plugins: self.registry.clone(),
+            settings: self.settings.clone(),
+            data_dir: self.data_dir.clone(),
+            control: Arc::new(self.clone()),
+            clock_jumped: self.clock_jumped.clone(),
+        }
     }
 }

@@ -2,7 +2,8 @@
 //! a person can act on.
 
 use crate::bus::Bus;
-use crate::scheduler::{Scheduler, StopReason};
+use crate::handles::Handles;
+use crate::scheduler::StopReason;
 use crate::store::ListFilter;
 use crate::triggers::store_error as store_err;
 use apollo_shared::context::Context;
@@ -16,7 +17,8 @@ use std::time::Instant;
 /// The methods' state: the store, catalog and plugins are the scheduler's.
 pub struct Api {
     pub triggers: Arc<crate::triggers::Triggers>,
-    pub scheduler: Arc<Scheduler>,
+    /// The store, catalog, plugins and settings; the scheduler's control.
+    pub h: Handles,
     pub name: String,
     pub started: Instant,
     pub socket: String,
@@ -45,7 +47,7 @@ fn to_value<T: serde::Serialize>(v: T) -> Reply {
 
 impl Api {
     pub fn bus(&self) -> &Bus {
-        self.scheduler.store.bus()
+        self.h.store.bus()
     }
 
     pub async fn call(&self, method: &str, p: Value, role: Role, actor: &str) -> Reply {
@@ -56,7 +58,7 @@ impl Api {
             )
             .with_hint("ask for the user to be listed in socket.operators"));
         }
-        if MUTATING.contains(&method) && self.scheduler.is_shutting_down() {
+        if MUTATING.contains(&method) && self.h.control.is_shutting_down() {
             return Err(RpcError::new(code::BUSY, "the agent is shutting down; try again when it is back"));
         }
         match method {
@@ -76,7 +78,7 @@ impl Api {
                 })
             }
             "agent.status" => self.status().await,
-            "agent.metrics" => Ok(json!({ "text": crate::metrics::scrape(&self.scheduler).await })),
+            "agent.metrics" => Ok(json!({ "text": crate::metrics::scrape(&self.h).await })),
             "tasks.trigger" => {
                 let p: TriggerParams = params(method, p, "task, params?, dedup_key?, reason?")?;
                 let trigger = match p.reason.as_deref().map(str::trim).filter(|r| !r.is_empty()) {
@@ -96,32 +98,32 @@ impl Api {
             "tasks.dry_run" => self.dry_run(params(method, p, "task, params?")?).await,
             "tasks.get" => {
                 let p: IdParams = params(method, p, "id")?;
-                to_value(self.scheduler.store.get(&p.id).await.map_err(store_err)?)
+                to_value(self.h.store.get(&p.id).await.map_err(store_err)?)
             }
             "tasks.list" => self.list(params(method, p, "state?, task?, queue?, limit?, cursor?, archived?")?).await,
             "tasks.retry" => {
                 let p: IdParams = params(method, p, "id, reason?")?;
                 let reason = p.reason.unwrap_or_else(|| "retry requested".into());
-                self.scheduler
+                self.h
                     .store
                     .manual_retry(&p.id, &format!("retry by {actor}: {reason}"), actor)
                     .await
                     .map_err(store_err)?;
-                self.scheduler.wake();
-                to_value(self.scheduler.store.get(&p.id).await.map_err(store_err)?)
+                self.h.control.wake();
+                to_value(self.h.store.get(&p.id).await.map_err(store_err)?)
             }
             "tasks.rollback" => {
                 let p: IdParams = params(method, p, "id, reason?")?;
                 let reason = p.reason.unwrap_or_else(|| "rollback requested".into());
-                let lease = self.scheduler.config().scheduler.lease;
-                self.scheduler
+                let lease = self.h.config().scheduler.lease;
+                self.h
                     .store
                     .manual_rollback(&p.id, lease, &format!("by {actor}: {reason}"), actor)
                     .await
                     .map_err(store_err)?;
-                let inst = self.scheduler.store.get(&p.id).await.map_err(store_err)?;
-                self.scheduler.adopt(inst);
-                to_value(self.scheduler.store.get(&p.id).await.map_err(store_err)?)
+                let inst = self.h.store.get(&p.id).await.map_err(store_err)?;
+                self.h.control.adopt(inst);
+                to_value(self.h.store.get(&p.id).await.map_err(store_err)?)
             }
             "tasks.cancel" => self.cancel(params(method, p, "id, reason?")?, actor).await,
             "steps.logs" => self.logs(params(method, p, "id, step, offset?")?).await,
@@ -137,8 +139,7 @@ impl Api {
                     .into_iter()
                     .find(|d| d.task == p.task)
                     .ok_or_else(|| self.triggers.unknown_task(&p.task))?;
-                let source =
-                    self.scheduler.catalog.read().expect("catalog").defs.get(&p.task).map(|l| l.source.to_string());
+                let source = self.h.catalog.read().expect("catalog").defs.get(&p.task).map(|l| l.source.to_string());
                 let mut v = to_value(d)?;
                 v["source"] = json!(source);
                 Ok(v)
@@ -175,14 +176,14 @@ impl Api {
             task_id: "dry-run".into(),
             trace_id: "dry-run".into(),
             params,
-            work_dir: self.scheduler.data_dir.join("work").join("dry-run").display().to_string(),
+            work_dir: self.h.data_dir.join("work").join("dry-run").display().to_string(),
             event: None,
             attempt: 1,
             steps: Map::new(),
         };
         let mut steps = Vec::new();
         for (seq, s) in def.steps.iter().enumerate() {
-            let registry = self.scheduler.registry.get();
+            let registry = self.h.plugins.get();
             let reg = registry.resolve(&s.plugin, s.version.as_deref());
             let (rendered, unresolved) = apollo_shared::template::render(&s.params, &ctx.to_value(), false)
                 .unwrap_or_else(|_| (s.params.clone(), Vec::new()));
@@ -236,20 +237,20 @@ impl Api {
         // instance seen RUNNING but not yet held is waited for briefly.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
         loop {
-            if let Some(mut done) = self.scheduler.cancel(&p.id, StopReason::Cancel(reason.clone())) {
-                let grace = self.scheduler.config().scheduler.kill_grace + std::time::Duration::from_secs(5);
+            if let Some(mut done) = self.h.control.cancel(&p.id, StopReason::Cancel(reason.clone())) {
+                let grace = self.h.config().scheduler.kill_grace + std::time::Duration::from_secs(5);
                 let _ = tokio::time::timeout(grace, done.wait_for(|d| *d)).await;
                 break;
             }
-            let inst = self.scheduler.store.get(&p.id).await.map_err(store_err)?;
+            let inst = self.h.store.get(&p.id).await.map_err(store_err)?;
             let expired = inst.lease_expires_at.is_none_or(|t| t < chrono::Utc::now());
-            let store = &self.scheduler.store;
+            let store = &self.h.store;
             let elsewhere = inst.lease_owner.as_deref().filter(|o| *o != store.agent());
             if let (TaskState::Running, false, Some(owner)) = (inst.state, expired, elsewhere) {
                 // Another agent on the shared database runs it: it is asked to stop it.
                 let mut changes = store.bus().subscribe();
                 store.announce("control", "cancel", json!({ "id": p.id, "reason": reason, "to": owner }));
-                let grace = self.scheduler.config().scheduler.kill_grace + std::time::Duration::from_secs(10);
+                let grace = self.h.config().scheduler.kill_grace + std::time::Duration::from_secs(10);
                 let until = tokio::time::Instant::now() + grace;
                 while store.get(&p.id).await.map_err(store_err)?.state == TaskState::Running {
                     tokio::select! {
@@ -264,19 +265,11 @@ impl Api {
             }
             if inst.state == TaskState::Running && expired {
                 // Nobody works on it: its holder died or stopped on a store error.
-                self.scheduler
-                    .store
-                    .cancel_orphan(&p.id, &format!("cancelled {reason}"), actor)
-                    .await
-                    .map_err(store_err)?;
+                self.h.store.cancel_orphan(&p.id, &format!("cancelled {reason}"), actor).await.map_err(store_err)?;
                 break;
             }
             if inst.state != TaskState::Running {
-                self.scheduler
-                    .store
-                    .cancel_waiting(&p.id, &format!("cancelled {reason}"), actor)
-                    .await
-                    .map_err(store_err)?;
+                self.h.store.cancel_waiting(&p.id, &format!("cancelled {reason}"), actor).await.map_err(store_err)?;
                 break;
             }
             if std::time::Instant::now() > deadline {
@@ -287,11 +280,11 @@ impl Api {
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
-        to_value(self.scheduler.store.get(&p.id).await.map_err(store_err)?)
+        to_value(self.h.store.get(&p.id).await.map_err(store_err)?)
     }
 
     async fn logs(&self, p: LogsParams) -> Reply {
-        let inst = self.scheduler.store.get(&p.id).await.map_err(store_err)?;
+        let inst = self.h.store.get(&p.id).await.map_err(store_err)?;
         let steps = inst.steps.unwrap_or_default();
         let step = match &p.step {
             Value::Number(n) => n.as_u64().and_then(|n| steps.iter().find(|s| s.seq as u64 == n)),
@@ -305,14 +298,14 @@ impl Api {
                 format!("instance {} has no step {} (steps: {})", p.id, p.step, names.join(", ")),
             )
         })?;
-        let path = crate::logs::StepLog::path_for(&self.scheduler.data_dir, &p.id, step.seq);
+        let path = crate::logs::StepLog::path_for(&self.h.data_dir, &p.id, step.seq);
         let (text, next_offset, eof) = crate::logs::read(&path, p.offset.unwrap_or(0), 256 * 1024)
             .map_err(|e| RpcError::new(code::INTERNAL, format!("reading {}: {e}", path.display())))?;
         to_value(LogsResult { text, next_offset, eof })
     }
 
     pub fn defs(&self) -> Vec<DefInfo> {
-        let cat = self.scheduler.catalog.read().expect("catalog");
+        let cat = self.h.catalog.read().expect("catalog");
         let now = chrono::Utc::now();
         let errors_of = |file: &std::path::Path| -> Vec<String> {
             cat.errors.get(file).map(|errs| errs.iter().map(|e| e.to_string()).collect()).unwrap_or_default()
@@ -382,7 +375,7 @@ impl Api {
     }
 
     fn plugins_registered(&self) -> Vec<PluginInfo> {
-        let registry = self.scheduler.registry.get();
+        let registry = self.h.plugins.get();
         let broken = registry.broken.iter().map(|b| PluginInfo {
             name: b.name.clone(),
             class: None,
@@ -415,10 +408,10 @@ impl Api {
 
     async fn queues(&self) -> Reply {
         let mut stats = self.listing.queue_stats().await.map_err(store_err)?;
-        let config = self.scheduler.config();
+        let config = self.h.config();
         let limits = &config.scheduler.queues;
         let mut names: Vec<String> =
-            self.scheduler.catalog.read().expect("catalog").defs.values().map(|l| l.def.queue.clone()).collect();
+            self.h.catalog.read().expect("catalog").defs.values().map(|l| l.def.queue.clone()).collect();
         names.extend(limits.keys().cloned());
         for q in names {
             if !stats.iter().any(|s| s.queue == q) {
@@ -441,18 +434,18 @@ impl Api {
 
     async fn status(&self) -> Reply {
         // The status answers even when the store cannot be read: it says so.
-        let (counts, unread) = match self.scheduler.store.counts().await {
+        let (counts, unread) = match self.h.store.counts().await {
             Ok(c) => (c, None),
             Err(e) => (Default::default(), Some(format!("the store cannot be read: {e}"))),
         };
-        let cat = self.scheduler.catalog.read().expect("catalog");
-        let cfg = self.scheduler.config();
+        let cat = self.h.catalog.read().expect("catalog");
+        let cfg = self.h.config();
         to_value(AgentStatus {
             agent: self.name.clone(),
             version: env!("CARGO_PKG_VERSION").into(),
             pid: std::process::id(),
             uptime_secs: self.started.elapsed().as_secs_f64(),
-            store: self.scheduler.store.location(),
+            store: self.h.store.location(),
             socket: self.socket.clone(),
             tasks_dir: cfg.tasks_dir().display().to_string(),
             data_dir: cfg.data_dir().display().to_string(),
@@ -460,8 +453,8 @@ impl Api {
             definitions: cat.defs.len() as u64,
             definition_errors: cat.errors.len() as u64,
             concurrency: cfg.scheduler.concurrency,
-            shutting_down: self.scheduler.is_shutting_down(),
-            store_error: self.scheduler.store.unwritable().or(unread),
+            shutting_down: self.h.control.is_shutting_down(),
+            store_error: self.h.store.unwritable().or(unread),
         })
     }
 }

@@ -92,11 +92,13 @@ pub struct Heartbeat {
     pub lease_secs: f64,
 }
 
-/// Records an agent's heartbeat (by the store's clock). The first one of a
-/// life (`starting`) refuses to take the name of another agent that is alive
-/// — its heartbeat younger than its lease — elsewhere.
+/// Records an agent's heartbeat (by the store's clock). On a shared
+/// database the first one of a life (`starting`) refuses to take the name of
+/// another agent that is alive — its heartbeat younger than its lease —
+/// elsewhere. (A SQLite file has one agent; a copy restored from a backup is
+/// a store of its own.)
 pub fn heartbeat(c: &dyn Db, id: &str, h: &Heartbeat, starting: bool) -> Result<()> {
-    if starting {
+    if starting && c.postgres() {
         let other = c.query_opt(
             "SELECT id, host, CASE WHEN heartbeat_at > apollo_now_plus(-lease_secs) AND stopped_at IS NULL THEN 1 ELSE 0 END \
              FROM agents WHERE name = ?1",

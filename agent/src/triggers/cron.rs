@@ -61,7 +61,7 @@ impl CronRunner {
     /// Fires whatever is due now; returns when the next fire is.
     pub async fn tick(&self) -> Option<DateTime<Utc>> {
         let now = self.clock.now();
-        let store = &self.triggers.scheduler.store;
+        let store = &self.triggers.h.store;
         let last_fires = match store.cron_state().await {
             Ok(s) => s,
             Err(e) => {
@@ -71,7 +71,7 @@ impl CronRunner {
         };
         let scheduled: Vec<Loaded> = self
             .triggers
-            .scheduler
+            .h
             .catalog
             .read()
             .expect("catalog")
@@ -81,7 +81,7 @@ impl CronRunner {
             .cloned()
             .collect();
         // Most missed fires run by `catchup: all`.
-        let catchup_max = self.triggers.scheduler.config().scheduler.catchup_max;
+        let catchup_max = self.triggers.h.config().scheduler.catchup_max;
         let mut next: Option<DateTime<Utc>> = None;
         for l in scheduled {
             let task = l.def.task.clone();
@@ -154,7 +154,7 @@ impl CronRunner {
                 _ = self.clock.sleep_until(until) => {}
                 _ = self.reloaded.notified() => {}
                 // The scheduler noticed the wall clock jump: look again now.
-                _ = self.triggers.scheduler.clock_jumped.notified() => {}
+                _ = self.triggers.h.clock_jumped.notified() => {}
                 _ = shutdown.cancelled() => return,
             }
         }

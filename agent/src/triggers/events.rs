@@ -31,7 +31,7 @@ impl Triggers {
         // A duplicate is known before anything is created: a definition added
         // since the first delivery must not get an instance from the repeat.
         if let Some(key) = &p.dedup_key {
-            if let Some((id, _)) = self.scheduler.store.event_by_key(key).await.map_err(store_error)? {
+            if let Some((id, _)) = self.h.store.event_by_key(key).await.map_err(store_error)? {
                 // `instances` lists what this call created: nothing.
                 return Ok(json!({ "event_id": id, "duplicate": true, "instances": [] }));
             }
@@ -40,7 +40,7 @@ impl Triggers {
         let key = p.dedup_key.clone().unwrap_or_else(|| event_id.clone());
         let data = p.data.clone().unwrap_or(Value::Null);
         let listeners: Vec<String> = self
-            .scheduler
+            .h
             .catalog
             .read()
             .expect("catalog")
@@ -66,7 +66,7 @@ impl Triggers {
             }
         }
         let stored = self
-            .scheduler
+            .h
             .store
             .record_event(&event_id, &p.name, p.data, p.dedup_key, created.clone())
             .await

@@ -12,17 +12,16 @@ pub mod cron;
 pub mod events;
 
 use crate::catalog::Loaded;
-use crate::scheduler::Scheduler;
+use crate::handles::Handles;
 use crate::store::{NewInstance, StoreError};
 use apollo_shared::context::Context;
 use apollo_shared::def::TaskDef;
 use apollo_shared::protocol::{code, RpcError, TriggerResult};
 use serde_json::{Map, Value};
-use std::sync::Arc;
 
 pub struct Triggers {
-    /// The store, catalog and plugins are the scheduler's.
-    pub scheduler: Arc<Scheduler>,
+    /// The store, catalog, plugins and settings; the scheduler's control.
+    pub h: Handles,
     /// Definition versions known to be in the store, so a trigger writes a
     /// version once rather than on every instance.
     pub stored: std::sync::Mutex<std::collections::HashSet<String>>,
@@ -32,8 +31,8 @@ pub struct Triggers {
 }
 
 impl Triggers {
-    pub fn new(scheduler: Arc<Scheduler>) -> Triggers {
-        Triggers { scheduler, stored: Default::default(), ids: std::sync::Mutex::new(ulid::Generator::new()) }
+    pub fn new(h: Handles) -> Triggers {
+        Triggers { h, stored: Default::default(), ids: std::sync::Mutex::new(ulid::Generator::new()) }
     }
 
     /// A new time-ordered id.
@@ -68,7 +67,7 @@ pub fn store_error(e: StoreError) -> RpcError {
 impl Triggers {
     /// Why `task` cannot be triggered: unknown, removed, or its file broken.
     pub fn unknown_task(&self, task: &str) -> RpcError {
-        let cat = self.scheduler.catalog.read().expect("catalog");
+        let cat = self.h.catalog.read().expect("catalog");
         if let Some(file) = cat.removed.get(task) {
             return RpcError::new(
                 code::NOT_FOUND,
@@ -88,7 +87,7 @@ impl Triggers {
 
     /// The definition in force for `task`.
     pub fn current(&self, task: &str) -> Result<Loaded, RpcError> {
-        self.scheduler.catalog.read().expect("catalog").defs.get(task).cloned().ok_or_else(|| self.unknown_task(task))
+        self.h.catalog.read().expect("catalog").defs.get(task).cloned().ok_or_else(|| self.unknown_task(task))
     }
 
     /// The instance's params: given ones over declared defaults; required ones must be given.
@@ -128,7 +127,7 @@ impl Triggers {
         let params = Self::fill_params(def, r.params)?;
         let id = self.new_id();
         let trace_id = format!("{:032x}", rand::random::<u128>());
-        let work_dir = self.scheduler.data_dir.join("work").join(&id);
+        let work_dir = self.h.data_dir.join("work").join(&id);
         let work_dir = std::path::absolute(&work_dir).unwrap_or(work_dir);
         let ctx = Context {
             task: def.task.clone(),
@@ -140,7 +139,7 @@ impl Triggers {
             attempt: 1,
             steps: Map::new(),
         };
-        let store = &self.scheduler.store;
+        let store = &self.h.store;
         if !self.stored.lock().expect("stored").contains(&loaded.hash) {
             store
                 .put_def(&loaded.hash, &def.task, &loaded.file.display().to_string(), &loaded.source)
@@ -161,13 +160,13 @@ impl Triggers {
             trigger: format!("{} by {}", r.trigger, r.actor),
             dedup_key: r.dedup_key,
             steps: def.steps.iter().map(|s| (s.name.clone(), s.plugin.clone())).collect(),
-            expected_secs: self.scheduler.expected_for(def),
+            expected_secs: self.h.control.expected_secs(def),
         };
         let (id, created) = store.create(n, &r.actor).await.map_err(store_error)?;
         if created {
             crate::metrics::get().created.get_or_create(&crate::metrics::label("task", &def.task)).inc();
             tracing::info!(task_id = %id, task = %def.task, trigger = %r.trigger, "instance created");
-            self.scheduler.wake();
+            self.h.control.wake();
         }
         Ok(TriggerResult { id, created })
     }

@@ -13,7 +13,7 @@ pub const HELP: &[(&str, &str)] = &[
     ("PgUp PgDn g G Home End", "page, first, last"),
     ("Tab", "next pane in the step view (logs follow while open)"),
     ("s", "sort the tasks view: created, task, state, queue, attempt"),
-    ("a", "tasks view: the archive (finished instances past retention) or the live ones"),
+    ("a", "tasks view: the archive, or back to the live instances"),
     ("r", "run the selected task (a form for its params)"),
     ("d", "dry-run the selected task (nothing is executed)"),
     ("t", "retry the selected instance"),
