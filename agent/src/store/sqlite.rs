@@ -12,6 +12,8 @@ use std::path::Path;
 
 /// SQLite's page cache of the writer, in KiB (negative: a size, not pages).
 const CACHE_KIB: i64 = -32 * 1024;
+/// Prepared statements kept per connection: more than the store has.
+const STATEMENTS: usize = 128;
 
 impl rusqlite::ToSql for V {
     fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
@@ -100,6 +102,8 @@ pub fn open_writer(path: &Path, synchronous_full: bool) -> anyhow::Result<Connec
     // cached however large the history grows.
     conn.pragma_update(None, "cache_size", CACHE_KIB)?;
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    // Every statement the store runs stays prepared (rusqlite keeps 16).
+    conn.set_prepared_statement_cache_capacity(STATEMENTS);
     add_clock(&conn)?;
     super::schema::migrate_sqlite(&mut conn)?;
     Ok(conn)
@@ -112,7 +116,8 @@ pub fn open_reader(path: &Path) -> Result<Connection> {
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX | OpenFlags::SQLITE_OPEN_URI,
     )?;
     c.busy_timeout(std::time::Duration::from_secs(5))?;
-    c.pragma_update(None, "cache_size", CACHE_KIB / 4)?;
+    c.pragma_update(None, "cache_size", CACHE_KIB / 16)?;
+    c.set_prepared_statement_cache_capacity(STATEMENTS);
     add_clock(&c)?;
     Ok(c)
 }
