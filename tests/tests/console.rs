@@ -151,7 +151,8 @@ fn the_plugins_view_shows_runs_failures_durations_and_the_suggested_timeout() {
     let mut c = Console::start(agent.path(), &["--socket", &sock], None);
     c.wait_for(&["connected"]);
     c.keys(":plugins\r");
-    let screen = c.wait_for(&["<plugins>", "SUGGESTED", "RUNS", "FAIL%", "P99"]);
+    // The shell row's last cell: the row is drawn whole.
+    let screen = c.wait_for(&["<plugins>", "SUGGESTED", "RUNS", "FAIL%", "P99", "ok_codes, rollback_command"]);
     let shell: Vec<&str> = screen
         .lines()
         .find(|l| l.contains("│shell "))
