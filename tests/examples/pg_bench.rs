@@ -2,7 +2,9 @@
 //! PostgreSQL (`APOLLO_TEST_DATABASE_URL`; each round in a fresh schema,
 //! dropped afterwards), beside the same agent on SQLite.
 //!
-//!     cargo run --release -p apollo-tests --example pg_bench -- [N] [ROUNDS]
+//!     cargo run --release -p apollo-tests --example pg_bench -- [N] [ROUNDS] [PARTS]
+//!
+//! PARTS picks what to run, e.g. `14` (default `1234`).
 //!
 //! 1. One agent, three-step no-op instances (concurrency 64): instances/s on
 //!    SQLite and on PostgreSQL, interleaved, median of ROUNDS; idle trigger →
@@ -109,44 +111,50 @@ async fn main() {
     let args: Vec<String> = std::env::args().collect();
     let n: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(3000);
     let rounds: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(3);
+    let parts = args.get(3).cloned().unwrap_or_else(|| "1234".into());
     let one = "  concurrency: 64\n";
     let shared = "    work: {}\n";
 
+    println!("apollo PostgreSQL benchmark ({rounds} interleaved rounds; medians)");
     // 1. One agent: SQLite and PostgreSQL, interleaved.
-    let (mut lite, mut pg, mut lite_p99, mut pg_p99) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for round in 0..rounds {
-        for on_pg in [false, true] {
-            let schema = on_pg.then(|| PgSchema::new(&format!("bench1_{round}")));
-            let agents = start(schema.as_ref(), 1, one, shared);
-            let cs = clients(&agents).await;
-            let mut idle = idle_latency(&cs[0], 200, 0).await;
-            let rate = throughput(&cs, "noop", n, 200).await;
-            let p99 = percentile(&mut idle, 0.99);
-            if on_pg {
-                pg.push(rate);
-                pg_p99.push(p99);
-            } else {
-                lite.push(rate);
-                lite_p99.push(p99);
+    if parts.contains('1') {
+        let (mut lite, mut pg, mut lite_p99, mut pg_p99) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for round in 0..rounds {
+            for on_pg in [false, true] {
+                let schema = on_pg.then(|| PgSchema::new(&format!("bench1_{round}")));
+                let agents = start(schema.as_ref(), 1, one, shared);
+                let cs = clients(&agents).await;
+                let mut idle = idle_latency(&cs[0], 200, 0).await;
+                let rate = throughput(&cs, "noop", n, 200).await;
+                let p99 = percentile(&mut idle, 0.99);
+                if on_pg {
+                    pg.push(rate);
+                    pg_p99.push(p99);
+                } else {
+                    lite.push(rate);
+                    lite_p99.push(p99);
+                }
             }
         }
+        println!("1. one agent, {n} three-step no-op instances, concurrency 64:");
+        println!(
+            "   SQLite      {:>7.0} instances/s   idle trigger→first step p99 {:.2} ms",
+            median(lite.clone()),
+            median(lite_p99)
+        );
+        println!(
+            "   PostgreSQL  {:>7.0} instances/s   idle trigger→first step p99 {:.2} ms",
+            median(pg.clone()),
+            median(pg_p99)
+        );
+        println!("   rounds: SQLite {lite:.0?}, PostgreSQL {pg:.0?}");
     }
-    println!("apollo PostgreSQL benchmark ({rounds} interleaved rounds; medians)");
-    println!("1. one agent, {n} three-step no-op instances, concurrency 64:");
-    println!(
-        "   SQLite      {:>7.0} instances/s   idle trigger→first step p99 {:.2} ms",
-        median(lite.clone()),
-        median(lite_p99)
-    );
-    println!(
-        "   PostgreSQL  {:>7.0} instances/s   idle trigger→first step p99 {:.2} ms",
-        median(pg.clone()),
-        median(pg_p99)
-    );
-    println!("   rounds: SQLite {lite:.0?}, PostgreSQL {pg:.0?}");
 
     // 2 and 3. Scale-out.
     for (task, label, per_agent) in [("waits", "three 50 ms steps", 600), ("noop", "three no-op steps", n / 2)] {
+        if !parts.contains(if task == "waits" { '2' } else { '3' }) {
+            continue;
+        }
         let mut base = 0.0;
         println!("{}. scale-out on {label}, concurrency 16 per agent:", if task == "waits" { 2 } else { 3 });
         for count in [1usize, 2, 4] {
@@ -169,6 +177,9 @@ async fn main() {
     }
 
     // 4. Claim latency across agents: A cannot claim from `work`, idle B does.
+    if !parts.contains('4') {
+        return;
+    }
     let mut all = Vec::new();
     for round in 0..rounds {
         let schema = PgSchema::new(&format!("bench4_{round}"));

@@ -26,9 +26,22 @@ impl Store {
     pub async fn create(&self, n: NewInstance, actor: &str) -> Result<(String, bool)> {
         let actor = actor.to_string();
         let task = n.task.clone();
-        let (id, created) = self.write(move |c| write::create(c, &n, &actor)).await?;
+        let agent = self.agent().to_string();
+        let (id, created) = self
+            .write(move |c| {
+                let (id, created) = write::create(c, &n, &actor)?;
+                // New work wakes the other agents with this very commit (not
+                // a notification of its own after it): the fastest pickup.
+                if created && c.postgres() {
+                    let note = json!({ "topic": "tasks", "kind": "instance.created",
+                                       "data": { "id": id, "task": n.task, "state": "PENDING" } });
+                    super::postgres::notify(c, &agent, &[note.to_string()])?;
+                }
+                Ok((id, created))
+            })
+            .await?;
         if created {
-            self.announce("tasks", "instance.created", json!({ "id": id, "task": task, "state": "PENDING" }));
+            self.bus().publish("tasks", "instance.created", json!({ "id": id, "task": task, "state": "PENDING" }));
         }
         Ok((id, created))
     }
