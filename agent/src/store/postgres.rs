@@ -283,6 +283,14 @@ impl Conn for PgConn {
     }
 }
 
+/// The schema's notification channel: `apollo_` and 16 hex digits of the
+/// schema name's MD5 (a channel name is at most 63 bytes; a schema name may
+/// be 63 itself). The SQL side computes the same from `current_schema()`.
+pub fn channel(schema: &str) -> String {
+    use md5::Digest as _;
+    format!("apollo_{}", &hex::encode(md5::Md5::digest(schema.as_bytes()))[..16])
+}
+
 /// The longest notification payload PostgreSQL carries, less a margin.
 pub const MAX_NOTIFY: usize = 7900;
 
@@ -294,7 +302,10 @@ pub fn notify(c: &dyn Db, agent: &str, events: &[String]) -> Result<()> {
     for (i, e) in events.iter().enumerate() {
         if payload.len() + e.len() + 2 > MAX_NOTIFY && payload.len() > head.len() {
             payload.push_str("]}");
-            c.query("SELECT pg_notify('apollo_' || current_schema(), ?1)", super::db::p![payload.as_str()])?;
+            c.query(
+                "SELECT pg_notify('apollo_' || left(md5(current_schema()), 16), ?1)",
+                super::db::p![payload.as_str()],
+            )?;
             payload = head.clone();
         } else if i > 0 && payload.len() > head.len() {
             payload.push(',');
@@ -303,7 +314,7 @@ pub fn notify(c: &dyn Db, agent: &str, events: &[String]) -> Result<()> {
     }
     if payload.len() > head.len() {
         payload.push_str("]}");
-        c.query("SELECT pg_notify('apollo_' || current_schema(), ?1)", super::db::p![payload.as_str()])?;
+        c.query("SELECT pg_notify('apollo_' || left(md5(current_schema()), 16), ?1)", super::db::p![payload.as_str()])?;
     }
     Ok(())
 }
@@ -345,7 +356,7 @@ pub async fn listen(
     shutdown: tokio_util::sync::CancellationToken,
 ) {
     use futures::StreamExt as _;
-    let channel = format!("apollo_{}", target.schema);
+    let channel = channel(&target.schema);
     let mut backoff = std::time::Duration::from_millis(100);
     while !shutdown.is_cancelled() {
         let connected = match &target.tls {
@@ -421,5 +432,15 @@ pub fn storage_failure(e: &StoreError) -> Option<String> {
         }
         StoreError::Commit(m) => Some(m.clone()),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_channel_is_apollo_and_the_schemas_md5_as_postgresql_computes_it() {
+        // PostgreSQL: SELECT 'apollo_' || left(md5('apollo'), 16)
+        assert_eq!(super::channel("apollo"), "apollo_31f2385ba9cc65db");
+        assert!(super::channel(&"s".repeat(63)).len() <= 63);
     }
 }
