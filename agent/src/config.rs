@@ -252,19 +252,17 @@ pub struct QueueConf {
 }
 
 impl Config {
-    /// The queues this agent may not claim from (dedicated to others).
-    pub fn queues_excluded(&self) -> Vec<String> {
-        let me = self.agent_name();
+    /// The queues the agent named `me` may not claim from (dedicated to others).
+    pub fn queues_excluded(&self, me: &str) -> Vec<String> {
         let q = &self.scheduler.queues;
-        q.iter().filter(|(_, c)| !c.agents.is_empty() && !c.agents.contains(&me)).map(|(n, _)| n.clone()).collect()
+        q.iter().filter(|(_, c)| !c.agents.is_empty() && !c.agents.iter().any(|a| a == me)).map(|(n, _)| n.clone()).collect()
     }
 
-    /// The queues this agent claims from, as `agents` lists them: `*` for
-    /// every shared queue, and the dedicated ones it serves.
-    pub fn queues_served(&self) -> Vec<String> {
-        let me = self.agent_name();
+    /// The queues the agent named `me` claims from, as `agents` lists them:
+    /// `*` for every shared queue, and the dedicated ones it serves.
+    pub fn queues_served(&self, me: &str) -> Vec<String> {
         let mut out = vec!["*".to_string()];
-        out.extend(self.scheduler.queues.iter().filter(|(_, c)| c.agents.contains(&me)).map(|(n, _)| n.clone()));
+        out.extend(self.scheduler.queues.iter().filter(|(_, c)| c.agents.iter().any(|a| a == me)).map(|(n, _)| n.clone()));
         out
     }
 }

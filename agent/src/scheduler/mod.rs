@@ -54,6 +54,8 @@ pub struct Scheduler {
     pub settings: Arc<Settings>,
     pub data_dir: PathBuf,
     pub tasks_dir: PathBuf,
+    /// `agent.name` (or the host name), read once: it changes only at a restart.
+    pub name: String,
     wake: Notify,
     /// When the next RETRYING instance falls due, as far as this agent knows:
     /// set when a retry is scheduled, re-read from the store when it passes.
@@ -89,6 +91,7 @@ impl Scheduler {
         Arc::new(Scheduler {
             data_dir: config.data_dir(),
             tasks_dir: config.tasks_dir(),
+            name: config.agent_name(),
             store,
             catalog,
             registry,
@@ -148,7 +151,7 @@ impl Scheduler {
         let queues = &config.scheduler.queues;
         crate::store::QueuePolicy {
             limits: queues.iter().filter_map(|(q, c)| c.limit.map(|l| (q.clone(), l))).collect(),
-            excluded: config.queues_excluded(),
+            excluded: config.queues_excluded(&self.name),
             ordered: queues.iter().filter(|(_, c)| c.ordered).map(|(q, _)| q.clone()).collect(),
         }
     }
@@ -183,10 +186,10 @@ impl Scheduler {
     pub fn heartbeat(&self) -> crate::store::Heartbeat {
         let config = self.config();
         crate::store::Heartbeat {
-            name: config.agent_name(),
+            name: self.name.clone(),
             host: nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_default(),
             version: env!("CARGO_PKG_VERSION").into(),
-            queues: config.queues_served(),
+            queues: config.queues_served(&self.name),
             running: self.running(),
             lease_secs: config.scheduler.lease.as_secs_f64(),
         }

@@ -198,14 +198,6 @@ impl Store {
         })
     }
 
-    /// The SQLite file, when the store is one.
-    pub fn path(&self) -> Option<&Path> {
-        match &self.inner.backend {
-            Backend::Sqlite { path } => Some(path),
-            Backend::Postgres { .. } => None,
-        }
-    }
-
     /// The store as `agent.status` and messages name it: `sqlite:PATH` or
     /// the PostgreSQL URL without its password, and the schema.
     pub fn location(&self) -> String {
