@@ -255,14 +255,19 @@ impl Config {
     /// The queues the agent named `me` may not claim from (dedicated to others).
     pub fn queues_excluded(&self, me: &str) -> Vec<String> {
         let q = &self.scheduler.queues;
-        q.iter().filter(|(_, c)| !c.agents.is_empty() && !c.agents.iter().any(|a| a == me)).map(|(n, _)| n.clone()).collect()
+        q.iter()
+            .filter(|(_, c)| !c.agents.is_empty() && !c.agents.iter().any(|a| a == me))
+            .map(|(n, _)| n.clone())
+            .collect()
     }
 
     /// The queues the agent named `me` claims from, as `agents` lists them:
     /// `*` for every shared queue, and the dedicated ones it serves.
     pub fn queues_served(&self, me: &str) -> Vec<String> {
         let mut out = vec!["*".to_string()];
-        out.extend(self.scheduler.queues.iter().filter(|(_, c)| c.agents.iter().any(|a| a == me)).map(|(n, _)| n.clone()));
+        out.extend(
+            self.scheduler.queues.iter().filter(|(_, c)| c.agents.iter().any(|a| a == me)).map(|(n, _)| n.clone()),
+        );
         out
     }
 }

@@ -73,6 +73,10 @@ const PG_WRITERS: usize = 4;
 /// A connection for queries, on either backend.
 type Reader = Box<dyn Db + Send>;
 
+/// An idle reader, with the count of connection failures seen when it was
+/// last used.
+type Pooled = (Reader, u64);
+
 /// A cheap handle; clones share the writer and the read pools.
 #[derive(Clone)]
 pub struct Store {
@@ -96,9 +100,12 @@ struct Inner {
     notes: Mutex<Vec<String>>,
     notes_queued: std::sync::atomic::AtomicBool,
     /// Idle readers.
-    readers: Mutex<Vec<Reader>>,
+    readers: Mutex<Vec<Pooled>>,
     /// Idle readers of the replica.
-    replica_readers: Mutex<Vec<Reader>>,
+    replica_readers: Mutex<Vec<Pooled>>,
+    /// Connection failures seen (a cut, the database gone): an idle reader
+    /// pooled before the latest one is checked before it is used again.
+    failures: std::sync::atomic::AtomicU64,
     /// How many readers are kept open.
     pool: usize,
     bus: Bus,
@@ -188,6 +195,7 @@ impl Store {
                 notes_queued: std::sync::atomic::AtomicBool::new(false),
                 readers: Mutex::new(Vec::new()),
                 replica_readers: Mutex::new(Vec::new()),
+                failures: std::sync::atomic::AtomicU64::new(0),
                 pool,
                 bus,
                 agent,
@@ -346,6 +354,7 @@ impl Store {
                     Backend::Postgres { .. } => postgres::storage_failure(e),
                 };
                 let Some(why) = failure else { return result };
+                self.inner.failures.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let message = match &self.inner.backend {
                     Backend::Sqlite { path } => format!(
                         "the store {} cannot be written ({why}); new work is refused and running steps wait — \
@@ -444,12 +453,14 @@ impl Store {
             _ => None,
         };
         let pool_of = || if replica.is_some() { &self.inner.replica_readers } else { &self.inner.readers };
+        let failures = || self.inner.failures.load(std::sync::atomic::Ordering::SeqCst);
         let pooled = pool_of().lock().expect("reader pool").pop();
-        // A pooled PostgreSQL connection is checked first (one cut since it
-        // was last used is replaced rather than failing the read).
-        let pooled = pooled.filter(|c| c.alive());
+        // After a connection failure, an idle reader from before it is
+        // checked first (a cut one is replaced rather than failing the read);
+        // otherwise it is used as it is, without a round trip.
+        let pooled = pooled.filter(|(c, seen)| *seen == failures() || c.alive());
         let conn: Reader = match pooled {
-            Some(c) => c,
+            Some((c, _)) => c,
             None => match &self.inner.backend {
                 Backend::Sqlite { path } => Box::new(sqlite::open_reader(path)?),
                 Backend::Postgres { target, .. } => Box::new(replica.unwrap_or(target).connect()?),
@@ -458,9 +469,12 @@ impl Store {
         let result = f(conn.as_ref());
         // A reader whose connection failed is not kept.
         let broken = matches!(&result, Err(StoreError::Postgres(e)) if e.is_closed() || e.as_db_error().is_none());
+        if broken {
+            self.inner.failures.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
         let mut pool = pool_of().lock().expect("reader pool");
         if pool.len() < self.inner.pool && !broken {
-            pool.push(conn);
+            pool.push((conn, failures()));
         }
         result
     }
