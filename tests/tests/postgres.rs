@@ -178,6 +178,10 @@ async fn a_dead_agents_instances_are_taken_over_after_its_lease() {
     let shown: Instance = get(&c, &taken[0][0].clone().unwrap()).await;
     let rows = shown.transitions.unwrap();
     assert!(rows.iter().any(|t| t.reason.starts_with("recovered") && !t.actor.starts_with("agent:b:")), "{rows:#?}");
+    // The dead agent is listed as late (no heartbeat for half a lease), not stopped.
+    let (_, listed) = agents[0].cli_json(&["agents"]);
+    let b = listed.as_array().unwrap().iter().find(|x| x["name"] == "b").cloned().unwrap_or_default();
+    assert_eq!((b["late"].as_bool(), b["stopped"].as_bool()), (Some(true), Some(false)), "{listed:#}");
     drop(agents);
 }
 
@@ -300,10 +304,24 @@ async fn a_cancel_through_any_agent_stops_the_instance_where_it_runs() {
     let a = agents[0].client().await;
     a.subscribe(&["tasks"]).await.unwrap();
     let mut events = a.take_events().unwrap();
+    // One more subscriber on each agent, to see what the other one runs.
+    let mut watchers = Vec::new();
+    for agent in &agents {
+        let w = agent.client().await;
+        w.subscribe(&["tasks"]).await.unwrap();
+        let rx = w.take_events().unwrap();
+        watchers.push((w, rx));
+    }
     let id = trigger(&a, "long", json!({})).await;
     wait_until(&a, &mut events, &id, "the instance to run", |i| i.state.as_str() == "RUNNING").await;
     let runs_on = holder(&schema, "long").unwrap();
     let other = if runs_on == "a" { &agents[1] } else { &agents[0] };
+    // A subscriber on the agent that does not run it sees its steps move.
+    let elsewhere = &mut watchers[if runs_on == "a" { 1 } else { 0 }].1;
+    wait_event(elsewhere, "the running agent's step start, pushed to the other's subscriber", |e| {
+        e.kind == "instance.updated" && e.data["id"] == id.as_str() && e.data["step"]["state"] == "RUNNING"
+    })
+    .await;
     let (code, out) = other.cli_json(&["cancel", &id, "--reason", "wrong release"]);
     assert_eq!(code, 0, "{out:#}");
     let done = wait_until(&a, &mut events, &id, "the cancel", ended).await;
