@@ -37,6 +37,7 @@ const AT_START: &[Named] = &[
     ("watch_tasks", |c| format!("{:?}", c.watch_tasks)),
     ("socket.path", |c| format!("{:?}", c.socket.path)),
     ("logging", |c| format!("{:?}", c.logging)),
+    ("events", |c| format!("{:?}", c.events)),
     ("agent.name", |c| format!("{:?}", c.agent.name)),
 ];
 
@@ -48,6 +49,7 @@ const LIVE: &[Named] = &[
     ("alerts.hooks", |c| format!("{:?}", c.alerts.hooks)),
     ("metrics", |c| format!("{:?}", c.metrics)),
     ("plugins", |c| format!("{:?}", c.plugins)),
+    ("storage", |c| format!("{:?}", c.storage)),
 ];
 
 impl Settings {
@@ -80,6 +82,7 @@ impl Settings {
         fresh.watch_tasks = old.watch_tasks;
         fresh.socket.path = old.socket.path.clone();
         fresh.logging = old.logging.clone();
+        fresh.events = old.events.clone();
         fresh.agent = old.agent.clone();
         fresh.source = old.source.clone();
         fresh.install = old.install;

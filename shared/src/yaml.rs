@@ -71,8 +71,27 @@ pub fn from_str<T: DeserializeOwned>(src: &str) -> Result<T, YamlError> {
                 }
             }
         }
+        if let Some(hint) = line.and_then(|n| src.lines().nth(n.saturating_sub(1))).and_then(reserved_start) {
+            message.push_str(&hint);
+        }
         YamlError { line: line.or(Some(1)), message }
     })
+}
+
+/// A hint for a `key: value` line whose plain value starts with a character
+/// YAML reserves (`delimiter: ,`, `pattern: @daily`): quote the value.
+fn reserved_start(line: &str) -> Option<String> {
+    let t = line.trim_start().trim_start_matches("- ");
+    let (key, value) = t.split_once(':')?;
+    let value = value.trim();
+    let first = value.chars().next()?;
+    if key.is_empty() || key.contains(['"', '\'', ' ']) || !",]}@`%".contains(first) {
+        return None;
+    }
+    Some(format!(
+        " (the value of {key:?} starts with {first:?}, which YAML reserves; quote it: {key}: \"{}\")",
+        value.replace('"', "\\\"")
+    ))
 }
 
 /// The 1-based number of the first line that satisfies `pred`.
@@ -96,6 +115,14 @@ mod tests {
             prev = name;
         }
         src
+    }
+
+    #[test]
+    fn an_unquoted_reserved_value_is_named_with_the_fix() {
+        let e = from_str::<Value>("steps:\n  - plugin: data_parser\n    params:\n      delimiter: ,\n").unwrap_err();
+        assert_eq!(e.line, Some(4), "{e}");
+        assert!(e.message.contains(r#"quote it: delimiter: ",""#), "{e}");
+        assert_eq!(from_str::<Value>("delimiter: \",\"\n").unwrap()["delimiter"], ",");
     }
 
     #[test]

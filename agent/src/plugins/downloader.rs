@@ -1,4 +1,4 @@
-//! `file_downloader`: fetches a file:// or http(s):// source to a target,
+//! `file_downloader`: fetches a file://, http(s):// or s3:// source to a target,
 //! verifies its checksum, and writes through a temp file and a rename so a
 //! target is either whole or absent. A target that already has the expected
 //! checksum is not downloaded again.
@@ -18,23 +18,36 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
-pub struct FileDownloader;
+pub struct FileDownloader {
+    /// Where `s3://` sources are read from (the agent config's `storage.s3`).
+    pub s3: crate::config::S3Conf,
+}
 
 const PARAMS: &[&str] = &["source", "target", "md5", "sha256"];
 
+#[derive(Debug)]
 enum Source {
     File(PathBuf),
     Http(String),
+    S3 { bucket: String, key: String },
 }
 
 fn source(s: &str) -> Result<Source, String> {
     match s.split_once("://") {
         Some(("file", rest)) if !rest.is_empty() => Ok(Source::File(PathBuf::from(rest))),
         Some(("http" | "https", _)) => Ok(Source::Http(s.to_string())),
+        Some(("s3", rest)) => match rest.split_once('/') {
+            Some((bucket, key)) if !bucket.is_empty() && !key.is_empty() && !key.ends_with('/') => {
+                Ok(Source::S3 { bucket: bucket.to_string(), key: key.to_string() })
+            }
+            _ => Err(format!("source: {s:?} names no object (expected s3://BUCKET/KEY)")),
+        },
         Some((scheme, _)) => Err(format!(
-            "source: unsupported scheme {scheme:?} in {s:?} (expected file://, http:// or https://; copy the object to one of those first)"
+            "source: unsupported scheme {scheme:?} in {s:?} (expected file://, http://, https:// or s3://)"
         )),
-        None => Err(format!("source: {s:?} has no scheme (expected file://PATH, http://… or https://…)")),
+        None => {
+            Err(format!("source: {s:?} has no scheme (expected file://PATH, http://…, https://… or s3://BUCKET/KEY)"))
+        }
     }
 }
 
@@ -170,6 +183,10 @@ impl FileDownloader {
                 drop(f);
                 file_digests(tmp, cancel).await.map_err(|e| io_err("cannot read", tmp, e))
             }
+            Source::S3 { bucket, key } => {
+                super::s3::fetch(&self.s3, bucket, key, tmp).await?;
+                file_digests(tmp, cancel).await.map_err(|e| io_err("cannot read", tmp, e))
+            }
         }
     }
 }
@@ -182,12 +199,15 @@ impl Plugin for FileDownloader {
         semver::Version::new(1, 0, 0)
     }
     fn description(&self) -> &str {
-        "Downloads a file:// or http(s):// source to a target, verifying md5/sha256, atomically"
+        "Downloads a file://, http(s):// or s3:// source to a target, verifying md5/sha256, atomically"
     }
     fn params(&self) -> Vec<ParamDoc> {
         vec![
             ParamDoc {
-                name: "source", kind: "url", required: true, description: "file://PATH, http://… or https://…"
+                name: "source",
+                kind: "url",
+                required: true,
+                description: "file://PATH, http://…, https://… or s3://BUCKET/KEY",
             },
             ParamDoc {
                 name: "target",
@@ -283,8 +303,12 @@ mod tests {
 
     #[test]
     fn unsupported_schemes_are_named() {
-        let e = source("s3://bucket/report.csv").err().unwrap();
-        assert!(e.contains("unsupported scheme \"s3\""), "{e}");
+        let e = source("ftp://host/report.csv").err().unwrap();
+        assert!(e.contains("unsupported scheme \"ftp\""), "{e}");
+        assert!(
+            matches!(source("s3://bucket/dir/report.csv"), Ok(Source::S3 { bucket, key }) if bucket == "bucket" && key == "dir/report.csv")
+        );
+        assert!(source("s3://bucket/").unwrap_err().contains("s3://BUCKET/KEY"));
         assert!(source("report.csv").is_err());
         assert!(matches!(source("file://tasks/data/report.csv"), Ok(Source::File(_))));
     }

@@ -13,6 +13,7 @@ pub mod kit;
 mod parser;
 pub mod process;
 mod report;
+mod s3;
 mod shell;
 mod sleep;
 
@@ -161,10 +162,16 @@ pub struct Registry {
     pub broken: Vec<Broken>,
 }
 
-fn builtin(class: &str, pass_env: &[String]) -> Option<(&'static str, &'static str, Arc<dyn Plugin>)> {
+fn builtin(
+    class: &str,
+    pass_env: &[String],
+    storage: &crate::config::StorageConf,
+) -> Option<(&'static str, &'static str, Arc<dyn Plugin>)> {
     // (class, plain name, plugin).
     let (name, plugin): (&str, Arc<dyn Plugin>) = match class {
-        "apollo.plugins.downloader.FileDownloader" => ("file_downloader", Arc::new(downloader::FileDownloader)),
+        "apollo.plugins.downloader.FileDownloader" => {
+            ("file_downloader", Arc::new(downloader::FileDownloader { s3: storage.s3.clone() }))
+        }
         "apollo.plugins.parser.DataParser" => ("data_parser", Arc::new(parser::DataParser)),
         "apollo.plugins.report.ReportGenerator" => ("report_generator", Arc::new(report::ReportGenerator)),
         "apollo.plugins.shell.Shell" => ("shell", Arc::new(shell::Shell { pass_env: pass_env.to_vec() })),
@@ -188,15 +195,17 @@ fn defaults(name: &str) -> (Duration, u32) {
 impl Registry {
     /// The built-ins under their plain names, then the config's class
     /// registrations (a same name replaces a built-in).
-    pub fn new(configured: &[crate::config::PluginReg]) -> Registry {
+    pub fn new(configured: &[crate::config::PluginReg], storage: &crate::config::StorageConf) -> Registry {
         let mut r = Registry::default();
         for class in CLASSES {
-            let (class, name, plugin) = builtin(class, &[]).expect("every class is built in");
+            let (class, name, plugin) = builtin(class, &[], storage).expect("every class is built in");
             let (timeout, retry) = defaults(name);
             r.add(Registration { name: name.into(), class: Some(class), command: None, timeout, retry, plugin }, true);
         }
         for p in configured {
-            let Some((class, plain, plugin)) = p.class.as_deref().and_then(|c| builtin(c, &p.env)) else { continue };
+            let Some((class, plain, plugin)) = p.class.as_deref().and_then(|c| builtin(c, &p.env, storage)) else {
+                continue;
+            };
             let (timeout, retry) = defaults(plain);
             let reg = Registration {
                 name: p.name.clone(),
@@ -277,7 +286,7 @@ impl Plugins {
 /// names them. A plugin that fails to describe is kept in `broken`, reported,
 /// and not usable; nothing else is affected.
 pub async fn load(config: &crate::config::Config) -> Registry {
-    let mut registry = Registry::new(&config.plugins);
+    let mut registry = Registry::new(&config.plugins, &config.storage);
     let cap = config.scheduler.step_output_bytes;
     let grace = config.scheduler.kill_grace;
     let mut named: Vec<String> = Vec::new();

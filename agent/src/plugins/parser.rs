@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 pub struct DataParser;
 
-const PARAMS: &[&str] = &["input", "format", "output"];
+const PARAMS: &[&str] = &["input", "format", "output", "delimiter"];
 const FORMATS: &[&str] = &["csv", "json", "jsonl"];
 
 #[derive(Default)]
@@ -90,7 +90,25 @@ fn format_of(p: &Map<String, Value>, input: &Path) -> Result<String, String> {
     }
 }
 
-fn parse_file(path: &Path, format: &str, out: &mut impl Write, summary: &mut Summary) -> Result<(), String> {
+/// The csv field separator: one ASCII character, or `\t` / `tab`.
+fn delimiter(p: &Map<String, Value>) -> Result<u8, String> {
+    match str_param(p, "delimiter")? {
+        None => Ok(b','),
+        Some("\\t" | "\t" | "tab") => Ok(b'\t'),
+        Some(d) if d.len() == 1 && d.is_ascii() && d != "\"" && d != "\n" => Ok(d.as_bytes()[0]),
+        Some(d) => Err(format!(
+            "delimiter: {d:?} is not one character (expected a single ASCII character such as \",\", \";\" or \"|\", or \"tab\")"
+        )),
+    }
+}
+
+fn parse_file(
+    path: &Path,
+    format: &str,
+    delimiter: u8,
+    out: &mut impl Write,
+    summary: &mut Summary,
+) -> Result<(), String> {
     let file = std::fs::File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
     let mut emit = |row: Map<String, Value>, summary: &mut Summary| -> Result<(), String> {
         summary.add(&row);
@@ -99,7 +117,7 @@ fn parse_file(path: &Path, format: &str, out: &mut impl Write, summary: &mut Sum
     };
     match format {
         "csv" => {
-            let mut rdr = csv::Reader::from_reader(file);
+            let mut rdr = csv::ReaderBuilder::new().delimiter(delimiter).from_reader(file);
             let headers = rdr.headers().map_err(|e| format!("{}: {e}", path.display()))?.clone();
             for (i, rec) in rdr.records().enumerate() {
                 let rec = rec.map_err(|e| format!("{}: row {}: {e}", path.display(), i + 2))?;
@@ -175,16 +193,27 @@ impl Plugin for DataParser {
                 description: "default: from the file name",
             },
             ParamDoc { name: "output", kind: "path", required: false, description: "default: work dir/<step>.jsonl" },
+            ParamDoc {
+                name: "delimiter",
+                kind: "char",
+                required: false,
+                description: "csv field separator (default \",\"; \"tab\" for tabs)",
+            },
         ]
     }
     fn check_params(&self, p: &Map<String, Value>) -> Result<(), String> {
         check_known(p, PARAMS)?;
         str_param(p, "input")?;
         str_param(p, "output")?;
-        if let Some(f) = str_param(p, "format")? {
+        let format = str_param(p, "format")?;
+        if let Some(f) = format {
             if !FORMATS.contains(&f) {
                 return Err(format!("format: {f:?} is not supported (expected one of: {})", FORMATS.join(", ")));
             }
+        }
+        delimiter(p)?;
+        if p.contains_key("delimiter") && format.is_some_and(|f| f != "csv") {
+            return Err("delimiter: applies to format csv only".into());
         }
         Ok(())
     }
@@ -192,6 +221,7 @@ impl Plugin for DataParser {
         Box::pin(async move {
             let input = input(&call)?;
             let format = format_of(call.params, &input).map_err(PluginError::permanent)?;
+            let delimiter = delimiter(call.params).map_err(PluginError::permanent)?;
             let output = match call.params.get("output").and_then(Value::as_str) {
                 Some(o) => super::resolve_path(call.work_dir, o),
                 None => call.work_dir.join(format!("{}.jsonl", call.step)),
@@ -202,7 +232,7 @@ impl Plugin for DataParser {
                 let f = std::fs::File::create(&tmp2).map_err(|e| format!("cannot create {}: {e}", tmp2.display()))?;
                 let mut w = BufWriter::new(f);
                 let mut summary = Summary::default();
-                parse_file(&inp, &fmt, &mut w, &mut summary)?;
+                parse_file(&inp, &fmt, delimiter, &mut w, &mut summary)?;
                 w.flush().map_err(|e| e.to_string())?;
                 Ok::<_, String>(summary)
             })
@@ -244,7 +274,7 @@ mod tests {
         std::fs::write(&p, "region,amount\neu,10.5\nus,4\neu,x\n").unwrap();
         let mut out = Vec::new();
         let mut s = Summary::default();
-        parse_file(&p, "csv", &mut out, &mut s).unwrap();
+        parse_file(&p, "csv", b',', &mut out, &mut s).unwrap();
         let v = s.to_value();
         assert_eq!(v["rows"], 3);
         assert_eq!(v["columns"], json!(["region", "amount"]));
@@ -252,11 +282,26 @@ mod tests {
         assert!(v["summary"].get("amount").is_none());
         std::fs::write(&p, "region,amount\neu,10.5\nus,4\n").unwrap();
         let mut s = Summary::default();
-        parse_file(&p, "csv", &mut Vec::new(), &mut s).unwrap();
+        parse_file(&p, "csv", b',', &mut Vec::new(), &mut s).unwrap();
         assert_eq!(
             s.to_value()["summary"]["amount"],
             json!({"count": 2, "sum": 14.5, "min": 4.0, "max": 10.5, "mean": 7.25})
         );
         assert_eq!(String::from_utf8(out).unwrap().lines().count(), 3);
+    }
+
+    #[test]
+    fn delimiters_are_one_character_or_tab() {
+        let p = |d: &str| json!({ "delimiter": d }).as_object().unwrap().clone();
+        assert_eq!(delimiter(&p(",")), Ok(b','));
+        assert_eq!(delimiter(&p(";")), Ok(b';'));
+        assert_eq!(delimiter(&p("tab")), Ok(b'\t'));
+        assert!(delimiter(&p(",;")).unwrap_err().contains("not one character"));
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("s.csv");
+        std::fs::write(&f, "region;amount\neu;10\n").unwrap();
+        let mut s = Summary::default();
+        parse_file(&f, "csv", b';', &mut Vec::new(), &mut s).unwrap();
+        assert_eq!(s.to_value()["columns"], json!(["region", "amount"]));
     }
 }

@@ -68,7 +68,7 @@ impl Plugin for ReportGenerator {
                 name: "rows_file",
                 kind: "path",
                 required: false,
-                description: "jsonl rows, available as {{ rows }}",
+                description: "jsonl rows, available as {{ rows }} (default: a data_parser step just before)",
             },
         ]
     }
@@ -93,8 +93,20 @@ impl Plugin for ReportGenerator {
             let mut vars = call.context.clone();
             vars["title"] = p.get("title").cloned().unwrap_or_else(|| json!(call.context["task"]));
             vars["generated_at"] = json!(chrono::Utc::now().to_rfc3339());
-            if let Some(rf) = p.get("rows_file").and_then(Value::as_str) {
-                let (rows, cut) = load_rows(&super::resolve_path(call.work_dir, rf)).map_err(PluginError::permanent)?;
+            // Without rows_file, the rows are the previous step's jsonl (a
+            // data_parser's result), and its summary is `previous`.
+            vars["previous"] = call.previous.cloned().unwrap_or(Value::Null);
+            let rows_file =
+                p.get("rows_file").and_then(Value::as_str).map(|rf| super::resolve_path(call.work_dir, rf)).or_else(
+                    || {
+                        call.previous
+                            .filter(|o| o["format"].is_string())
+                            .and_then(|o| o["path"].as_str())
+                            .map(PathBuf::from)
+                    },
+                );
+            if let Some(rf) = rows_file {
+                let (rows, cut) = load_rows(&rf).map_err(PluginError::permanent)?;
                 vars["rows"] = Value::Array(rows);
                 vars["rows_truncated"] = json!(cut);
             }

@@ -5,6 +5,10 @@
 //! relative to the file's directory; paths given on the command line are
 //! relative to the working directory.
 
+mod events;
+
+pub use events::{EventsConf, HttpEventsConf, S3Conf, SourceConf, StorageConf};
+
 use anyhow::{bail, Context as _};
 use apollo_shared::def::parse_duration;
 use serde::{Deserialize, Deserializer};
@@ -41,6 +45,10 @@ pub struct Config {
     pub alerts: AlertsConf,
     #[serde(default)]
     pub agent: AgentConf,
+    #[serde(default)]
+    pub events: EventsConf,
+    #[serde(default)]
+    pub storage: StorageConf,
     /// The file this was read from, for messages and relative paths.
     #[serde(skip)]
     pub source: Option<PathBuf>,
@@ -457,6 +465,7 @@ impl Config {
 
     fn validate(&self, file: &str) -> anyhow::Result<()> {
         self.validate_name(&format!("{file}: agent.name"))?;
+        self.events.validate(file)?;
         let s = &self.scheduler;
         if s.concurrency == 0 || s.concurrency > 10_000 {
             bail!("{file}: scheduler.concurrency: {} is out of range (expected 1 to 10000)", s.concurrency);

@@ -1,0 +1,154 @@
+//! The `events` section (where events come from besides the socket) and the
+//! `storage` section (object stores the downloader reads).
+
+use super::{duration, secs};
+use anyhow::bail;
+use serde::Deserialize;
+use std::time::Duration;
+
+/// Event sources besides `apollo emit`: message-queue consumers and an HTTP
+/// listener for webhooks.
+#[derive(Debug, Clone, Deserialize, Default, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EventsConf {
+    #[serde(default)]
+    pub sources: Vec<SourceConf>,
+    #[serde(default)]
+    pub http: Option<HttpEventsConf>,
+}
+
+/// One message-queue consumer. `kind: nats` is the one kind so far: a
+/// durable pull consumer on a JetStream stream.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SourceConf {
+    pub kind: String,
+    /// How alerts and logs name it (default: `<kind> <stream>`).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// `nats://host:port` (several, comma-separated, for a cluster).
+    pub url: String,
+    pub stream: String,
+    /// Only messages on these subjects (a filter such as `ops.>`); default:
+    /// all of the stream's.
+    #[serde(default)]
+    pub subject: Option<String>,
+    /// The durable consumer's name: its position survives restarts, and
+    /// several agents with the same name share the messages.
+    #[serde(default = "default_durable")]
+    pub durable: String,
+    /// A payload field (dotted path) holding the event name; default: the
+    /// message's subject.
+    #[serde(default)]
+    pub name_field: Option<String>,
+    /// Environment variables holding the credentials: a token, or a user
+    /// and password. Never the values themselves.
+    #[serde(default)]
+    pub token_env: Option<String>,
+    #[serde(default)]
+    pub user_env: Option<String>,
+    #[serde(default)]
+    pub password_env: Option<String>,
+    /// How long the server waits for an ack before redelivering.
+    #[serde(default = "secs::<30>", deserialize_with = "duration")]
+    pub ack_wait: Duration,
+}
+
+fn default_durable() -> String {
+    "apollo".into()
+}
+
+impl SourceConf {
+    pub fn label(&self) -> String {
+        self.name.clone().unwrap_or_else(|| format!("{} {}", self.kind, self.stream))
+    }
+}
+
+/// The webhook listener: JSON events and Alertmanager notifications.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct HttpEventsConf {
+    /// `host:port`.
+    pub listen: std::net::SocketAddr,
+    /// The environment variable holding the bearer token requests must
+    /// carry. Required unless `listen` is a loopback address.
+    #[serde(default)]
+    pub token_env: Option<String>,
+    /// The largest request body accepted, in bytes.
+    #[serde(default = "default_max_body")]
+    pub max_body: usize,
+}
+
+fn default_max_body() -> usize {
+    1024 * 1024
+}
+
+/// Object stores the `file_downloader` reads from.
+#[derive(Debug, Clone, Deserialize, Default, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct StorageConf {
+    #[serde(default)]
+    pub s3: S3Conf,
+}
+
+/// `s3://bucket/key` sources. Credentials come only from the environment
+/// (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`) or
+/// the instance's role (web identity, container or instance metadata).
+#[derive(Debug, Clone, Deserialize, Default, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct S3Conf {
+    /// An S3-compatible server (`http://minio:9000`); default: AWS, or
+    /// `AWS_ENDPOINT_URL`.
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    /// Default: `AWS_REGION`, else `us-east-1`.
+    #[serde(default)]
+    pub region: Option<String>,
+    /// `bucket` in the path (`endpoint/bucket/key`) rather than the host
+    /// name, as most S3-compatible servers want.
+    #[serde(default)]
+    pub path_style: bool,
+}
+
+impl EventsConf {
+    pub fn validate(&self, file: &str) -> anyhow::Result<()> {
+        let env_name_ok = |v: &Option<String>| v.as_deref().is_none_or(|n| !n.is_empty() && !n.contains('='));
+        for (i, s) in self.sources.iter().enumerate() {
+            let at = format!("{file}: events.sources[{i}]");
+            if s.kind != "nats" {
+                bail!("{at}.kind: {:?} is not a known source kind (expected nats)", s.kind);
+            }
+            if !s.url.split(',').all(|u| u.trim().starts_with("nats://") || u.trim().starts_with("tls://")) {
+                bail!("{at}.url: {:?} is not a NATS URL (expected nats://host:port)", s.url);
+            }
+            if s.stream.is_empty() || s.stream.contains(['.', ' ', '*', '>']) {
+                bail!("{at}.stream: {:?} is not a stream name (no dots, spaces or wildcards)", s.stream);
+            }
+            if s.durable.is_empty() || s.durable.contains(['.', ' ', '*', '>']) {
+                bail!("{at}.durable: {:?} is not a consumer name (no dots, spaces or wildcards)", s.durable);
+            }
+            if !env_name_ok(&s.token_env) || !env_name_ok(&s.user_env) || !env_name_ok(&s.password_env) {
+                bail!("{at}: token_env, user_env and password_env name environment variables (not their values)");
+            }
+            if s.user_env.is_some() != s.password_env.is_some() {
+                bail!("{at}: user_env and password_env go together");
+            }
+        }
+        if let Some(h) = &self.http {
+            if !env_name_ok(&h.token_env) {
+                bail!("{file}: events.http.token_env names an environment variable (not its value)");
+            }
+            if h.token_env.is_none() && !h.listen.ip().is_loopback() {
+                bail!(
+                    "{file}: events.http: listening on {} needs a bearer token (set token_env to the variable holding it), \
+                     or listen on 127.0.0.1",
+                    h.listen
+                );
+            }
+            if h.max_body == 0 {
+                bail!("{file}: events.http.max_body: expected a size in bytes above 0");
+            }
+        }
+        Ok(())
+    }
+}
