@@ -39,6 +39,7 @@ pub mod reload;
 pub mod scheduler;
 pub mod server;
 pub mod settings;
+pub mod sources;
 pub mod store;
 pub mod telemetry;
 pub mod triggers;
@@ -168,7 +169,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         reloaded,
     };
     let api = Arc::new(server::Api {
-        triggers,
+        triggers: triggers.clone(),
         h: scheduler.handles(),
         name,
         started: std::time::Instant::now(),
@@ -213,6 +214,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     notify::ready(&scheduler.status_line().await);
     let reload_task = tokio::spawn(reloader.run(shutdown.clone()));
     let cron_task = tokio::spawn(cron.run(shutdown.clone()));
+    let sources = sources::start(&config, triggers, shutdown.clone());
     scheduler.run().await;
     let _ = server.await;
     let _ = metrics_task.await;
@@ -224,6 +226,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let _ = hooks_task.await;
     let _ = reload_task.await;
     let _ = cron_task.await;
+    sources.wait().await;
     let _ = store.agent_stopped().await;
     store.close();
     let _ = std::fs::remove_file(&socket);

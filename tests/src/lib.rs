@@ -84,6 +84,8 @@ pub struct Agent {
     pub dir: tempfile::TempDir,
     pub child: Option<Child>,
     pub socket: PathBuf,
+    /// Environment every start of the agent gets.
+    pub env: Vec<(String, String)>,
 }
 
 pub struct AgentBuilder {
@@ -91,6 +93,7 @@ pub struct AgentBuilder {
     config: Option<String>,
     bundled: bool,
     socket: Option<PathBuf>,
+    env: Vec<(String, String)>,
 }
 
 impl AgentBuilder {
@@ -131,6 +134,12 @@ impl AgentBuilder {
         self
     }
 
+    /// Sets a variable in the agent's environment, for every start.
+    pub fn env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.to_string(), value.to_string()));
+        self
+    }
+
     /// Uses this `apollo.yaml` (written into the agent's dir).
     pub fn config(mut self, yaml: &str) -> Self {
         self.config = Some(yaml.to_string());
@@ -146,7 +155,7 @@ impl AgentBuilder {
             std::fs::write(self.dir.path().join("apollo.yaml"), c).unwrap();
         }
         let socket = self.socket.clone().unwrap_or_else(|| self.dir.path().join("agent.sock"));
-        let mut agent = Agent { dir: self.dir, child: None, socket };
+        let mut agent = Agent { dir: self.dir, child: None, socket, env: self.env };
         agent.spawn();
         agent
     }
@@ -154,7 +163,7 @@ impl AgentBuilder {
 
 impl Agent {
     pub fn builder() -> AgentBuilder {
-        AgentBuilder { dir: tempfile::tempdir().unwrap(), config: None, bundled: false, socket: None }
+        AgentBuilder { dir: tempfile::tempdir().unwrap(), config: None, bundled: false, socket: None, env: Vec::new() }
     }
 
     pub fn path(&self) -> &Path {
@@ -190,6 +199,7 @@ impl Agent {
             .env_remove("APOLLO_SOCKET")
             .env_remove("APOLLO_CONFIG")
             .env_remove("FAILPOINTS")
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
@@ -445,5 +455,55 @@ impl PgSchema {
 impl Drop for PgSchema {
     fn drop(&mut self) {
         self.sql(&format!("DROP SCHEMA IF EXISTS {} CASCADE", self.name));
+    }
+}
+
+/// A TCP proxy in front of a server that a test can cut (every connection
+/// closed, new ones refused) and restore.
+pub struct Proxy {
+    pub port: u16,
+    up: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    open: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
+}
+
+impl Proxy {
+    pub fn start(to: std::net::SocketAddr) -> Proxy {
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let up = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let open = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (u, o) = (up.clone(), open.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                if !u.load(Ordering::SeqCst) {
+                    continue; // refused: dropped at once
+                }
+                let Ok(server) = std::net::TcpStream::connect(to) else { continue };
+                let mut open = o.lock().unwrap();
+                open.push(client.try_clone().unwrap());
+                open.push(server.try_clone().unwrap());
+                for (mut from, mut into) in
+                    [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)]
+                {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut into);
+                        let _ = into.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Proxy { port, up, open }
+    }
+
+    pub fn cut(&self) {
+        self.up.store(false, std::sync::atomic::Ordering::SeqCst);
+        for s in self.open.lock().unwrap().drain(..) {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    pub fn restore(&self) {
+        self.up.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 }

@@ -342,76 +342,26 @@ async fn a_cancel_through_any_agent_stops_the_instance_where_it_runs() {
     assert_eq!(console.quit(), 0);
 }
 
-/// A TCP proxy in front of PostgreSQL that the test can cut (every
-/// connection closed, new ones refused) and restore.
-struct Proxy {
-    port: u16,
-    up: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    open: std::sync::Arc<std::sync::Mutex<Vec<std::net::TcpStream>>>,
-}
-
-impl Proxy {
-    fn start(to: std::net::SocketAddr) -> Proxy {
-        use std::sync::atomic::Ordering;
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let up = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-        let open = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let (u, o) = (up.clone(), open.clone());
-        std::thread::spawn(move || {
-            for client in listener.incoming().flatten() {
-                if !u.load(Ordering::SeqCst) {
-                    continue; // refused: dropped at once
-                }
-                let Ok(server) = std::net::TcpStream::connect(to) else { continue };
-                let mut open = o.lock().unwrap();
-                open.push(client.try_clone().unwrap());
-                open.push(server.try_clone().unwrap());
-                for (mut from, mut into) in
-                    [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)]
-                {
-                    std::thread::spawn(move || {
-                        let _ = std::io::copy(&mut from, &mut into);
-                        let _ = into.shutdown(std::net::Shutdown::Both);
-                    });
-                }
-            }
-        });
-        Proxy { port, up, open }
-    }
-
-    /// A proxy in front of the test PostgreSQL, and the URL through it.
-    fn in_front() -> (Proxy, String) {
-        let url = pg_url();
-        let cfg: postgres::Config = url.parse().unwrap();
-        let host = match &cfg.get_hosts()[0] {
-            postgres::config::Host::Tcp(h) => h.clone(),
-            other => panic!("this test needs PostgreSQL over TCP, not {other:?} ({url})"),
-        };
-        let port = cfg.get_ports().first().copied().unwrap_or(5432);
-        let server = std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), port)).unwrap().next().unwrap();
-        let proxy = Proxy::start(server);
-        let through = url.replacen(&format!(":{port}/"), &format!(":{}/", proxy.port), 1);
-        assert_ne!(through, url, "the test URL names its port ({url})");
-        (proxy, through)
-    }
-
-    fn cut(&self) {
-        self.up.store(false, std::sync::atomic::Ordering::SeqCst);
-        for s in self.open.lock().unwrap().drain(..) {
-            let _ = s.shutdown(std::net::Shutdown::Both);
-        }
-    }
-
-    fn restore(&self) {
-        self.up.store(true, std::sync::atomic::Ordering::SeqCst);
-    }
+/// A proxy in front of the test PostgreSQL, and the URL through it.
+fn pg_proxy() -> (Proxy, String) {
+    let url = pg_url();
+    let cfg: postgres::Config = url.parse().unwrap();
+    let host = match &cfg.get_hosts()[0] {
+        postgres::config::Host::Tcp(h) => h.clone(),
+        other => panic!("this test needs PostgreSQL over TCP, not {other:?} ({url})"),
+    };
+    let port = cfg.get_ports().first().copied().unwrap_or(5432);
+    let server = std::net::ToSocketAddrs::to_socket_addrs(&(host.as_str(), port)).unwrap().next().unwrap();
+    let proxy = Proxy::start(server);
+    let through = url.replacen(&format!(":{port}/"), &format!(":{}/", proxy.port), 1);
+    assert_ne!(through, url, "the test URL names its port ({url})");
+    (proxy, through)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_connection_loses_nothing_and_the_agent_recovers_on_its_own() {
     let schema = PgSchema::new("cut");
-    let (proxy, url) = Proxy::in_front();
+    let (proxy, url) = pg_proxy();
     let shared = tempfile::tempdir().unwrap();
     let witness = shared.path().join("witness");
     let step = format!(
@@ -538,7 +488,7 @@ async fn a_sqlite_installation_is_promoted_and_its_unfinished_work_finishes_on_p
 async fn listings_read_from_the_replica_and_the_agent_from_the_primary() {
     let schema = PgSchema::new("replica");
     // The "replica" is the same server behind a proxy the test can cut.
-    let (replica, read_url) = Proxy::in_front();
+    let (replica, read_url) = pg_proxy();
     let agent = Agent::builder()
         .config(&format!("{}  read_url: {read_url}\n", schema.config()))
         .task("ok.yaml", "task: ok\nsteps:\n  - plugin: sleep\n")
