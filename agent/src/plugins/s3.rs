@@ -45,6 +45,22 @@ fn store(conf: &S3Conf, bucket: &str) -> Result<impl ObjectStore, PluginError> {
     b.build().map_err(|e| PluginError::permanent(format!("s3://{bucket}: the S3 settings are not usable: {e}")))
 }
 
+/// The server's own words: `Code: Message` from an S3 error document, else
+/// the error's text on one line.
+fn server_says(e: &dyn std::fmt::Display) -> String {
+    let text = e.to_string();
+    let tag = |t: &str| {
+        let (open, close) = (format!("<{t}>"), format!("</{t}>"));
+        let start = text.find(&open)? + open.len();
+        Some(text[start..].split(&close).next()?.to_string())
+    };
+    match (tag("Code"), tag("Message")) {
+        (Some(code), Some(msg)) => format!("{code}: {msg}"),
+        (Some(code), None) => code,
+        _ => text.split_whitespace().collect::<Vec<_>>().join(" "),
+    }
+}
+
 /// Why a GET failed, and whether trying again could help.
 fn get_error(url: &str, e: object_store::Error) -> PluginError {
     use object_store::Error as E;
@@ -56,9 +72,9 @@ fn get_error(url: &str, e: object_store::Error) -> PluginError {
     match e {
         E::NotFound { .. } => PluginError::permanent(format!("{url}: no such object (check the bucket and key)")),
         E::PermissionDenied { source, .. } | E::Unauthenticated { source, .. } => {
-            PluginError::permanent(format!("{url}: access denied to {creds}: {source}"))
+            PluginError::permanent(format!("{url}: access denied to {creds} ({})", server_says(&source)))
         }
-        other => PluginError::retryable(format!("{url}: {other}")),
+        other => PluginError::retryable(format!("{url}: {}", server_says(&other))),
     }
 }
 
