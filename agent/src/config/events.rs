@@ -152,3 +152,26 @@ impl EventsConf {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    fn err(src: &str) -> String {
+        format!("{:#}", Config::parse(src, "apollo.yaml").unwrap_err())
+    }
+
+    #[test]
+    fn sources_and_listeners_are_checked_with_what_would_be_valid() {
+        let nats = "events:\n  sources:\n    - kind: nats\n      url: nats://127.0.0.1:4222\n      stream: OPS\n";
+        let c = Config::parse(nats, "apollo.yaml").unwrap();
+        assert_eq!((c.events.sources[0].durable.as_str(), c.events.sources[0].label()), ("apollo", "nats OPS".into()));
+        assert!(err(&nats.replace("kind: nats", "kind: kafka")).contains("\"kafka\" is not a known source kind"));
+        assert!(err(&nats.replace("nats://", "http://")).contains("expected nats://host:port"));
+        assert!(err(&format!("{nats}      user_env: U\n")).contains("user_env and password_env go together"));
+        let open = "events:\n  http:\n    listen: 0.0.0.0:9465\n";
+        assert!(err(open).contains("needs a bearer token"));
+        assert!(Config::parse(&open.replace("0.0.0.0", "127.0.0.1"), "apollo.yaml").is_ok());
+        assert!(err("storage:\n  s3:\n    bucket: x\n").contains("unknown field `bucket`"));
+    }
+}
