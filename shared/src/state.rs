@@ -156,6 +156,59 @@ fn check<S: Copy + PartialEq + fmt::Display>(
     Err(IllegalTransition { what, from: from.to_string(), to: to.to_string(), allowed })
 }
 
+/// What an operator can ask of an instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OperatorAction {
+    Retry,
+    Rollback,
+    Cancel,
+}
+
+impl OperatorAction {
+    /// The protocol method that performs it.
+    pub fn method(self) -> &'static str {
+        match self {
+            OperatorAction::Retry => "tasks.retry",
+            OperatorAction::Rollback => "tasks.rollback",
+            OperatorAction::Cancel => "tasks.cancel",
+        }
+    }
+
+    pub fn verb(self) -> &'static str {
+        match self {
+            OperatorAction::Retry => "retry",
+            OperatorAction::Rollback => "roll back",
+            OperatorAction::Cancel => "cancel",
+        }
+    }
+
+    /// Rollback and cancel undo or stop work; on a production context they
+    /// need the task name typed and a reason. A batch of anything does too.
+    pub fn destructive(self) -> bool {
+        !matches!(self, OperatorAction::Retry)
+    }
+
+    /// What the action does to an instance in `state` under the transition
+    /// table (`FAILED → RETRYING`), or why the table refuses it. The agent
+    /// checks again when it acts; this is the preview.
+    pub fn plan(self, state: TaskState) -> Result<String, String> {
+        use TaskState::*;
+        match self {
+            OperatorAction::Retry => {
+                check_task(state, Retrying).map(|()| format!("{state} → RETRYING")).map_err(|e| e.to_string())
+            }
+            OperatorAction::Rollback => {
+                check_task(state, RolledBack).map(|()| format!("{state} → ROLLED_BACK")).map_err(|e| e.to_string())
+            }
+            OperatorAction::Cancel => match state {
+                Pending | Retrying => Ok(format!("{state} → RUNNING → FAILED (no step runs)")),
+                Running => Ok("RUNNING → FAILED (its step is stopped)".to_string()),
+                _ => Err(format!("instance is {state}; only PENDING, RETRYING and RUNNING instances can be cancelled")),
+            },
+        }
+    }
+}
+
 /// Refuses any task transition that is not in the table.
 pub fn check_task(from: TaskState, to: TaskState) -> Result<(), IllegalTransition> {
     check("task instance", from, to, from.next())
@@ -213,6 +266,17 @@ text_form!(StepState, "step");
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn operator_actions_are_planned_by_the_table() {
+        use OperatorAction::*;
+        assert_eq!(Retry.plan(TaskState::Failed).unwrap(), "FAILED → RETRYING");
+        let e = Retry.plan(TaskState::Success).unwrap_err();
+        assert!(e.contains("illegal transition SUCCESS -> RETRYING") && e.contains("terminal"), "{e}");
+        assert!(Rollback.plan(TaskState::Running).is_err());
+        assert!(Cancel.plan(TaskState::Pending).is_ok() && Cancel.plan(TaskState::Failed).is_err());
+        assert!(Rollback.destructive() && Cancel.destructive() && !Retry.destructive());
+    }
 
     #[test]
     fn every_task_pair_follows_the_table() {

@@ -6,6 +6,7 @@
 //! - [`local`]: `--local`, an agent started for the current directory.
 //! - [`cli`]: the `apollo` command line: arguments, human and JSON output.
 //! - [`console`]: `apollo-tui`, the terminal console (ratatui).
+//! - [`contexts`]: named agents (`contexts.yaml`), read-only and production flags.
 //!
 //! This crate never imports the agent crate; the two meet only in the
 //! protocol types of `apollo-shared`.
@@ -17,4 +18,5 @@
 pub mod cli;
 pub mod client;
 pub mod console;
+pub mod contexts;
 pub mod local;

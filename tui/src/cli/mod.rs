@@ -7,12 +7,14 @@
 //!
 //! `--json` prints the protocol's objects as they are (see the README).
 
+mod act;
 mod render;
 
 use crate::client::{socket_candidates, Client, ClientError};
+use crate::contexts::{Context, Contexts};
 use crate::local::{self, LocalAgent};
 use apollo_shared::protocol::{DryRunResult, Instance, ListResult, LogsResult};
-use apollo_shared::state::TaskState;
+use apollo_shared::state::{OperatorAction, TaskState};
 use clap::{Parser, Subcommand};
 use serde_json::{json, Map, Value};
 use std::path::PathBuf;
@@ -30,6 +32,10 @@ pub struct Args {
     /// Use the agent of the current directory, starting one (and stopping it after) if none runs.
     #[arg(long, global = true)]
     local: bool,
+    /// Use a context from $XDG_CONFIG_HOME/apollo/contexts.yaml (its socket or SSH target, read-only and
+    /// production flags).
+    #[arg(long, global = true, conflicts_with_all = ["local", "ssh", "socket"])]
+    context: Option<String>,
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
@@ -87,23 +93,20 @@ enum Cmd {
         #[arg(long)]
         follow: bool,
     },
-    /// Retry a FAILED instance from its failed step.
+    /// Retry a FAILED instance from its failed step, or every instance a selection matches.
     Retry {
-        id: String,
-        #[arg(long)]
-        reason: Option<String>,
+        #[command(flatten)]
+        act: act::ActArgs,
     },
-    /// Roll back a FAILED instance.
+    /// Roll back a FAILED instance, or every instance a selection matches.
     Rollback {
-        id: String,
-        #[arg(long)]
-        reason: Option<String>,
+        #[command(flatten)]
+        act: act::ActArgs,
     },
-    /// Cancel a PENDING, RETRYING or RUNNING instance.
+    /// Cancel a PENDING, RETRYING or RUNNING instance, or every instance a selection matches.
     Cancel {
-        id: String,
-        #[arg(long)]
-        reason: Option<String>,
+        #[command(flatten)]
+        act: act::ActArgs,
     },
     /// Publish an event; matching definitions get one instance each.
     Emit {
@@ -201,6 +204,18 @@ pub async fn main(args: Args) -> ExitCode {
     }
 }
 
+async fn connect_context(c: &Context) -> Result<Client, Failure> {
+    let unreachable = |e: ClientError| Failure::Unreachable(format!("context {:?} ({}): {e}", c.name, c.describe()));
+    match (&c.ssh, &c.socket) {
+        (Some(target), remote) => {
+            let remote = remote.as_ref().map(|p| p.display().to_string());
+            Client::connect_ssh(target, remote.as_deref()).await.map_err(unreachable)
+        }
+        (None, Some(socket)) => Client::connect_unix(socket).await.map_err(unreachable),
+        (None, None) => Err(Failure::Usage(format!("context {:?} names no socket or ssh target", c.name))),
+    }
+}
+
 async fn connect(args: &Args, local_agent: &mut Option<LocalAgent>) -> Result<Client, Failure> {
     if let Some(target) = &args.ssh {
         let remote = args.socket.as_ref().map(|p| p.display().to_string());
@@ -237,8 +252,37 @@ fn print_json(v: &impl serde::Serialize) {
     println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
 
+/// Whether the command changes state (refused on a read-only context).
+fn mutating(cmd: &Cmd) -> Option<&'static str> {
+    match cmd {
+        Cmd::Run { .. } => Some("run"),
+        Cmd::Retry { .. } => Some("retry"),
+        Cmd::Rollback { .. } => Some("rollback"),
+        Cmd::Cancel { .. } => Some("cancel"),
+        Cmd::Emit { .. } => Some("emit"),
+        _ => None,
+    }
+}
+
+/// The `--context` named, checked against the command.
+fn context(args: &Args) -> Result<Option<Context>, Failure> {
+    let Some(name) = &args.context else { return Ok(None) };
+    let all = Contexts::load().map_err(Failure::Usage)?;
+    let ctx = all.get(name).map_err(Failure::Usage)?.clone();
+    if let (true, Some(what)) = (ctx.read_only, mutating(&args.command)) {
+        return Err(Failure::Refused(format!(
+            "context {name:?} is read-only: `{what}` would change state; nothing was sent"
+        )));
+    }
+    Ok(Some(ctx))
+}
+
 async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCode, Failure> {
-    let client = connect(&args, local_agent).await?;
+    let context = context(&args)?;
+    let client = match &context {
+        Some(c) => connect_context(c).await?,
+        None => connect(&args, local_agent).await?,
+    };
     client.hello("apollo").await?;
     let json = args.json;
     let out = render::Out::new();
@@ -307,9 +351,9 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Logs { id, step, follow } => logs(&client, id, step.as_deref(), *follow).await,
-        Cmd::Retry { id, reason } => act(&client, "tasks.retry", id, reason, json, &out).await,
-        Cmd::Rollback { id, reason } => act(&client, "tasks.rollback", id, reason, json, &out).await,
-        Cmd::Cancel { id, reason } => act(&client, "tasks.cancel", id, reason, json, &out).await,
+        Cmd::Retry { act: a } => act::act(&client, OperatorAction::Retry, a, context.as_ref(), json, &out).await,
+        Cmd::Rollback { act: a } => act::act(&client, OperatorAction::Rollback, a, context.as_ref(), json, &out).await,
+        Cmd::Cancel { act: a } => act::act(&client, OperatorAction::Cancel, a, context.as_ref(), json, &out).await,
         Cmd::Emit { name, data, dedup_key } => {
             let data: Option<Value> = match data {
                 Some(d) => Some(serde_json::from_str(d).map_err(|e| Failure::Usage(format!("--data: not JSON: {e}")))?),
@@ -385,23 +429,6 @@ async fn simple(client: &Client, method: &str, json: bool, human: impl FnOnce(&V
         print_json(&v);
     } else {
         human(&v);
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-async fn act(
-    client: &Client,
-    method: &str,
-    id: &str,
-    reason: &Option<String>,
-    json: bool,
-    out: &render::Out,
-) -> Result<ExitCode, Failure> {
-    let inst: Instance = client.call_as(method, json!({"id": id, "reason": reason})).await?;
-    if json {
-        print_json(&inst);
-    } else {
-        render::instance(out, &inst);
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -1,0 +1,142 @@
+//! Looking after several agents: contexts (read-only, production), and
+//! actions on many instances with a preview first.
+
+use apollo_tests::*;
+use serde_json::Value;
+use std::process::{Command, Output, Stdio};
+
+/// Fails until `data/ok` exists; each run leaves a line in `data/runs`.
+const FLAKY: &str = r#"task: flaky
+on_failure: stop
+steps:
+  - plugin: shell
+    retry: 0
+    params:
+      command: echo run >> ../../runs; test -e ../../ok
+"#;
+const FINE: &str = "task: fine\nsteps:\n  - plugin: sleep\n";
+
+fn runs(agent: &Agent) -> usize {
+    std::fs::read_to_string(agent.path().join("data/runs")).unwrap_or_default().lines().count()
+}
+
+/// Runs `task` to its end; returns the instance id.
+fn run_to_end(agent: &Agent, task: &str) -> String {
+    let (_, v) = agent.cli_json(&["run", task, "--wait"]);
+    v["id"].as_str().unwrap().to_string()
+}
+
+fn state(agent: &Agent, id: &str) -> String {
+    agent.cli_json(&["show", id]).1["state"].as_str().unwrap().to_string()
+}
+
+fn text(out: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+#[test]
+fn a_batch_retry_shows_its_plan_then_acts_only_on_what_the_table_allows() {
+    let agent = Agent::builder().task("flaky.yaml", FLAKY).task("fine.yaml", FINE).start();
+    let failed: Vec<String> = (0..3).map(|_| run_to_end(&agent, "flaky")).collect();
+    let ok = run_to_end(&agent, "fine");
+    assert!(failed.iter().all(|id| state(&agent, id) == "FAILED"));
+    assert_eq!(runs(&agent), 3);
+
+    // The preview: three retries and one refusal with the table's reason; nothing changes.
+    let (code, plan) = agent.cli_json(&["retry", "--since", "1h", "--dry-run"]);
+    assert_eq!(code, 0, "{plan:#}");
+    let plan = plan.as_array().unwrap();
+    assert_eq!(plan.len(), 4, "{plan:#?}");
+    let retried: Vec<&str> =
+        plan.iter().filter(|p| p["action"] == "retry").map(|p| p["id"].as_str().unwrap()).collect();
+    assert_eq!(retried.len(), 3);
+    assert!(failed.iter().all(|id| retried.contains(&id.as_str())));
+    let refused = plan.iter().find(|p| p["id"] == ok.as_str()).unwrap();
+    assert!(refused["refused"].as_str().unwrap().contains("illegal transition SUCCESS -> RETRYING"), "{refused:#}");
+    let human = agent.cli(&["retry", "--since", "1h", "--dry-run"]);
+    assert!(text(&human).contains("3 to retry, 1 refused by the transition table"), "{}", text(&human));
+    assert!(failed.iter().all(|id| state(&agent, id) == "FAILED"), "a dry run changes nothing");
+
+    // Without a terminal and without --yes, nothing is sent.
+    let unconfirmed = agent.cli(&["retry", "--since", "1h"]);
+    assert_eq!(unconfirmed.status.code(), Some(2), "{}", text(&unconfirmed));
+    assert!(text(&unconfirmed).contains("confirm with --yes"), "{}", text(&unconfirmed));
+    assert_eq!(runs(&agent), 3);
+
+    // Confirmed: the three run again (and now pass); the SUCCESS one is untouched.
+    std::fs::write(agent.path().join("data/ok"), "").unwrap();
+    let done = agent.cli(&["retry", "--since", "1h", "--yes", "--reason", "disk cleaned"]);
+    assert_eq!(done.status.code(), Some(0), "{}", text(&done));
+    assert_eq!(text(&done).lines().filter(|l| l.starts_with("done ")).count(), 3, "{}", text(&done));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let c = agent.client().await;
+        c.subscribe(&["tasks"]).await.unwrap();
+        let mut ev = c.take_events().unwrap();
+        for id in &failed {
+            wait_until(&c, &mut ev, id, "the retried instance", |i| i.state.as_str() == "SUCCESS").await;
+        }
+    });
+    assert_eq!(runs(&agent), 6);
+    let (_, shown) = agent.cli_json(&["show", &ok]);
+    assert_eq!(shown["attempt"], 1, "the SUCCESS instance was not retried: {shown:#}");
+    let (_, history) = agent.cli_json(&["show", &failed[0]]);
+    let reasons: Vec<&str> =
+        history["transitions"].as_array().unwrap().iter().filter_map(|t| t["reason"].as_str()).collect();
+    assert!(reasons.iter().any(|r| r.contains("disk cleaned")), "{reasons:?}");
+}
+
+/// `apollo --context NAME ARGS` with the contexts file in `config`.
+fn with_context(config: &std::path::Path, args: &[&str]) -> Output {
+    Command::new(cli_bin())
+        .args(args)
+        .env("XDG_CONFIG_HOME", config)
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn read_only_and_production_contexts_refuse_before_sending() {
+    let agent = Agent::builder().task("flaky.yaml", FLAKY).start();
+    let id = run_to_end(&agent, "flaky");
+    let config = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(config.path().join("apollo")).unwrap();
+    let socket = agent.socket.display().to_string();
+    std::fs::write(
+        config.path().join("apollo/contexts.yaml"),
+        format!(
+            "contexts:\n  - name: watch\n    socket: {socket}\n    read_only: true\n  \
+             - name: prod\n    socket: {socket}\n    production: true\n"
+        ),
+    )
+    .unwrap();
+    // Reading works through any context.
+    let ls = with_context(config.path(), &["--context", "watch", "ls", "--json"]);
+    assert_eq!(ls.status.code(), Some(0), "{}", text(&ls));
+    let listed: Value = serde_json::from_slice(&ls.stdout).unwrap();
+    assert_eq!(listed[0]["id"], id.as_str());
+    // Read-only: refused before sending.
+    let r = with_context(config.path(), &["--context", "watch", "rollback", &id]);
+    assert_eq!(r.status.code(), Some(1), "{}", text(&r));
+    assert!(text(&r).contains("context \"watch\" is read-only"), "{}", text(&r));
+    // Production: a rollback needs a confirmation and a reason.
+    let r = with_context(config.path(), &["--context", "prod", "rollback", &id]);
+    assert_eq!(r.status.code(), Some(2), "{}", text(&r));
+    assert!(text(&r).contains("production"), "{}", text(&r));
+    let r = with_context(config.path(), &["--context", "prod", "rollback", &id, "--yes"]);
+    assert_eq!(r.status.code(), Some(2), "{}", text(&r));
+    assert!(text(&r).contains("give --reason"), "{}", text(&r));
+    assert_eq!(state(&agent, &id), "FAILED", "nothing was sent");
+    let r = with_context(config.path(), &["--context", "prod", "rollback", &id, "--yes", "--reason", "bad deploy"]);
+    assert_eq!(r.status.code(), Some(0), "{}", text(&r));
+    let (_, shown) = agent.cli_json(&["show", &id]);
+    let reasons: Vec<&str> =
+        shown["transitions"].as_array().unwrap().iter().filter_map(|t| t["reason"].as_str()).collect();
+    assert!(reasons.iter().any(|r| r.contains("bad deploy")), "{reasons:?}");
+    // An unknown context names the known ones.
+    let r = with_context(config.path(), &["--context", "qa", "ls"]);
+    assert_eq!(r.status.code(), Some(2));
+    assert!(text(&r).contains("known: watch, prod"), "{}", text(&r));
+}
