@@ -140,3 +140,50 @@ fn read_only_and_production_contexts_refuse_before_sending() {
     assert_eq!(r.status.code(), Some(2));
     assert!(text(&r).contains("known: watch, prod"), "{}", text(&r));
 }
+
+#[test]
+fn on_a_production_context_the_console_sends_a_rollback_only_with_the_task_name_and_a_reason() {
+    let agent = Agent::builder().task("flaky.yaml", FLAKY).start();
+    let id = run_to_end(&agent, "flaky");
+    let config = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(config.path().join("apollo")).unwrap();
+    std::fs::write(
+        config.path().join("apollo/contexts.yaml"),
+        format!("contexts:\n  - name: prod\n    socket: {}\n    production: true\n", agent.socket.display()),
+    )
+    .unwrap();
+    let xdg = config.path().to_str().unwrap();
+    let mut c = apollo_tests::console::Console::start_with_env(
+        agent.path(),
+        &["--context", "prod"],
+        None,
+        &[("XDG_CONFIG_HOME", xdg)],
+    );
+    c.wait_for(&["[prod PRODUCTION]", "connected", "flaky", "FAILED"]);
+    c.keys("b");
+    c.wait_for(&["PRODUCTION: roll back flaky", "type the task name (flaky) to go on"]);
+    // Enter alone, and a wrong name, do nothing.
+    c.keys("\r");
+    c.wait_for(&["\"\" is not the task name \"flaky\""]);
+    c.keys("flak\r");
+    c.wait_for(&["\"flak\" is not the task name"]);
+    c.keys("y\r");
+    c.wait_for(&["reason, recorded with the action"]);
+    c.keys("\r");
+    c.wait_for(&["a reason is needed on a production context"]);
+    assert_eq!(state(&agent, &id), "FAILED", "nothing was sent yet");
+    c.keys("bad deploy\r");
+    c.wait_for(&["roll back requested for"]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let client = agent.client().await;
+        client.subscribe(&["tasks"]).await.unwrap();
+        let mut ev = client.take_events().unwrap();
+        wait_until(&client, &mut ev, &id, "the rollback", |i| i.state.as_str() == "ROLLED_BACK").await;
+    });
+    let (_, shown) = agent.cli_json(&["show", &id]);
+    let reasons: Vec<&str> =
+        shown["transitions"].as_array().unwrap().iter().filter_map(|t| t["reason"].as_str()).collect();
+    assert!(reasons.iter().any(|r| r.contains("bad deploy")), "{reasons:?}");
+    assert_eq!(c.quit(), 0);
+}

@@ -84,10 +84,47 @@ fn destructive_actions_ask_first_and_retry_does_not() {
     assert!(matches!(&app.mode, Mode::Confirm(c) if c.method == "tasks.rollback"));
     assert!(key(&mut app, KeyCode::Char('n')).is_empty(), "n declines");
     key(&mut app, KeyCode::Char('c'));
+    assert!(key(&mut app, KeyCode::Enter).is_empty(), "Enter alone never confirms");
+    assert!(matches!(&app.mode, Mode::Confirm(_)), "and the question stays");
     let cmds = key(&mut app, KeyCode::Char('y'));
-    assert_eq!(cmds, [Cmd::Act { method: "tasks.cancel", id: "01JAAAAAAAAAAAAAAAAAAAAAA2".into() }]);
+    let id = "01JAAAAAAAAAAAAAAAAAAAAAA2".to_string();
+    assert_eq!(cmds, [Cmd::Act { method: "tasks.cancel", id: id.clone(), reason: None }]);
     let cmds = key(&mut app, KeyCode::Char('t'));
-    assert_eq!(cmds, [Cmd::Act { method: "tasks.retry", id: "01JAAAAAAAAAAAAAAAAAAAAAA2".into() }]);
+    assert_eq!(cmds, [Cmd::Act { method: "tasks.retry", id, reason: None }]);
+}
+
+#[test]
+fn on_a_production_context_destructive_actions_need_the_task_name_and_a_reason() {
+    let mut app = fixtures::app();
+    app.context = Some(apollo_tui::contexts::Context {
+        name: "prod".into(),
+        socket: Some("/tmp/x.sock".into()),
+        ssh: None,
+        read_only: false,
+        production: true,
+    });
+    key(&mut app, KeyCode::Char('j'));
+    key(&mut app, KeyCode::Char('b'));
+    let task = match &app.mode {
+        Mode::Confirm(c) => c.task.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert!(key(&mut app, KeyCode::Char('y')).is_empty(), "y is text here, not a confirmation");
+    assert!(key(&mut app, KeyCode::Enter).is_empty(), "a wrong name does nothing");
+    key(&mut app, KeyCode::Backspace);
+    typed(&mut app, &task);
+    assert!(key(&mut app, KeyCode::Enter).is_empty(), "the name opens the reason prompt");
+    assert!(key(&mut app, KeyCode::Enter).is_empty(), "an empty reason is refused");
+    typed(&mut app, "bad deploy");
+    let cmds = key(&mut app, KeyCode::Enter);
+    assert_eq!(
+        cmds,
+        [Cmd::Act {
+            method: "tasks.rollback",
+            id: "01JAAAAAAAAAAAAAAAAAAAAAA2".into(),
+            reason: Some("bad deploy".into())
+        }]
+    );
 }
 
 #[test]

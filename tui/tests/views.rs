@@ -105,6 +105,19 @@ fn overlays() {
     app.update(Action::Down);
     app.update(Action::Rollback);
     insta::assert_snapshot!("confirm", render(&app, 100, 14));
+    // A production context: its name in red in the header, and a typed confirmation.
+    let mut app = fixtures::app();
+    app.context = Some(apollo_tui::contexts::Context {
+        name: "prod-eu".into(),
+        socket: None,
+        ssh: Some("ops@db7".into()),
+        read_only: false,
+        production: true,
+    });
+    app.update(Action::Down);
+    app.update(Action::Rollback);
+    insta::assert_snapshot!("confirm_production_80x24", render(&app, 80, 24));
+    insta::assert_snapshot!("confirm_production_wide", render(&app, 140, 24));
     let mut app = fixtures::app();
     app.update(Action::Help);
     insta::assert_snapshot!("help", render(&app, 100, 24));

@@ -20,6 +20,10 @@ struct Args {
     /// Hide and refuse actions that change state.
     #[arg(long)]
     readonly: bool,
+    /// Attach to a context from $XDG_CONFIG_HOME/apollo/contexts.yaml (its socket or SSH target;
+    /// read-only and production flags apply).
+    #[arg(long, conflicts_with_all = ["local", "ssh", "socket"])]
+    context: Option<String>,
     /// Print the man page (roff) and exit.
     #[arg(long, hide = true)]
     man: bool,
@@ -43,7 +47,27 @@ fn main() -> ExitCode {
     };
     rt.block_on(async move {
         let mut started = None;
-        let target = if let Some(t) = args.ssh {
+        let context = match args
+            .context
+            .as_deref()
+            .map(|name| apollo_tui::contexts::Contexts::load().and_then(|all| all.get(name).cloned()))
+        {
+            None => None,
+            Some(Ok(c)) => Some(c),
+            Some(Err(e)) => {
+                eprintln!("apollo-tui: {e}");
+                return ExitCode::from(2);
+            }
+        };
+        let target = if let Some(c) = &context {
+            match (&c.ssh, &c.socket) {
+                (Some(t), remote) => {
+                    Target::Ssh { target: t.clone(), socket: remote.as_ref().map(|p| p.display().to_string()) }
+                }
+                (None, Some(p)) => Target::Socket(p.clone()),
+                (None, None) => unreachable!("a context names a socket or an ssh target (checked at load)"),
+            }
+        } else if let Some(t) = args.ssh {
             Target::Ssh { target: t, socket: args.socket.map(|p| p.display().to_string()) }
         } else if args.local {
             let dir = std::env::current_dir().unwrap_or_default();
@@ -62,7 +86,7 @@ fn main() -> ExitCode {
             let found = candidates.iter().find(|p| p.exists()).cloned();
             Target::Socket(found.unwrap_or_else(|| candidates[0].clone()))
         };
-        let result = console::run(target, args.readonly).await;
+        let result = console::run(target, args.readonly, context).await;
         if let Some(a) = started {
             a.stop().await;
         }

@@ -17,8 +17,8 @@ pub const HELP: &[(&str, &str)] = &[
     ("r", "run the selected task (a form for its params)"),
     ("d", "dry-run the selected task (nothing is executed)"),
     ("t", "retry the selected instance"),
-    ("b", "roll back the selected instance (asks first)"),
-    ("c", "cancel the selected instance (asks first)"),
+    ("b", "roll back the selected instance (y confirms; production: type the task name and a reason)"),
+    ("c", "cancel the selected instance (y confirms; production: type the task name and a reason)"),
     ("?", "this help"),
     ("q Ctrl-C", "quit"),
 ];
@@ -27,7 +27,8 @@ pub fn action(mode: &Mode, key: KeyEvent) -> Option<Action> {
     if key.modifiers.contains(KeyModifiers::CONTROL) && key.code == KeyCode::Char('c') {
         return Some(Action::Quit);
     }
-    let typing = matches!(mode, Mode::Command(_) | Mode::Filter(_) | Mode::Form(_));
+    let typing = matches!(mode, Mode::Command(_) | Mode::Filter(_) | Mode::Form(_))
+        || matches!(mode, Mode::Confirm(c) if c.typing());
     if typing {
         return match key.code {
             KeyCode::Esc => Some(Action::Back),
@@ -41,9 +42,10 @@ pub fn action(mode: &Mode, key: KeyEvent) -> Option<Action> {
         };
     }
     if let Mode::Confirm(_) = mode {
+        // Enter alone never confirms a destructive action.
         return match key.code {
             KeyCode::Char('y') | KeyCode::Char('Y') => Some(Action::Yes),
-            KeyCode::Enter => Some(Action::Yes),
+            KeyCode::Enter => Some(Action::Enter),
             _ => Some(Action::No),
         };
     }

@@ -38,9 +38,14 @@ impl Drop for TerminalGuard {
 }
 
 /// Runs the console against `target` until the user quits or SIGTERM.
-pub async fn run(target: worker::Target, readonly: bool) -> anyhow::Result<()> {
+pub async fn run(
+    target: worker::Target,
+    readonly: bool,
+    context: Option<crate::contexts::Context>,
+) -> anyhow::Result<()> {
     let theme = ui::Theme { color: std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()) };
     let mut app = App::new(target.describe(), readonly);
+    app.context = context;
     let (cmd_tx, cmd_rx) = mpsc::channel::<Cmd>(64);
     let (news_tx, mut news_rx) = mpsc::channel(1024);
     let worker = tokio::spawn(worker::run(target, cmd_rx, news_tx));

@@ -252,8 +252,9 @@ async fn act(client: &Client, cmd: Cmd, news: &mpsc::Sender<News>) -> Result<(),
                 Err(e) => News::Done(Err(e)),
             }
         }
-        Cmd::Act { method, id } => {
-            match answer(client.call(method, json!({"id": id, "reason": "from the console"})).await)? {
+        Cmd::Act { method, id, reason } => {
+            let reason = reason.unwrap_or_else(|| "from the console".into());
+            match answer(client.call(method, json!({"id": id, "reason": reason})).await)? {
                 Ok(v) => News::Done(Ok(format!(
                     "{} {}: now {}",
                     method.trim_start_matches("tasks."),

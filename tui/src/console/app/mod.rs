@@ -20,8 +20,10 @@ pub struct App {
     pub conn: Conn,
     pub hello: Option<HelloResult>,
     pub status: Option<AgentStatus>,
-    /// `--readonly`, or the agent says we are an observer.
+    /// `--readonly`, a read-only context, or the agent says we are an observer.
     pub readonly_flag: bool,
+    /// The context attached to (`--context`), shown in the header.
+    pub context: Option<crate::contexts::Context>,
     pub view: View,
     pub back: Vec<View>,
     pub mode: Mode,
@@ -61,6 +63,7 @@ impl App {
             hello: None,
             status: None,
             readonly_flag: readonly,
+            context: None,
             view: View::Tasks,
             back: Vec::new(),
             mode: Mode::Normal,
@@ -88,7 +91,9 @@ impl App {
     }
 
     pub fn readonly(&self) -> bool {
-        self.readonly_flag || self.hello.as_ref().is_some_and(|h| h.role == Role::Observer)
+        self.readonly_flag
+            || self.context.as_ref().is_some_and(|c| c.read_only)
+            || self.hello.as_ref().is_some_and(|h| h.role == Role::Observer)
     }
 
     pub fn filter(&self, v: View) -> &str {

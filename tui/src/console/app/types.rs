@@ -71,12 +71,53 @@ pub enum Conn {
     Lost { attempt: u32, reason: String },
 }
 
-/// An action waiting for y/n.
+/// A destructive action waiting for its confirmation. `y` confirms; Enter
+/// alone never does. On a production context the task name must be typed,
+/// then a reason given (recorded with the action).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Confirm {
     pub method: &'static str,
     pub id: String,
-    pub question: String,
+    pub task: String,
+    pub verb: &'static str,
+    pub stage: Stage,
+    /// What is typed at the current stage.
+    pub input: String,
+    /// The task name was typed right; the reason comes next.
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Press `y`.
+    Yes,
+    /// Type the task name (production).
+    TaskName,
+    /// Type the reason (production).
+    Reason,
+}
+
+impl Confirm {
+    /// Whether keys are text at this stage.
+    pub fn typing(&self) -> bool {
+        self.stage != Stage::Yes
+    }
+
+    /// The question, a line each.
+    pub fn prompt(&self) -> Vec<String> {
+        let what = format!("{} {} {}", self.verb, self.task, self.id);
+        match self.stage {
+            Stage::Yes => vec![format!("{what}?"), "y confirms, any other key cancels (Enter does not)".into()],
+            Stage::TaskName => vec![
+                format!("PRODUCTION: {what}"),
+                format!("type the task name ({}) to go on, Esc cancels: {}▏", self.task, self.input),
+            ],
+            Stage::Reason => vec![
+                format!("PRODUCTION: {what}"),
+                format!("reason, recorded with the action, then Enter: {}▏", self.input),
+            ],
+        }
+    }
 }
 
 /// The run form: the task's declared params with their defaults.
@@ -190,6 +231,8 @@ pub enum Cmd {
     Act {
         method: &'static str,
         id: String,
+        /// Why, recorded with the action.
+        reason: Option<String>,
     },
     Quit,
 }

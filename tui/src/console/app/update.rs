@@ -74,20 +74,7 @@ impl App {
                     Vec::new()
                 }
             },
-            Mode::Confirm(c) => match a {
-                Action::Yes | Action::Enter => {
-                    self.say(format!("{} requested for {}", c.method.trim_start_matches("tasks."), c.id), false);
-                    vec![Cmd::Act { method: c.method, id: c.id }]
-                }
-                Action::No | Action::Back | Action::Quit => {
-                    self.say("cancelled", false);
-                    Vec::new()
-                }
-                _ => {
-                    self.mode = Mode::Confirm(c);
-                    Vec::new()
-                }
-            },
+            Mode::Confirm(c) => self.confirming(c, a),
             Mode::Form(mut f) => {
                 let cmds = match a {
                     Action::Back => return Vec::new(),
@@ -254,7 +241,7 @@ impl App {
             Action::Retry => match self.focused_instance().map(|i| i.id.clone()) {
                 Some(id) => {
                     self.say(format!("retry requested for {id}"), false);
-                    vec![Cmd::Act { method: "tasks.retry", id }]
+                    vec![Cmd::Act { method: "tasks.retry", id, reason: None }]
                 }
                 None => Vec::new(),
             },
@@ -266,10 +253,15 @@ impl App {
                         } else {
                             ("tasks.cancel", "cancel")
                         };
+                        let production = self.context.as_ref().is_some_and(|c| c.production);
                         self.mode = Mode::Confirm(Confirm {
                             method,
-                            id: id.clone(),
-                            question: format!("{verb} {task} {id}? (y/n)"),
+                            id,
+                            task,
+                            verb,
+                            stage: if production { Stage::TaskName } else { Stage::Yes },
+                            input: String::new(),
+                            reason: None,
                         });
                         Vec::new()
                     }
@@ -277,6 +269,61 @@ impl App {
                 }
             }
             _ => Vec::new(),
+        }
+    }
+
+    /// A key while a destructive action waits for its confirmation.
+    fn confirming(&mut self, mut c: Confirm, a: Action) -> Vec<Cmd> {
+        let cancel = |app: &mut Self| {
+            app.say("cancelled; nothing was sent", false);
+            Vec::new()
+        };
+        match (c.stage, a) {
+            (Stage::Yes, Action::Yes) => {
+                self.say(format!("{} requested for {}", c.verb, c.id), false);
+                vec![Cmd::Act { method: c.method, id: c.id, reason: None }]
+            }
+            (Stage::Yes, Action::Enter) => {
+                self.say("Enter does not confirm: press y, or any other key to cancel", true);
+                self.mode = Mode::Confirm(c);
+                Vec::new()
+            }
+            (Stage::Yes, _) | (_, Action::Back | Action::Quit) => cancel(self),
+            (_, Action::Input(ch)) => {
+                c.input.push(ch);
+                self.mode = Mode::Confirm(c);
+                Vec::new()
+            }
+            (_, Action::Backspace) => {
+                c.input.pop();
+                self.mode = Mode::Confirm(c);
+                Vec::new()
+            }
+            (Stage::TaskName, Action::Enter) if c.input == c.task => {
+                c.stage = Stage::Reason;
+                c.input.clear();
+                self.mode = Mode::Confirm(c);
+                Vec::new()
+            }
+            (Stage::TaskName, Action::Enter) => {
+                self.say(format!("{:?} is not the task name {:?}; type it exactly, or Esc", c.input, c.task), true);
+                self.mode = Mode::Confirm(c);
+                Vec::new()
+            }
+            (Stage::Reason, Action::Enter) if !c.input.trim().is_empty() => {
+                let reason = c.input.trim().to_string();
+                self.say(format!("{} requested for {} ({reason})", c.verb, c.id), false);
+                vec![Cmd::Act { method: c.method, id: c.id, reason: Some(reason) }]
+            }
+            (Stage::Reason, Action::Enter) => {
+                self.say("a reason is needed on a production context", true);
+                self.mode = Mode::Confirm(c);
+                Vec::new()
+            }
+            _ => {
+                self.mode = Mode::Confirm(c);
+                Vec::new()
+            }
         }
     }
 }

@@ -103,12 +103,25 @@ fn draw_header(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         _ => "agent ?".into(),
     };
     let role = if app.readonly() { "  [read-only]" } else { "" };
-    let line1 = Line::from(vec![
-        Span::styled("Apollo-11 ", Style::default().add_modifier(Modifier::BOLD)),
-        Span::raw(format!("{agent}  via {}  ", app.transport)),
-        conn,
-        Span::raw(role),
-    ]);
+    let mut line1 = vec![Span::styled("Apollo-11 ", Style::default().add_modifier(Modifier::BOLD))];
+    if let Some(c) = &app.context {
+        // Production stands out: red, and named so without colour too.
+        let (label, style) = if c.production {
+            let s = if theme.color {
+                Style::default().fg(Color::White).bg(Color::Red).add_modifier(Modifier::BOLD)
+            } else {
+                Style::default().add_modifier(Modifier::BOLD | Modifier::REVERSED)
+            };
+            (format!("[{} PRODUCTION]", c.name), s)
+        } else {
+            let s = if theme.color { Style::default().fg(Color::Cyan) } else { Style::default() };
+            (format!("[{}]", c.name), s)
+        };
+        line1.push(Span::styled(label, style));
+        line1.push(Span::raw(" "));
+    }
+    line1.extend([Span::raw(format!("{agent}  via {}  ", app.transport)), conn, Span::raw(role)]);
+    let line1 = Line::from(line1);
     let mut counts = Vec::new();
     if let Some(s) = &app.status {
         for (k, v) in &s.counts {

@@ -1,6 +1,6 @@
 //! Overlays: help, confirmation, the run form, a dry-run's plan.
 
-use super::super::app::{App, Mode};
+use super::super::app::{App, Mode, Stage};
 use super::super::keys::HELP;
 use super::Theme;
 use ratatui::layout::{Constraint, Flex, Layout, Rect};
@@ -32,7 +32,12 @@ pub fn draw(f: &mut Frame, app: &App, theme: &Theme) {
             lines.push(Line::styled("any key closes this", theme.dim()));
             boxed(f, centered(area, 90, lines.len() as u16 + 2), "keys", lines);
         }
-        Mode::Confirm(c) => boxed(f, centered(area, 70, 3), "confirm", vec![Line::from(c.question.clone())]),
+        Mode::Confirm(c) => {
+            let title = if c.stage == Stage::Yes { "confirm" } else { "confirm on production" };
+            let style = if c.stage == Stage::Yes { Default::default() } else { theme.error() };
+            let lines: Vec<Line> = c.prompt().into_iter().map(|l| Line::styled(l, style)).collect();
+            boxed(f, centered(area, 100, lines.len() as u16 + 2), title, lines)
+        }
         Mode::Form(form) => {
             let mut lines = vec![Line::styled("Tab/↑↓ move, type to edit, Enter runs, Esc cancels", theme.dim())];
             for (n, (name, value, desc)) in form.fields.iter().enumerate() {
