@@ -46,6 +46,7 @@ pub const METHODS: &[&str] = &[
     "alerts.list",
     "audit.list",
     "agents.list",
+    "agent.stats",
     "subscribe",
 ];
 
@@ -450,6 +451,37 @@ pub struct QueueStats {
     pub pending: u64,
     pub retrying: u64,
     pub oldest_pending_secs: Option<f64>,
+}
+
+/// `agent.stats`: what ended over the last `minutes`, from the store, so a
+/// console shows the right throughput the moment it attaches.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct StatsParams {
+    /// The window, 1 to 1440 (default 60).
+    #[serde(default)]
+    pub minutes: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatsResult {
+    pub minutes: u32,
+    /// The start of the newest minute in `ended`.
+    pub until: DateTime<Utc>,
+    /// Instances that ended (SUCCESS, FAILED, ROLLED_BACK) per minute, oldest first.
+    pub ended: Vec<u64>,
+    /// The same per queue, with the whole window's counts by state.
+    pub queues: Vec<QueueRate>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QueueRate {
+    pub queue: String,
+    pub ended: u64,
+    pub succeeded: u64,
+    pub failed: u64,
+    /// Ended per minute over the window.
+    pub per_minute: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -187,3 +187,18 @@ fn on_a_production_context_the_console_sends_a_rollback_only_with_the_task_name_
     assert!(reasons.iter().any(|r| r.contains("bad deploy")), "{reasons:?}");
     assert_eq!(c.quit(), 0);
 }
+
+#[test]
+fn throughput_is_right_from_the_first_frame_after_work_done_before_attaching() {
+    let agent = Agent::builder().task("fine.yaml", FINE).task("flaky.yaml", FLAKY).start();
+    for _ in 0..3 {
+        run_to_end(&agent, "fine");
+    }
+    run_to_end(&agent, "flaky");
+    let sock = agent.socket.display().to_string();
+    let mut c = apollo_tests::console::Console::start(agent.path(), &["--socket", &sock], None);
+    c.wait_for(&["connected", "4 ended in 1h"]);
+    c.keys(":queues\r");
+    c.wait_for(&["ENDED IN 1H", "4 (1 failed)"]);
+    assert_eq!(c.quit(), 0);
+}

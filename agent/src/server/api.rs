@@ -156,6 +156,14 @@ impl Api {
                 to_value(self.listing.audit(p.limit.unwrap_or(100).min(1000)).await.map_err(store_err)?)
             }
             "agents.list" => to_value(self.listing.agents().await.map_err(store_err)?),
+            "agent.stats" => {
+                let p: apollo_shared::protocol::StatsParams = params(method, p, "minutes?")?;
+                let minutes = p.minutes.unwrap_or(60).clamp(1, 1440);
+                let now = chrono::Utc::now();
+                let since = now - chrono::TimeDelta::minutes(i64::from(minutes));
+                let rows = self.listing.ended_since(since).await.map_err(store_err)?;
+                to_value(super::stats::fold(&rows, minutes, now))
+            }
             "alerts.list" => {
                 let p: LimitParams = params(method, p, "limit?")?;
                 to_value(self.listing.alerts(p.limit.unwrap_or(100).min(1000)).await.map_err(store_err)?)

@@ -11,6 +11,7 @@ mod api;
 mod conn;
 pub mod dial;
 mod frame;
+mod stats;
 
 pub use api::Api;
 pub use conn::parse as parse_request;

@@ -2,7 +2,7 @@
 //! writer's connection) and change nothing.
 
 use super::db::{p, Db};
-use super::rows::{self, parse_ts, INSTANCE_COLS, STEP_COLS, SUMMARY_COLS};
+use super::rows::{self, parse_ts, ts, INSTANCE_COLS, STEP_COLS, SUMMARY_COLS};
 use super::{Result, Store, StoreError};
 use apollo_shared::protocol::{Alert, Instance, QueueStats, Transition};
 use apollo_shared::state::TaskState;
@@ -119,6 +119,23 @@ impl Store {
     }
 
     /// Per queue: running, pending, retrying and the oldest pending age.
+    /// Instances that ended since `since`, counted per minute (`YYYY-MM-DDTHH:MM`),
+    /// queue and state.
+    pub async fn ended_since(&self, since: DateTime<Utc>) -> Result<Vec<(String, String, String, u64)>> {
+        let since = ts(since);
+        self.read(move |c| {
+            c.query(
+                "SELECT substr(finished_at, 1, 16), queue, state, COUNT(*) FROM task_instances \
+                 WHERE finished_at >= ?1 AND state IN ('SUCCESS', 'FAILED', 'ROLLED_BACK') GROUP BY 1, 2, 3",
+                p![since.as_str()],
+            )?
+            .iter()
+            .map(|r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+            .collect()
+        })
+        .await
+    }
+
     pub async fn queue_stats(&self) -> Result<Vec<QueueStats>> {
         self.read(|c| {
             let now = Utc::now();

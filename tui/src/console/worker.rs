@@ -124,6 +124,11 @@ async fn session(
     }
     let Some(mut events) = client.take_events() else { return Ended::Lost("no event stream".into()) };
     let _ = news.send(News::Connected(hello)).await;
+    // Throughput from the store, so it is right from the first frame (an
+    // older agent has no agent.stats: the console counts from now on).
+    if let Ok(stats) = client.call_as("agent.stats", json!({"minutes": 60})).await {
+        let _ = news.send(News::Stats(stats)).await;
+    }
     if let Err(e) = refresh(client, news, watch, true).await {
         return lost(e);
     }

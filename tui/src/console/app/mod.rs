@@ -15,6 +15,9 @@ mod update;
 
 pub use types::*;
 
+/// The minutes of throughput the console keeps.
+pub const THROUGHPUT_MINUTES: usize = 60;
+
 pub struct App {
     pub transport: String,
     pub conn: Conn,
@@ -45,8 +48,12 @@ pub struct App {
     /// Folded JSON paths in the step view.
     pub folds: BTreeSet<String>,
     pub message: Option<(String, bool)>,
-    /// Instances that ended, per minute, oldest first (the sparkline).
+    /// Instances that ended, per minute, oldest first, over the last hour
+    /// (the sparkline and the header's count): from `agent.stats` at attach,
+    /// then counted from the agent's news.
     pub throughput: VecDeque<u64>,
+    /// Per queue, what ended over the last hour (`agent.stats`).
+    pub rates: Vec<apollo_shared::protocol::QueueRate>,
     pub minute: i64,
     /// Index into [`SORTS`].
     pub sort: usize,
@@ -82,7 +89,8 @@ impl App {
             logs: String::new(),
             folds: BTreeSet::new(),
             message: None,
-            throughput: VecDeque::from(vec![0; 30]),
+            throughput: VecDeque::from(vec![0; THROUGHPUT_MINUTES]),
+            rates: Vec::new(),
             minute: 0,
             sort: 0,
             archived: false,

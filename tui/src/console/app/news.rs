@@ -48,6 +48,15 @@ impl App {
                 return self.go(View::Timeline);
             }
             News::Event(e) => self.count(&e),
+            News::Stats(st) => {
+                // The store's counts replace what this console saw itself.
+                self.throughput = st.ended.iter().rev().take(THROUGHPUT_MINUTES).rev().copied().collect();
+                while self.throughput.len() < THROUGHPUT_MINUTES {
+                    self.throughput.push_front(0);
+                }
+                self.minute = st.until.timestamp() / 60;
+                self.rates = st.queues;
+            }
         }
         Vec::new()
     }
@@ -63,10 +72,10 @@ impl App {
         }
         let minute = chrono::Utc::now().timestamp() / 60;
         if self.minute != minute {
-            let gap = if self.minute == 0 { 1 } else { (minute - self.minute).clamp(1, 30) };
+            let gap = if self.minute == 0 { 1 } else { (minute - self.minute).clamp(1, THROUGHPUT_MINUTES as i64) };
             for _ in 0..gap {
                 self.throughput.push_back(0);
-                if self.throughput.len() > 30 {
+                if self.throughput.len() > THROUGHPUT_MINUTES {
                     self.throughput.pop_front();
                 }
             }

@@ -179,6 +179,8 @@ pub const SORTS: [&str; 5] = ["created", "task", "state", "queue", "attempt"];
 /// What the agent worker reports.
 #[derive(Debug, Clone)]
 pub enum News {
+    /// What ended over the last hour, from the store (at attach).
+    Stats(apollo_shared::protocol::StatsResult),
     Connecting,
     Connected(HelloResult),
     Lost {

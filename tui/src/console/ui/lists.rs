@@ -73,6 +73,10 @@ pub fn queues(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
                 Cell::from(q.pending.to_string()),
                 Cell::from(q.retrying.to_string()),
                 Cell::from(ago(q.oldest_pending_secs)),
+                Cell::from(match app.rates.iter().find(|r| r.queue == q.queue) {
+                    Some(r) => format!("{} ({} failed)", r.ended, r.failed),
+                    None => "0".into(),
+                }),
             ]
         })
         .collect();
@@ -82,6 +86,7 @@ pub fn queues(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         Constraint::Length(9),
         Constraint::Length(9),
         Constraint::Length(15),
+        Constraint::Length(18),
     ];
     table(
         f,
@@ -91,7 +96,7 @@ pub fn queues(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         View::Queues,
         Shape {
             title: " queues ".into(),
-            header: vec!["QUEUE", "RUNNING", "PENDING", "RETRYING", "OLDEST PENDING"],
+            header: vec!["QUEUE", "RUNNING", "PENDING", "RETRYING", "OLDEST PENDING", "ENDED IN 1H"],
             widths,
             empty: "no queues yet",
         },

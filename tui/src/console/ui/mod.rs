@@ -137,8 +137,10 @@ fn draw_header(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     if spark_w == 0 {
         return;
     }
-    let data: Vec<u64> = app.throughput.iter().copied().collect();
-    let title = Paragraph::new("ended/min, 30 min").style(theme.dim());
+    let skip = app.throughput.len().saturating_sub(spark_w as usize);
+    let data: Vec<u64> = app.throughput.iter().skip(skip).copied().collect();
+    let hour: u64 = app.throughput.iter().sum();
+    let title = Paragraph::new(format!("{hour} ended in 1h")).style(theme.dim());
     let [t, s] = Layout::vertical([Constraint::Length(1), Constraint::Length(2)]).areas(spark);
     f.render_widget(title, t);
     f.render_widget(Sparkline::default().data(&data).style(theme.state("RUNNING")), s);
