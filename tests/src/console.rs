@@ -66,15 +66,20 @@ impl Console {
 
     /// Waits until the screen shows every one of `parts`.
     pub fn wait_for(&self, parts: &[&str]) -> String {
+        self.wait_until(&format!("{parts:?}"), |text| parts.iter().all(|p| text.contains(p)))
+    }
+
+    /// Waits (woken by output, 30 s at most) until `pred` holds for the screen.
+    pub fn wait_until(&self, what: &str, pred: impl Fn(&str) -> bool) -> String {
         let deadline = Instant::now() + Duration::from_secs(30);
         let mut parser = self.screen.0.lock().unwrap();
         loop {
             let text = parser.screen().contents();
-            if parts.iter().all(|p| text.contains(p)) {
+            if pred(&text) {
                 return text;
             }
             let left = deadline.saturating_duration_since(Instant::now());
-            assert!(!left.is_zero(), "the screen never showed {parts:?}; it shows:\n{text}");
+            assert!(!left.is_zero(), "the screen never showed {what}; it shows:\n{text}");
             parser = self.screen.1.wait_timeout(parser, left).unwrap().0;
         }
     }

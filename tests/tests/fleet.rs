@@ -202,3 +202,52 @@ fn throughput_is_right_from_the_first_frame_after_work_done_before_attaching() {
     c.wait_for(&["ENDED IN 1H", "4 (1 failed)"]);
     assert_eq!(c.quit(), 0);
 }
+
+#[test]
+fn the_console_switches_contexts_and_the_fleet_view_marks_a_dead_agent_while_the_other_updates() {
+    let a = Agent::builder().task("fine.yaml", FINE).start();
+    let mut b = Agent::builder().task("fine.yaml", FINE).start();
+    run_to_end(&a, "fine");
+    for _ in 0..2 {
+        run_to_end(&b, "fine");
+    }
+    let config = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(config.path().join("apollo")).unwrap();
+    std::fs::write(
+        config.path().join("apollo/contexts.yaml"),
+        format!(
+            "contexts:\n  - name: alpha\n    socket: {}\n  - name: bravo\n    socket: {}\n    production: true\n",
+            a.socket.display(),
+            b.socket.display()
+        ),
+    )
+    .unwrap();
+    let xdg = config.path().to_str().unwrap();
+    let mut c = apollo_tests::console::Console::start_with_env(
+        a.path(),
+        &["--context", "alpha"],
+        None,
+        &[("XDG_CONFIG_HOME", xdg)],
+    );
+    c.wait_for(&["[alpha]", "connected", "SUCCESS 1"]);
+    // :ctx with completion attaches to the other agent.
+    c.keys(":ctx br\t\r");
+    c.wait_for(&["[bravo PRODUCTION]", "SUCCESS 2"]);
+    c.keys(":ctx alp\r");
+    c.wait_for(&["[alpha]", "SUCCESS 1"]);
+    // The fleet: both side by side, live.
+    c.keys(":fleet\r");
+    c.wait_for(&["<fleet>", "attached", "production"]);
+    c.wait_until("both contexts connected", |screen| screen.matches("connected").count() == 3);
+    b.kill9();
+    c.wait_for(&["unreachable"]);
+    run_to_end(&a, "fine");
+    // alpha's row goes on: its last count (SUCCESS) becomes 2, bravo stays unreachable.
+    c.wait_until("alpha with SUCCESS 2 beside bravo unreachable", |screen| {
+        let row = |name: &str| screen.lines().find(|l| l.contains(&format!("│{name}"))).unwrap_or_default().to_string();
+        let alpha = row("alpha");
+        let counts: Vec<&str> = alpha.split_whitespace().filter(|w| w.chars().all(|c| c.is_ascii_digit())).collect();
+        alpha.contains("connected") && counts.last() == Some(&"2") && row("bravo").contains("unreachable")
+    });
+    assert_eq!(c.quit(), 0);
+}

@@ -122,3 +122,42 @@ fn overlays() {
     app.update(Action::Help);
     insta::assert_snapshot!("help", render(&app, 100, 24));
 }
+
+#[test]
+fn fleet_view() {
+    use apollo_tui::console::app::FleetState;
+    use apollo_tui::contexts::Context;
+    let ctx = |name: &str, socket: &str, production: bool, read_only: bool| Context {
+        name: name.into(),
+        socket: Some(socket.into()),
+        ssh: None,
+        read_only,
+        production,
+    };
+    let mut app = fixtures::app();
+    app.contexts = vec![
+        ctx("prod-eu", "/run/apollo/agent.sock", true, false),
+        ctx("staging", "/srv/staging/agent.sock", false, false),
+        ctx("audit", "/srv/audit/agent.sock", false, true),
+    ];
+    app.context = Some(app.contexts[1].clone());
+    let counts = [("RUNNING", 2), ("PENDING", 5), ("FAILED", 1), ("SUCCESS", 940)].map(|(k, v)| (k.to_string(), v));
+    app.on_news(News::Fleet(
+        "prod-eu".into(),
+        FleetState::Up { agent: "db7:311".into(), counts: counts.into_iter().collect(), store_error: None },
+    ));
+    app.on_news(News::Fleet("staging".into(), FleetState::Unreachable("connection refused".into())));
+    let mut app = {
+        app.update(Action::Command);
+        for c in "fleet".chars() {
+            app.update(Action::Input(c));
+        }
+        app.update(Action::Enter);
+        app
+    };
+    insta::assert_snapshot!("fleet_80x24", render(&app, 80, 24));
+    insta::assert_snapshot!("fleet_wide", render(&app, 140, 24));
+    // Enter attaches to the selected context.
+    let cmds = app.update(Action::Enter);
+    assert!(matches!(&cmds[..], [apollo_tui::console::app::Cmd::Switch(c)] if c.name == "prod-eu"), "{cmds:?}");
+}

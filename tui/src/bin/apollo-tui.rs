@@ -60,13 +60,7 @@ fn main() -> ExitCode {
             }
         };
         let target = if let Some(c) = &context {
-            match (&c.ssh, &c.socket) {
-                (Some(t), remote) => {
-                    Target::Ssh { target: t.clone(), socket: remote.as_ref().map(|p| p.display().to_string()) }
-                }
-                (None, Some(p)) => Target::Socket(p.clone()),
-                (None, None) => unreachable!("a context names a socket or an ssh target (checked at load)"),
-            }
+            Target::of(c)
         } else if let Some(t) = args.ssh {
             Target::Ssh { target: t, socket: args.socket.map(|p| p.display().to_string()) }
         } else if args.local {

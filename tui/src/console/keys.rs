@@ -5,7 +5,8 @@ use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
 /// The keys of the normal mode, for the help overlay: (keys, what they do).
 pub const HELP: &[(&str, &str)] = &[
-    (":", "switch view (queues, tasks, defs, plugins, alerts, agents; Tab completes)"),
+    (":", "switch view (queues, tasks, defs, plugins, alerts, agents, fleet; Tab completes)"),
+    (":ctx NAME", "attach to another context (Tab completes); :ctx alone lists them"),
     ("/", "filter: text, state:failed, task:NAME, queue:NAME"),
     ("Enter", "drill down (queue → tasks, task → timeline, step → details)"),
     ("Esc", "back"),

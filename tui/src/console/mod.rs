@@ -46,9 +46,20 @@ pub async fn run(
     let theme = ui::Theme { color: std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()) };
     let mut app = App::new(target.describe(), readonly);
     app.context = context;
-    let (cmd_tx, cmd_rx) = mpsc::channel::<Cmd>(64);
-    let (news_tx, mut news_rx) = mpsc::channel(1024);
-    let worker = tokio::spawn(worker::run(target, cmd_rx, news_tx));
+    match crate::contexts::Contexts::load() {
+        Ok(c) => app.contexts = c.contexts,
+        Err(e) => app.say(e, true),
+    }
+    // One worker per attached agent; a context switch starts a new one
+    // with its own news channel, so nothing of the old one is shown.
+    let spawn = |target: worker::Target| {
+        let (cmd_tx, cmd_rx) = mpsc::channel::<Cmd>(64);
+        let (news_tx, news_rx) = mpsc::channel(1024);
+        (cmd_tx, news_rx, tokio::spawn(worker::run(target, cmd_rx, news_tx)))
+    };
+    let (mut cmd_tx, mut news_rx, mut worker) = spawn(target);
+    let (fleet_tx, mut fleet_rx) = mpsc::channel(256);
+    let mut fleet: Option<tokio::task::JoinHandle<()>> = None;
 
     let hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
@@ -85,15 +96,41 @@ pub async fn run(
                 }
                 None => app.update(Action::Quit),
             },
+            Some(n) = fleet_rx.recv() => {
+                let mut cmds = app.on_news(n);
+                while let Ok(n) = fleet_rx.try_recv() {
+                    cmds.extend(app.on_news(n));
+                }
+                cmds
+            },
             _ = tick.tick() => Vec::new(),
             _ = term.recv() => app.update(Action::Quit),
         };
         for c in cmds {
-            let _ = cmd_tx.send(c).await;
+            match c {
+                Cmd::Switch(ctx) => {
+                    let target = worker::Target::of(&ctx);
+                    app = app.for_context(ctx, target.describe());
+                    let _ = cmd_tx.send(Cmd::Quit).await;
+                    worker.abort();
+                    (cmd_tx, news_rx, worker) = spawn(target);
+                }
+                Cmd::WatchFleet => {
+                    if fleet.is_none() {
+                        fleet = Some(tokio::spawn(worker::fleet(app.contexts.clone(), fleet_tx.clone())));
+                    }
+                }
+                other => {
+                    let _ = cmd_tx.send(other).await;
+                }
+            }
         }
         if app.quit {
             break;
         }
+    }
+    if let Some(f) = fleet {
+        f.abort();
     }
     drop(cmd_tx);
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), worker).await;

@@ -4,9 +4,9 @@
 //! polling loop), and runs the console's actions. It reports through
 //! [`News`] values; the UI reads the latest.
 
-use super::app::{Cmd, News};
+use super::app::{Cmd, FleetState, News};
 use crate::client::{Client, ClientError};
-use apollo_shared::protocol::{Instance, ListResult, LogsResult};
+use apollo_shared::protocol::{AgentStatus, Instance, ListResult, LogsResult};
 use serde_json::{json, Map, Value};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -20,6 +20,18 @@ pub enum Target {
 }
 
 impl Target {
+    /// Where a context points.
+    pub fn of(c: &crate::contexts::Context) -> Target {
+        match (&c.ssh, &c.socket) {
+            (Some(t), remote) => {
+                Target::Ssh { target: t.clone(), socket: remote.as_ref().map(|p| p.display().to_string()) }
+            }
+            (None, Some(p)) => Target::Socket(p.clone()),
+            // Refused when the file is read; an empty path fails to connect, visibly.
+            (None, None) => Target::Socket(PathBuf::new()),
+        }
+    }
+
     pub fn describe(&self) -> String {
         match self {
             Target::Socket(p) => p.display().to_string(),
@@ -269,8 +281,61 @@ async fn act(client: &Client, cmd: Cmd, news: &mpsc::Sender<News>) -> Result<(),
                 Err(e) => News::Done(Err(e)),
             }
         }
-        Cmd::Watch { .. } | Cmd::Quit => return Ok(()),
+        // The console itself handles these.
+        Cmd::Watch { .. } | Cmd::Quit | Cmd::Switch(_) | Cmd::WatchFleet => return Ok(()),
     };
     let _ = news.send(out).await;
     Ok(())
+}
+
+/// Keeps `News::Fleet` coming for every context: each has its own task, so
+/// an unreachable one is marked without holding up the others. Each asks
+/// its agent for its status every second, each call bounded by a timeout.
+pub async fn fleet(contexts: Vec<crate::contexts::Context>, news: mpsc::Sender<News>) {
+    let polls = contexts.into_iter().map(|c| {
+        let news = news.clone();
+        async move {
+            let name = c.name.clone();
+            let target = Target::of(&c);
+            let limit = Duration::from_secs(2);
+            loop {
+                let client = match tokio::time::timeout(limit, target.connect()).await {
+                    Ok(Ok(client)) => client,
+                    Ok(Err(e)) => {
+                        let _ = news.send(News::Fleet(name.clone(), FleetState::Unreachable(e.to_string()))).await;
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        continue;
+                    }
+                    Err(_) => {
+                        let why = format!("no answer in {}s", limit.as_secs());
+                        let _ = news.send(News::Fleet(name.clone(), FleetState::Unreachable(why))).await;
+                        continue;
+                    }
+                };
+                loop {
+                    let state =
+                        match tokio::time::timeout(limit, client.call_as::<AgentStatus>("agent.status", json!({})))
+                            .await
+                        {
+                            Ok(Ok(s)) => FleetState::Up {
+                                agent: s.agent,
+                                counts: s.counts.iter().filter_map(|(k, v)| Some((k.clone(), v.as_u64()?))).collect(),
+                                store_error: s.store_error,
+                            },
+                            Ok(Err(e)) => FleetState::Unreachable(e.to_string()),
+                            Err(_) => FleetState::Unreachable(format!("no answer in {}s", limit.as_secs())),
+                        };
+                    let down = matches!(state, FleetState::Unreachable(_));
+                    if news.send(News::Fleet(name.clone(), state)).await.is_err() {
+                        return;
+                    }
+                    if down {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+    });
+    futures::future::join_all(polls).await;
 }

@@ -9,6 +9,7 @@ use apollo_shared::protocol::{
 use serde_json::{Map, Value};
 use std::collections::{BTreeSet, VecDeque};
 
+mod fleet;
 mod news;
 mod types;
 mod update;
@@ -27,6 +28,9 @@ pub struct App {
     pub readonly_flag: bool,
     /// The context attached to (`--context`), shown in the header.
     pub context: Option<crate::contexts::Context>,
+    /// Every context of `contexts.yaml`, and how each is doing (`:fleet`).
+    pub contexts: Vec<crate::contexts::Context>,
+    pub fleet: std::collections::BTreeMap<String, FleetState>,
     pub view: View,
     pub back: Vec<View>,
     pub mode: Mode,
@@ -71,6 +75,8 @@ impl App {
             status: None,
             readonly_flag: readonly,
             context: None,
+            contexts: Vec::new(),
+            fleet: Default::default(),
             view: View::Tasks,
             back: Vec::new(),
             mode: Mode::Normal,
@@ -195,6 +201,7 @@ impl App {
             View::Plugins => self.visible_plugins().len(),
             View::Alerts => self.visible_alerts().len(),
             View::Agents => self.visible_agents().len(),
+            View::Fleet => self.visible_fleet().len(),
             View::Timeline => self.instance.as_ref().and_then(|i| i.steps.as_ref()).map_or(0, Vec::len),
             View::Step => self.step_lines().len(),
         }
@@ -213,7 +220,7 @@ impl App {
         Cmd::Watch { query: self.tasks_query(), instance, logs }
     }
 
-    fn say(&mut self, text: impl Into<String>, error: bool) {
+    pub fn say(&mut self, text: impl Into<String>, error: bool) {
         self.message = Some((text.into(), error));
     }
 

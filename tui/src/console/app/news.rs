@@ -48,6 +48,9 @@ impl App {
                 return self.go(View::Timeline);
             }
             News::Event(e) => self.count(&e),
+            News::Fleet(name, state) => {
+                self.fleet.insert(name, state);
+            }
             News::Stats(st) => {
                 // The store's counts replace what this console saw itself.
                 self.throughput = st.ended.iter().rev().take(THROUGHPUT_MINUTES).rev().copied().collect();

@@ -15,17 +15,20 @@ pub enum View {
     Plugins,
     Alerts,
     Agents,
+    /// Every context side by side (`:fleet`, `:ctx`).
+    Fleet,
 }
 
 impl View {
     /// Views reachable with `:`.
-    pub const NAMED: [(&'static str, View); 6] = [
+    pub const NAMED: [(&'static str, View); 7] = [
         ("queues", View::Queues),
         ("tasks", View::Tasks),
         ("defs", View::Defs),
         ("plugins", View::Plugins),
         ("alerts", View::Alerts),
         ("agents", View::Agents),
+        ("fleet", View::Fleet),
     ];
     pub fn name(self) -> &'static str {
         match self {
@@ -37,6 +40,7 @@ impl View {
             View::Plugins => "plugins",
             View::Alerts => "alerts",
             View::Agents => "agents",
+            View::Fleet => "fleet",
         }
     }
 }
@@ -179,6 +183,8 @@ pub const SORTS: [&str; 5] = ["created", "task", "state", "queue", "attempt"];
 /// What the agent worker reports.
 #[derive(Debug, Clone)]
 pub enum News {
+    /// How one context of the fleet is doing.
+    Fleet(String, FleetState),
     /// What ended over the last hour, from the store (at attach).
     Stats(apollo_shared::protocol::StatsResult),
     Connecting,
@@ -230,6 +236,10 @@ pub enum Cmd {
         task: String,
         params: Map<String, Value>,
     },
+    /// Attach to another context (the console starts over on it).
+    Switch(crate::contexts::Context),
+    /// Keep every context's state coming (`News::Fleet`).
+    WatchFleet,
     Act {
         method: &'static str,
         id: String,
@@ -237,4 +247,12 @@ pub enum Cmd {
         reason: Option<String>,
     },
     Quit,
+}
+
+/// One context as the fleet view shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FleetState {
+    Connecting,
+    Up { agent: String, counts: std::collections::BTreeMap<String, u64>, store_error: Option<String> },
+    Unreachable(String),
 }

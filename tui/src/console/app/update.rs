@@ -25,27 +25,33 @@ impl App {
                     Vec::new()
                 }
                 Action::Tab => {
-                    if let Some((name, _)) = View::NAMED.iter().find(|(n, _)| n.starts_with(text.trim())) {
+                    if let Some(done) = self.complete_ctx(&text) {
+                        text = done;
+                    } else if let Some((name, _)) = View::NAMED.iter().find(|(n, _)| n.starts_with(text.trim())) {
                         text = name.to_string();
                     }
                     self.mode = Mode::Command(text);
                     Vec::new()
                 }
-                Action::Enter => match View::NAMED
-                    .iter()
-                    .find(|(n, _)| *n == text.trim() || (!text.trim().is_empty() && n.starts_with(text.trim())))
-                {
-                    Some((_, v)) => self.go(*v),
-                    None if matches!(text.trim(), "q" | "quit") => {
-                        self.quit = true;
-                        vec![Cmd::Quit]
+                Action::Enter => {
+                    let t = text.trim();
+                    if let Some(cmds) = self.ctx_command(t) {
+                        return cmds;
                     }
-                    None => {
-                        let names: Vec<&str> = View::NAMED.iter().map(|(n, _)| *n).collect();
-                        self.say(format!("unknown view {:?} (views: {})", text.trim(), names.join(", ")), true);
-                        Vec::new()
+                    match View::NAMED.iter().find(|(n, _)| *n == t || (!t.is_empty() && n.starts_with(t))) {
+                        Some((_, View::Fleet)) => self.open_fleet(),
+                        Some((_, v)) => self.go(*v),
+                        None if matches!(t, "q" | "quit") => {
+                            self.quit = true;
+                            vec![Cmd::Quit]
+                        }
+                        None => {
+                            let names: Vec<&str> = View::NAMED.iter().map(|(n, _)| *n).collect();
+                            self.say(format!("unknown view {t:?} (views: {}, ctx NAME)", names.join(", ")), true);
+                            Vec::new()
+                        }
                     }
-                },
+                }
                 Action::Back => Vec::new(),
                 _ => {
                     self.mode = Mode::Command(text);
@@ -178,6 +184,7 @@ impl App {
                     }
                     Vec::new()
                 }
+                View::Fleet => self.switch_to_selected(),
                 View::Queues => {
                     let q = self.visible_queues().get(self.sel(View::Queues)).map(|q| q.queue.clone());
                     if let Some(q) = q {

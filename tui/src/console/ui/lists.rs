@@ -347,3 +347,98 @@ pub fn agents(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         rows,
     );
 }
+
+/// Every context side by side: its connection and its agent's counts. A
+/// narrow terminal drops the target, the agent and the reason it is down.
+pub fn fleet(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    use super::super::app::FleetState;
+    let wide = area.width >= 110;
+    let count =
+        |counts: &std::collections::BTreeMap<String, u64>, k: &str| counts.get(k).copied().unwrap_or(0).to_string();
+    let rows = app
+        .visible_fleet()
+        .iter()
+        .map(|c| {
+            let current = app.context.as_ref().is_some_and(|cur| cur.name == c.name);
+            let mut flags = Vec::new();
+            if current {
+                flags.push(if wide { "attached" } else { "*" });
+            }
+            if c.production {
+                flags.push(if wide { "production" } else { "prod" });
+            }
+            if c.read_only {
+                flags.push(if wide { "read-only" } else { "ro" });
+            }
+            let name =
+                if c.production { Span::styled(c.name.clone(), theme.error()) } else { Span::raw(c.name.clone()) };
+            let mut cells = vec![Cell::from(name)];
+            if wide {
+                cells.push(Cell::from(c.describe()));
+            }
+            let (state, agent, counts) = match app.fleet_state(&c.name) {
+                FleetState::Connecting => (Span::styled("connecting", theme.state("RETRYING")), String::new(), None),
+                FleetState::Unreachable(why) => (Span::styled("unreachable", theme.error()), why.clone(), None),
+                FleetState::Up { agent, counts, store_error: Some(_) } => {
+                    (Span::styled("store error", theme.error()), agent.clone(), Some(counts))
+                }
+                FleetState::Up { agent, counts, store_error: None } => {
+                    (Span::styled("connected", theme.state("SUCCESS")), agent.clone(), Some(counts))
+                }
+            };
+            cells.push(Cell::from(state));
+            if wide {
+                cells.push(Cell::from(Span::styled(agent, theme.dim())));
+            }
+            for k in ["RUNNING", "PENDING", "FAILED", "SUCCESS"] {
+                let n = counts.map(|c| count(c, k)).unwrap_or_default();
+                cells.push(Cell::from(Span::styled(n, theme.state(k))));
+            }
+            cells.push(Cell::from(flags.join(", ")));
+            cells
+        })
+        .collect();
+    let (widths, header) = if wide {
+        (
+            vec![
+                Constraint::Length(14),
+                Constraint::Min(16),
+                Constraint::Length(12),
+                Constraint::Length(20),
+                Constraint::Length(8),
+                Constraint::Length(8),
+                Constraint::Length(7),
+                Constraint::Length(8),
+                Constraint::Length(22),
+            ],
+            vec!["CONTEXT", "TARGET", "STATE", "AGENT", "RUNNING", "PENDING", "FAILED", "SUCCESS", "FLAGS"],
+        )
+    } else {
+        (
+            vec![
+                Constraint::Min(12),
+                Constraint::Length(12),
+                Constraint::Length(5),
+                Constraint::Length(5),
+                Constraint::Length(5),
+                Constraint::Length(7),
+                Constraint::Length(12),
+            ],
+            vec!["CONTEXT", "STATE", "RUN", "PEND", "FAIL", "OK", "FLAGS"],
+        )
+    };
+    table(
+        f,
+        area,
+        app,
+        theme,
+        View::Fleet,
+        Shape {
+            title: format!(" fleet ({} contexts) — Enter attaches ", app.visible_fleet().len()),
+            header,
+            widths,
+            empty: "no contexts: write them in $XDG_CONFIG_HOME/apollo/contexts.yaml",
+        },
+        rows,
+    );
+}

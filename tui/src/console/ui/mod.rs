@@ -70,6 +70,7 @@ pub fn draw(f: &mut Frame, app: &App, theme: &Theme) {
         View::Plugins => lists::plugins(f, body, app, theme),
         View::Alerts => lists::alerts(f, body, app, theme),
         View::Agents => lists::agents(f, body, app, theme),
+        View::Fleet => lists::fleet(f, body, app, theme),
         View::Timeline => timeline::draw(f, body, app, theme),
         View::Step => step::draw(f, body, app, theme),
     }
