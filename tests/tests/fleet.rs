@@ -251,3 +251,43 @@ fn the_console_switches_contexts_and_the_fleet_view_marks_a_dead_agent_while_the
     });
     assert_eq!(c.quit(), 0);
 }
+
+#[test]
+fn the_console_previews_a_batch_retry_and_acts_only_on_what_the_table_allows() {
+    let agent = Agent::builder().task("flaky.yaml", FLAKY).task("fine.yaml", FINE).start();
+    let failed: Vec<String> = (0..3).map(|_| run_to_end(&agent, "flaky")).collect();
+    let ok = run_to_end(&agent, "fine");
+    let sock = agent.socket.display().to_string();
+    let mut c = apollo_tests::console::Console::start(agent.path(), &["--socket", &sock], None);
+    c.wait_for(&["connected", "fine", "flaky", "FAILED"]);
+    // Mark the four one by one (Space moves on), then ask for a retry.
+    c.keys("    ");
+    c.wait_for(&["4 marked"]);
+    c.keys("t");
+    let screen = c.wait_for(&["3 to retry, 1 refused by the transition table", "retry 3 instances?"]);
+    assert!(screen.contains("illegal transition SUCCESS -> RETRYING"), "{screen}");
+    // Enter does not confirm; nothing was sent.
+    c.keys("\r");
+    c.wait_for(&["Enter does not confirm"]);
+    assert!(failed.iter().all(|id| state(&agent, id) == "FAILED"));
+    std::fs::write(agent.path().join("data/ok"), "").unwrap();
+    c.keys("y");
+    let screen = c.wait_for(&["retry: 3 done, 0 refused by the agent"]);
+    for id in &failed {
+        assert!(screen.contains(&format!("done    {id}  now ")), "{screen}");
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let client = agent.client().await;
+        client.subscribe(&["tasks"]).await.unwrap();
+        let mut ev = client.take_events().unwrap();
+        for id in &failed {
+            wait_until(&client, &mut ev, id, "the retried instance", |i| i.state.as_str() == "SUCCESS").await;
+        }
+    });
+    assert_eq!(runs(&agent), 6, "each FAILED instance ran once more");
+    assert_eq!(agent.cli_json(&["show", &ok]).1["attempt"], 1, "the SUCCESS one is untouched");
+    c.keys("\x1b"); // closes the results
+    c.wait_for(&["retry: 3 done"]);
+    assert_eq!(c.quit(), 0);
+}

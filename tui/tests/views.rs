@@ -161,3 +161,12 @@ fn fleet_view() {
     let cmds = app.update(Action::Enter);
     assert!(matches!(&cmds[..], [apollo_tui::console::app::Cmd::Switch(c)] if c.name == "prod-eu"), "{cmds:?}");
 }
+
+#[test]
+fn batch_preview() {
+    let mut app = fixtures::app();
+    app.update(Action::MarkAll);
+    app.update(Action::Retry);
+    insta::assert_snapshot!("batch_preview_80x24", render(&app, 80, 24));
+    insta::assert_snapshot!("batch_preview_wide", render(&app, 140, 24));
+}

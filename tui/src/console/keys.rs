@@ -17,7 +17,8 @@ pub const HELP: &[(&str, &str)] = &[
     ("a", "tasks view: the archive, or back to the live instances"),
     ("r", "run the selected task (a form for its params)"),
     ("d", "dry-run the selected task (nothing is executed)"),
-    ("t", "retry the selected instance"),
+    ("Space * u", "mark the instance (and move on), mark all the filter shows, clear the marks"),
+    ("t", "retry the selected instance (with marks: the marked ones, after a preview)"),
     ("b", "roll back the selected instance (y confirms; production: type the task name and a reason)"),
     ("c", "cancel the selected instance (y confirms; production: type the task name and a reason)"),
     ("?", "this help"),
@@ -50,7 +51,7 @@ pub fn action(mode: &Mode, key: KeyEvent) -> Option<Action> {
             _ => Some(Action::No),
         };
     }
-    if matches!(mode, Mode::Help) {
+    if matches!(mode, Mode::Help | Mode::Results(_)) {
         return Some(Action::Back);
     }
     Some(match key.code {
@@ -74,6 +75,9 @@ pub fn action(mode: &Mode, key: KeyEvent) -> Option<Action> {
         KeyCode::Char('c') => Action::Cancel,
         KeyCode::Char('s') => Action::Sort,
         KeyCode::Char('a') => Action::Archive,
+        KeyCode::Char(' ') => Action::Mark,
+        KeyCode::Char('*') => Action::MarkAll,
+        KeyCode::Char('u') => Action::Unmark,
         _ => return None,
     })
 }

@@ -281,6 +281,18 @@ async fn act(client: &Client, cmd: Cmd, news: &mpsc::Sender<News>) -> Result<(),
                 Err(e) => News::Done(Err(e)),
             }
         }
+        Cmd::Batch { method, ids, reason } => {
+            let reason = reason.unwrap_or_else(|| "batch from the console".into());
+            let mut results = Vec::new();
+            for id in ids {
+                let r = match answer(client.call(method, json!({"id": id, "reason": reason})).await)? {
+                    Ok(v) => Ok(v["state"].as_str().unwrap_or("?").to_string()),
+                    Err(e) => Err(e),
+                };
+                results.push((id, r));
+            }
+            News::BatchDone(method.trim_start_matches("tasks."), results)
+        }
         // The console itself handles these.
         Cmd::Watch { .. } | Cmd::Quit | Cmd::Switch(_) | Cmd::WatchFleet => return Ok(()),
     };

@@ -9,6 +9,7 @@ use apollo_shared::protocol::{
 use serde_json::{Map, Value};
 use std::collections::{BTreeSet, VecDeque};
 
+mod batch;
 mod fleet;
 mod news;
 mod types;
@@ -31,6 +32,8 @@ pub struct App {
     /// Every context of `contexts.yaml`, and how each is doing (`:fleet`).
     pub contexts: Vec<crate::contexts::Context>,
     pub fleet: std::collections::BTreeMap<String, FleetState>,
+    /// Instances marked for a batch action (tasks view).
+    pub marked: BTreeSet<String>,
     pub view: View,
     pub back: Vec<View>,
     pub mode: Mode,
@@ -77,6 +80,7 @@ impl App {
             context: None,
             contexts: Vec::new(),
             fleet: Default::default(),
+            marked: BTreeSet::new(),
             view: View::Tasks,
             back: Vec::new(),
             mode: Mode::Normal,

@@ -48,6 +48,7 @@ impl App {
                 return self.go(View::Timeline);
             }
             News::Event(e) => self.count(&e),
+            News::BatchDone(verb, results) => self.batch_done(verb, results),
             News::Fleet(name, state) => {
                 self.fleet.insert(name, state);
             }

@@ -81,9 +81,14 @@ pub enum Conn {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Confirm {
     pub method: &'static str,
-    pub id: String,
+    /// The instances it goes to: one, or the marked ones the table allows.
+    pub ids: Vec<String>,
+    /// What is typed on production: the task name, or for a batch the count.
     pub task: String,
     pub verb: &'static str,
+    /// A batch's preview: a line per marked instance, what happens to it or
+    /// why the transition table refuses it. Empty for one instance.
+    pub plan: Vec<String>,
     pub stage: Stage,
     /// What is typed at the current stage.
     pub input: String,
@@ -107,20 +112,33 @@ impl Confirm {
         self.stage != Stage::Yes
     }
 
-    /// The question, a line each.
+    pub fn batch(&self) -> bool {
+        !self.plan.is_empty()
+    }
+
+    /// The question, a line each (a batch's plan first).
     pub fn prompt(&self) -> Vec<String> {
-        let what = format!("{} {} {}", self.verb, self.task, self.id);
+        let (what, name) = if self.batch() {
+            (format!("{} {} instances", self.verb, self.ids.len()), "the number of instances")
+        } else {
+            (format!("{} {} {}", self.verb, self.task, self.ids.join(" ")), "the task name")
+        };
+        let mut lines = self.plan.clone();
         match self.stage {
-            Stage::Yes => vec![format!("{what}?"), "y confirms, any other key cancels (Enter does not)".into()],
-            Stage::TaskName => vec![
-                format!("PRODUCTION: {what}"),
-                format!("type the task name ({}) to go on, Esc cancels: {}▏", self.task, self.input),
-            ],
-            Stage::Reason => vec![
-                format!("PRODUCTION: {what}"),
-                format!("reason, recorded with the action, then Enter: {}▏", self.input),
-            ],
+            Stage::Yes => {
+                lines.push(format!("{what}?"));
+                lines.push("y confirms, any other key cancels (Enter does not)".into());
+            }
+            Stage::TaskName => {
+                lines.push(format!("PRODUCTION: {what}"));
+                lines.push(format!("type {name} ({}) to go on, Esc cancels: {}▏", self.task, self.input));
+            }
+            Stage::Reason => {
+                lines.push(format!("PRODUCTION: {what}"));
+                lines.push(format!("reason, recorded with the action, then Enter: {}▏", self.input));
+            }
         }
+        lines
     }
 }
 
@@ -142,6 +160,8 @@ pub enum Mode {
     Confirm(Confirm),
     Form(RunForm),
     DryRun(DryRunResult),
+    /// A batch's results, a line per instance; any key closes.
+    Results(Vec<String>),
     Help,
 }
 
@@ -175,6 +195,12 @@ pub enum Action {
     Sort,
     /// Show the archive in the tasks view, or the live instances again.
     Archive,
+    /// Mark the selected instance for a batch action, or unmark it.
+    Mark,
+    /// Mark every instance the filter shows.
+    MarkAll,
+    /// Clear the marks.
+    Unmark,
 }
 
 /// Columns the tasks view sorts by (`s` cycles).
@@ -183,6 +209,8 @@ pub const SORTS: [&str; 5] = ["created", "task", "state", "queue", "attempt"];
 /// What the agent worker reports.
 #[derive(Debug, Clone)]
 pub enum News {
+    /// What a batch did to each instance: (id, its new state, or the refusal).
+    BatchDone(&'static str, Vec<(String, Result<String, String>)>),
     /// How one context of the fleet is doing.
     Fleet(String, FleetState),
     /// What ended over the last hour, from the store (at attach).
@@ -238,6 +266,12 @@ pub enum Cmd {
     },
     /// Attach to another context (the console starts over on it).
     Switch(crate::contexts::Context),
+    /// One action on each of these instances, each result reported.
+    Batch {
+        method: &'static str,
+        ids: Vec<String>,
+        reason: Option<String>,
+    },
     /// Keep every context's state coming (`News::Fleet`).
     WatchFleet,
     Act {

@@ -1,12 +1,13 @@
 //! Keys in: [`App::update`] for every mode.
 
 use super::*;
+use apollo_shared::state::OperatorAction;
 
 impl App {
     pub fn update(&mut self, a: Action) -> Vec<Cmd> {
         match std::mem::replace(&mut self.mode, Mode::Normal) {
             Mode::Normal => self.normal(a),
-            Mode::Help => Vec::new(),
+            Mode::Help | Mode::Results(_) => Vec::new(),
             Mode::DryRun(r) => {
                 if !matches!(a, Action::Back | Action::Enter | Action::Quit) {
                     self.mode = Mode::DryRun(r);
@@ -245,6 +246,10 @@ impl App {
                     Vec::new()
                 }
             },
+            Action::Mark | Action::MarkAll | Action::Unmark => self.mark(a),
+            Action::Retry if !self.marked.is_empty() => self.batch(OperatorAction::Retry),
+            Action::Rollback if !self.marked.is_empty() => self.batch(OperatorAction::Rollback),
+            Action::Cancel if !self.marked.is_empty() => self.batch(OperatorAction::Cancel),
             Action::Retry => match self.focused_instance().map(|i| i.id.clone()) {
                 Some(id) => {
                     self.say(format!("retry requested for {id}"), false);
@@ -263,9 +268,10 @@ impl App {
                         let production = self.context.as_ref().is_some_and(|c| c.production);
                         self.mode = Mode::Confirm(Confirm {
                             method,
-                            id,
+                            ids: vec![id],
                             task,
                             verb,
+                            plan: Vec::new(),
                             stage: if production { Stage::TaskName } else { Stage::Yes },
                             input: String::new(),
                             reason: None,
@@ -286,10 +292,7 @@ impl App {
             Vec::new()
         };
         match (c.stage, a) {
-            (Stage::Yes, Action::Yes) => {
-                self.say(format!("{} requested for {}", c.verb, c.id), false);
-                vec![Cmd::Act { method: c.method, id: c.id, reason: None }]
-            }
+            (Stage::Yes, Action::Yes) => self.confirmed(c, None),
             (Stage::Yes, Action::Enter) => {
                 self.say("Enter does not confirm: press y, or any other key to cancel", true);
                 self.mode = Mode::Confirm(c);
@@ -313,14 +316,14 @@ impl App {
                 Vec::new()
             }
             (Stage::TaskName, Action::Enter) => {
-                self.say(format!("{:?} is not the task name {:?}; type it exactly, or Esc", c.input, c.task), true);
+                let what = if c.batch() { "the number of instances" } else { "the task name" };
+                self.say(format!("{:?} is not {what} {:?}; type it exactly, or Esc", c.input, c.task), true);
                 self.mode = Mode::Confirm(c);
                 Vec::new()
             }
             (Stage::Reason, Action::Enter) if !c.input.trim().is_empty() => {
                 let reason = c.input.trim().to_string();
-                self.say(format!("{} requested for {} ({reason})", c.verb, c.id), false);
-                vec![Cmd::Act { method: c.method, id: c.id, reason: Some(reason) }]
+                self.confirmed(c, Some(reason))
             }
             (Stage::Reason, Action::Enter) => {
                 self.say("a reason is needed on a production context", true);
@@ -332,5 +335,17 @@ impl App {
                 Vec::new()
             }
         }
+    }
+
+    /// Sends a confirmed action: to one instance, or to each of a batch.
+    fn confirmed(&mut self, c: Confirm, reason: Option<String>) -> Vec<Cmd> {
+        let why = reason.as_ref().map(|r| format!(" ({r})")).unwrap_or_default();
+        if c.batch() {
+            self.say(format!("{} requested for {} instances{why}", c.verb, c.ids.len()), false);
+            return vec![Cmd::Batch { method: c.method, ids: c.ids, reason }];
+        }
+        let id = c.ids.into_iter().next().unwrap_or_default();
+        self.say(format!("{} requested for {id}{why}", c.verb), false);
+        vec![Cmd::Act { method: c.method, id, reason }]
     }
 }

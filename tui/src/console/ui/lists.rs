@@ -108,12 +108,15 @@ pub fn tasks(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let visible = app.visible_tasks();
     let more = if app.next_cursor.is_some() { "+" } else { "" };
     let what = if app.archived { "archived tasks" } else { "tasks" };
-    let title = format!(" {what} ({}{more}) sorted by {} ", visible.len(), super::super::app::SORTS[app.sort]);
+    let marked = if app.marked.is_empty() { String::new() } else { format!(", {} marked", app.marked.len()) };
+    let title = format!(" {what} ({}{more}{marked}) sorted by {} ", visible.len(), super::super::app::SORTS[app.sort]);
     let rows = visible
         .iter()
         .map(|i| {
+            // A marked instance's id is shown with a leading "*".
+            let id = if app.marked.contains(&i.id) { format!("*{}", i.id) } else { i.id.clone() };
             vec![
-                Cell::from(i.id.clone()),
+                Cell::from(id),
                 Cell::from(i.task.clone()),
                 Cell::from(Span::styled(i.state.as_str(), theme.state(i.state.as_str()))),
                 Cell::from(i.attempt.to_string()),
@@ -124,7 +127,7 @@ pub fn tasks(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         })
         .collect();
     let widths = vec![
-        Constraint::Length(26),
+        Constraint::Length(27),
         Constraint::Length(16),
         Constraint::Length(11),
         Constraint::Length(3),

@@ -14,6 +14,13 @@ fn centered(area: Rect, w: u16, h: u16) -> Rect {
     r
 }
 
+/// A box `w` wide (at most the screen) as tall as `lines` need once wrapped.
+fn fitted(f: &mut Frame, area: Rect, w: u16, title: &str, lines: Vec<Line>) {
+    let inner = w.min(area.width).saturating_sub(2).max(1) as usize;
+    let h: usize = lines.iter().map(|l| l.width().max(1).div_ceil(inner)).sum();
+    boxed(f, centered(area, w, (h as u16).saturating_add(2)), title, lines);
+}
+
 fn boxed(f: &mut Frame, area: Rect, title: &str, lines: Vec<Line>) {
     f.render_widget(Clear, area);
     f.render_widget(
@@ -32,11 +39,16 @@ pub fn draw(f: &mut Frame, app: &App, theme: &Theme) {
             lines.push(Line::styled("any key closes this", theme.dim()));
             boxed(f, centered(area, 90, lines.len() as u16 + 2), "keys", lines);
         }
+        Mode::Results(lines) => {
+            let mut lines: Vec<Line> = lines.iter().map(|l| Line::from(l.clone())).collect();
+            lines.push(Line::styled("any key closes", theme.dim()));
+            fitted(f, area, 110, "results", lines);
+        }
         Mode::Confirm(c) => {
             let title = if c.stage == Stage::Yes { "confirm" } else { "confirm on production" };
             let style = if c.stage == Stage::Yes { Default::default() } else { theme.error() };
             let lines: Vec<Line> = c.prompt().into_iter().map(|l| Line::styled(l, style)).collect();
-            boxed(f, centered(area, 100, lines.len() as u16 + 2), title, lines)
+            fitted(f, area, 110, title, lines)
         }
         Mode::Form(form) => {
             let mut lines = vec![Line::styled("Tab/↑↓ move, type to edit, Enter runs, Esc cancels", theme.dim())];
