@@ -337,6 +337,14 @@ pub struct Transition {
     pub actor: String,
 }
 
+impl Transition {
+    /// A person (or a trigger on their behalf) caused it, not an agent or
+    /// the scheduler: the rows `audit.list` returns.
+    pub fn by_operator(&self) -> bool {
+        !self.actor.starts_with("agent:") && self.actor != "scheduler"
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DryRunStep {
     pub seq: u32,

@@ -170,3 +170,22 @@ fn batch_preview() {
     insta::assert_snapshot!("batch_preview_80x24", render(&app, 80, 24));
     insta::assert_snapshot!("batch_preview_wide", render(&app, 140, 24));
 }
+
+#[test]
+fn timeline_with_operator_actions() {
+    let mut app = fixtures::app();
+    app.update(Action::Enter);
+    let i = app.instance.as_mut().unwrap();
+    let t = |at: &str, from: &str, to: &str, reason: &str| apollo_shared::protocol::Transition {
+        at: at.parse().unwrap(),
+        step: None,
+        from: Some(from.into()),
+        to: to.into(),
+        reason: reason.into(),
+        actor: "alice (uid 1000)".into(),
+    };
+    let ts = i.transitions.as_mut().unwrap();
+    ts.push(t("2026-11-29T11:00:00Z", "FAILED", "RETRYING", "retry by alice (uid 1000): disk cleaned"));
+    ts.push(t("2026-11-29T11:05:00Z", "FAILED", "FAILED", "rollback requested: bad deploy"));
+    insta::assert_snapshot!(render(&app, 100, 30));
+}

@@ -42,8 +42,12 @@ pub fn draw(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         return;
     };
     let steps = i.steps.clone().unwrap_or_default();
-    let [bars, history] =
-        Layout::vertical([Constraint::Length(steps.len() as u16 + 4), Constraint::Min(3)]).areas(area);
+    let operator: Vec<&apollo_shared::protocol::Transition> =
+        i.transitions.iter().flatten().filter(|t| t.by_operator()).collect();
+    let ops_h = if operator.is_empty() { 0 } else { (operator.len() as u16 + 2).min(6) };
+    let [bars, ops, history] =
+        Layout::vertical([Constraint::Length(steps.len() as u16 + 4), Constraint::Length(ops_h), Constraint::Min(3)])
+            .areas(area);
     let title = Line::from(vec![
         Span::raw(format!(" {} {} ", i.task, i.id)),
         Span::styled(format!("{} ", i.state.as_str()), theme.state(i.state.as_str())),
@@ -105,6 +109,23 @@ pub fn draw(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         lines.push(Line::styled(format!("error: {e}"), theme.error()));
     }
     f.render_widget(Paragraph::new(lines), inner);
+    if ops_h > 0 {
+        // Who did what to it, and why: the operator's own words first.
+        let rows: Vec<Line> = operator
+            .iter()
+            .rev()
+            .take(ops_h as usize - 2)
+            .map(|t| {
+                Line::from(vec![
+                    Span::raw(format!("{} ", t.at.format("%m-%d %H:%M:%S"))),
+                    Span::styled(format!("{:<11}", t.to), theme.state(&t.to)),
+                    Span::raw(format!("{}  — {}", t.reason, t.actor)),
+                ])
+            })
+            .collect();
+        let title = format!(" operator actions ({}, newest first) ", operator.len());
+        f.render_widget(Paragraph::new(rows).block(Block::default().borders(Borders::ALL).title(title)), ops);
+    }
     let hist: Vec<Line> = i
         .transitions
         .iter()
