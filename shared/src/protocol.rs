@@ -323,6 +323,21 @@ pub struct StepRun {
     pub error: Option<String>,
     pub started_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
+    /// The attempts before this one that ended in failure (or were
+    /// interrupted), oldest first, as each ended (`tasks.get` only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub earlier: Vec<AttemptRun>,
+}
+
+/// An earlier attempt of a step, as it ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttemptRun {
+    pub attempt: u32,
+    pub plugin_version: Option<String>,
+    pub params: Option<Value>,
+    pub error: Option<String>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
 }
 
 /// One row of the append-only history.

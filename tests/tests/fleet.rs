@@ -291,3 +291,25 @@ fn the_console_previews_a_batch_retry_and_acts_only_on_what_the_table_allows() {
     c.wait_for(&["retry: 3 done"]);
     assert_eq!(c.quit(), 0);
 }
+
+#[test]
+fn each_failed_attempt_is_kept_so_two_attempts_can_be_compared() {
+    let agent = Agent::builder()
+        .task(
+            "second.yaml",
+            "task: second\nsteps:\n  - plugin: shell\n    retry: 1\n    params:\n      \
+             command: echo try {{ attempt }}; test {{ attempt }} -ge 2\n",
+        )
+        .start();
+    let id = run_to_end(&agent, "second");
+    let (_, shown) = agent.cli_json(&["show", &id]);
+    assert_eq!(shown["state"], "SUCCESS", "{shown:#}");
+    let step = &shown["steps"][0];
+    assert_eq!(step["attempts"], 2);
+    let earlier = step["earlier"].as_array().expect("the failed attempt is kept");
+    assert_eq!(earlier.len(), 1, "{step:#}");
+    assert_eq!(earlier[0]["attempt"], 1);
+    assert!(earlier[0]["params"]["command"].as_str().unwrap().contains("echo try 1"), "{step:#}");
+    assert!(earlier[0]["error"].as_str().unwrap().contains("exit"), "{step:#}");
+    assert!(step["params"]["command"].as_str().unwrap().contains("echo try 2"), "{step:#}");
+}

@@ -189,3 +189,16 @@ fn timeline_with_operator_actions() {
     ts.push(t("2026-11-29T11:05:00Z", "FAILED", "FAILED", "rollback requested: bad deploy"));
     insta::assert_snapshot!(render(&app, 100, 30));
 }
+
+#[test]
+fn step_attempts_compared() {
+    let mut app = fixtures::app();
+    app.update(Action::Enter);
+    app.update(Action::Down);
+    app.update(Action::Enter);
+    for _ in 0..4 {
+        app.update(Action::NextPane);
+    }
+    insta::assert_snapshot!("step_attempts_80x24", render(&app, 80, 24));
+    insta::assert_snapshot!("step_attempts_wide", render(&app, 140, 24));
+}

@@ -32,6 +32,11 @@ const TABLES: &[(&str, &str, &str)] = &[
          started_at, finished_at",
         "instance_id, seq",
     ),
+    (
+        "step_attempts",
+        "instance_id, seq, attempt, plugin_version, params, error, started_at, finished_at",
+        "instance_id, seq, attempt",
+    ),
     ("transitions", "id, instance_id, step_seq, from_state, to_state, reason, actor, at", "id"),
     ("alerts", "id, at, kind, message, instance_id", "id"),
     ("events", "id, name, data, dedup_key, received_at, instances", "id"),

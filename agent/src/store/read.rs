@@ -4,7 +4,7 @@
 use super::db::{p, Db};
 use super::rows::{self, parse_ts, ts, INSTANCE_COLS, STEP_COLS, SUMMARY_COLS};
 use super::{Result, Store, StoreError};
-use apollo_shared::protocol::{Alert, Instance, QueueStats, Transition};
+use apollo_shared::protocol::{Alert, AttemptRun, Instance, QueueStats, Transition};
 use apollo_shared::state::TaskState;
 use chrono::{DateTime, Utc};
 use std::collections::BTreeMap;
@@ -34,6 +34,31 @@ pub(super) fn instance_with_steps(c: &dyn Db, id: &str) -> Result<Instance> {
     Ok(inst)
 }
 
+/// Puts each step's earlier attempts on it (for `tasks.get` and the archive;
+/// claims do without).
+pub(super) fn add_earlier_attempts(c: &dyn Db, inst: &mut Instance) -> Result<()> {
+    let rows = c.query(
+        "SELECT seq, attempt, plugin_version, params, error, started_at, finished_at FROM step_attempts \
+         WHERE instance_id = ?1 ORDER BY seq, attempt",
+        p![inst.id.as_str()],
+    )?;
+    for r in &rows {
+        let seq: u32 = r.get(0)?;
+        let a = AttemptRun {
+            attempt: r.get(1)?,
+            plugin_version: r.get(2)?,
+            params: r.get::<Option<String>>(3)?.and_then(|p| serde_json::from_str(&p).ok()),
+            error: r.get(4)?,
+            started_at: parse_ts(r.get(5)?),
+            finished_at: parse_ts(r.get(6)?),
+        };
+        if let Some(step) = inst.steps.iter_mut().flatten().find(|s| s.seq == seq) {
+            step.earlier.push(a);
+        }
+    }
+    Ok(())
+}
+
 pub(super) fn transitions(c: &dyn Db, id: &str) -> Result<Vec<Transition>> {
     c.query(
         "SELECT at, step_seq, from_state, to_state, reason, actor FROM transitions WHERE instance_id = ?1 ORDER BY id",
@@ -50,6 +75,7 @@ impl Store {
         let id = id.to_string();
         self.read(move |c| match instance_with_steps(c, &id) {
             Ok(mut inst) => {
+                add_earlier_attempts(c, &mut inst)?;
                 inst.transitions = Some(transitions(c, &id)?);
                 Ok(inst)
             }

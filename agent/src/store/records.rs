@@ -59,6 +59,7 @@ pub fn archive(c: &dyn Db, cutoff: DateTime<Utc>, max: usize) -> Result<Vec<Stri
     let ids: Vec<String> = c.column(&sql, p![ts(cutoff), max])?;
     for id in &ids {
         let mut doc = super::read::instance_with_steps(c, id)?;
+        super::read::add_earlier_attempts(c, &mut doc)?;
         doc.transitions = Some(super::read::transitions(c, id)?);
         c.execute(
             "INSERT INTO archive (id, task, state, finished_at, archived_at, doc, dedup_key, queue) \
@@ -76,6 +77,7 @@ pub fn archive(c: &dyn Db, cutoff: DateTime<Utc>, max: usize) -> Result<Vec<Stri
         )?;
         c.execute("DELETE FROM transitions WHERE instance_id = ?1", p![id])?;
         c.execute("DELETE FROM step_runs WHERE instance_id = ?1", p![id])?;
+        c.execute("DELETE FROM step_attempts WHERE instance_id = ?1", p![id])?;
         c.execute("DELETE FROM task_instances WHERE id = ?1", p![id])?;
     }
     Ok(ids)

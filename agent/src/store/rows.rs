@@ -72,6 +72,7 @@ pub fn step(r: &Row) -> Result<StepRun> {
         error: r.get(9)?,
         started_at: parse_ts(r.get(10)?),
         finished_at: parse_ts(r.get(11)?),
+        earlier: Vec::new(),
     })
 }
 

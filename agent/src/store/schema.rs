@@ -154,7 +154,26 @@ CREATE INDEX step_runs_plugin ON step_runs(plugin, finished_at) WHERE finished_a
 "#,
     // 8: the agents that use the store, with their heartbeats.
     AGENTS,
+    // 9: earlier attempts of steps, to compare two attempts.
+    STEP_ATTEMPTS,
 ];
+
+/// Each failed or interrupted attempt of a step as it ended (both
+/// backends); the last attempt stays in `step_runs`. Written only when an
+/// attempt fails, so a step that succeeds at once costs nothing more.
+const STEP_ATTEMPTS: &str = r#"
+CREATE TABLE step_attempts (
+    instance_id    TEXT NOT NULL,
+    seq            INTEGER NOT NULL,
+    attempt        INTEGER NOT NULL,
+    plugin_version TEXT,
+    params         TEXT,
+    error          TEXT,
+    started_at     TEXT,
+    finished_at    TEXT NOT NULL,
+    PRIMARY KEY (instance_id, seq, attempt)
+);
+"#;
 
 /// The agents table (both backends).
 const AGENTS: &str = r#"
@@ -339,6 +358,7 @@ CREATE FUNCTION apollo_now_plus(secs DOUBLE PRECISION) RETURNS TEXT LANGUAGE sql
 $$;
 "#,
     AGENTS,
+    STEP_ATTEMPTS,
 ];
 
 /// The newest PostgreSQL schema this build knows.

@@ -56,6 +56,31 @@ fn walk(
     }
 }
 
+/// What differs between two JSON values: for each leaf path (objects are
+/// walked, arrays and scalars compared whole) `{"before", "after"}`.
+pub fn diff(before: &Value, after: &Value) -> serde_json::Map<String, Value> {
+    let mut out = serde_json::Map::new();
+    diff_at("", before, after, &mut out);
+    out
+}
+
+fn diff_at(path: &str, a: &Value, b: &Value, out: &mut serde_json::Map<String, Value>) {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            for k in keys {
+                let p = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+                diff_at(&p, x.get(k).unwrap_or(&Value::Null), y.get(k).unwrap_or(&Value::Null), out);
+            }
+        }
+        _ if a != b => {
+            let key = if path.is_empty() { "(value)".to_string() } else { path.to_string() };
+            out.insert(key, serde_json::json!({"before": a, "after": b}));
+        }
+        _ => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -71,5 +96,15 @@ mod tests {
         let folded: Vec<String> = lines(&v, &folds).into_iter().map(|l| l.1).collect();
         assert!(folded.contains(&"  ▸ summary: {…1 keys}".to_string()), "{folded:?}");
         assert!(folded.len() < open.len());
+    }
+
+    #[test]
+    fn diff_names_each_changed_leaf() {
+        let a = serde_json::json!({"source": "s3://b/k", "opts": {"retries": 1, "gone": true}});
+        let b = serde_json::json!({"source": "s3://b/k", "opts": {"retries": 2}, "new": [1]});
+        let d = super::diff(&a, &b);
+        let keys: Vec<&str> = d.keys().map(String::as_str).collect();
+        assert_eq!(keys, ["new", "opts.gone", "opts.retries"]);
+        assert_eq!(d["opts.retries"], serde_json::json!({"before": 1, "after": 2}));
     }
 }

@@ -52,17 +52,20 @@ pub enum Pane {
     Before,
     After,
     Output,
+    /// The last attempt beside the one before it.
+    Attempts,
     Logs,
 }
 
 impl Pane {
-    pub const ALL: [Pane; 5] = [Pane::Params, Pane::Before, Pane::After, Pane::Output, Pane::Logs];
+    pub const ALL: [Pane; 6] = [Pane::Params, Pane::Before, Pane::After, Pane::Output, Pane::Attempts, Pane::Logs];
     pub fn title(self) -> &'static str {
         match self {
             Pane::Params => "params",
             Pane::Before => "context before",
             Pane::After => "context after",
             Pane::Output => "output",
+            Pane::Attempts => "attempts",
             Pane::Logs => "logs",
         }
     }
