@@ -136,13 +136,13 @@ async fn session(
     }
     let Some(mut events) = client.take_events() else { return Ended::Lost("no event stream".into()) };
     let _ = news.send(News::Connected(hello)).await;
-    // Throughput from the store, so it is right from the first frame (an
+    if let Err(e) = refresh(client, news, watch, true).await {
+        return lost(e);
+    }
+    // Throughput from the store, right after the first views are filled (an
     // older agent has no agent.stats: the console counts from now on).
     if let Ok(stats) = client.call_as("agent.stats", json!({"minutes": 60})).await {
         let _ = news.send(News::Stats(stats)).await;
-    }
-    if let Err(e) = refresh(client, news, watch, true).await {
-        return lost(e);
     }
     let mut due: Option<tokio::time::Instant> = None;
     let mut defs_changed = false;
