@@ -54,13 +54,13 @@ pub fn cli_bin() -> PathBuf {
     bin_dir().join("apollo")
 }
 
-/// Copies a directory tree.
+/// Copies a directory tree (following symbolic links).
 pub fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();
     for e in std::fs::read_dir(from).unwrap() {
         let e = e.unwrap();
         let target = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
+        if e.path().is_dir() {
             copy_dir(&e.path(), &target);
         } else {
             std::fs::copy(e.path(), target).unwrap();
