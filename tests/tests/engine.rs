@@ -66,7 +66,7 @@ fn dry_run_executes_nothing_and_reports_each_step() {
         )
         .task(
             "original.yaml",
-            "task: daily_report\npriority: high\nparams:\n  bucket: {default: bucket}\nsteps:\n  - plugin: file_downloader\n    params:\n      source: s3://{{ params.bucket }}/report.csv\n  - plugin: data_parser\n    params:\n      format: csv\n",
+            "task: daily_report\npriority: high\nparams:\n  source: {default: \"s3://bucket/report.csv\"}\nsteps:\n  - plugin: file_downloader\n    params:\n      source: \"{{ params.source }}\"\n  - plugin: data_parser\n    params:\n      format: csv\n      delimiter: \",\"\n",
         )
         .start();
     let witness = agent.path().join("witness-file");
@@ -79,11 +79,14 @@ fn dry_run_executes_nothing_and_reports_each_step() {
     assert_eq!(r["steps"][1]["valid"], false);
     assert!(r["steps"][1]["error"].as_str().unwrap().contains("seconds: expected a number from 0"), "{r:#}");
 
+    // The original design's example validates (s3:// is a source) without fetching anything.
     let (code, r) = agent.cli_json(&["dry-run", "daily_report"]);
+    assert_eq!(code, 0, "{r:#}");
+    assert_eq!((r["steps"][0]["valid"].as_bool(), r["steps"][1]["valid"].as_bool()), (Some(true), Some(true)));
+    let (code, r) = agent.cli_json(&["dry-run", "daily_report", "-p", "source=ftp://host/report.csv"]);
     assert_eq!(code, 1);
     let err = r["steps"][0]["error"].as_str().unwrap();
-    assert!(err.contains("unsupported scheme \"s3\""), "{err}");
-    assert_eq!(r["steps"][1]["valid"], true);
+    assert!(err.contains("unsupported scheme \"ftp\""), "{err}");
     // Nothing was created either.
     let (_, list) = agent.cli_json(&["ls"]);
     assert_eq!(list, json!([]));
