@@ -89,10 +89,19 @@ impl Console {
         self.writer.flush().unwrap();
     }
 
-    /// Quits with `q` and waits for the process; returns its exit code.
+    /// Quits with `q` and waits (30 s at most) for the process; returns its
+    /// exit code. A console that does not quit fails the test with its screen.
     pub fn quit(mut self) -> u32 {
         self.keys("q");
-        self.child.wait().unwrap().exit_code()
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.exit_code();
+            }
+            assert!(Instant::now() < deadline, "apollo-tui did not quit on q in 30 s; it shows:\n{}", self.text());
+            // The exit is not signalled through the pty; poll it, briefly.
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
