@@ -81,6 +81,11 @@ impl Contexts {
         Ok(c)
     }
 
+    /// The file's context named `name`.
+    pub fn find(name: &str) -> Result<Context, String> {
+        Contexts::load()?.get(name).cloned()
+    }
+
     /// The context named `name`, or an error listing the ones there are.
     pub fn get(&self, name: &str) -> Result<&Context, String> {
         self.contexts.iter().find(|c| c.name == name).ok_or_else(|| {

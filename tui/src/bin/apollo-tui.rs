@@ -47,11 +47,7 @@ fn main() -> ExitCode {
     };
     rt.block_on(async move {
         let mut started = None;
-        let context = match args
-            .context
-            .as_deref()
-            .map(|name| apollo_tui::contexts::Contexts::load().and_then(|all| all.get(name).cloned()))
-        {
+        let context = match args.context.as_deref().map(apollo_tui::contexts::Contexts::find) {
             None => None,
             Some(Ok(c)) => Some(c),
             Some(Err(e)) => {

@@ -135,6 +135,39 @@ pub(super) fn ask(prompt: &str) -> Result<String, Failure> {
     Ok(line.trim().to_string())
 }
 
+/// What the operator must type to go on.
+struct Typed<'a> {
+    expected: &'a str,
+    prompt: String,
+    /// The refusal when there is no terminal to ask on (and no --yes).
+    off_terminal: String,
+}
+
+/// Asks for `typed` on a terminal unless `yes`, and on production for a
+/// reason when none was given; returns the reason to send. Refuses (nothing
+/// sent) on a wrong answer, without a terminal, or on production without a
+/// reason.
+fn confirmed(typed: Typed, yes: bool, production: bool, mut reason: Option<String>) -> Result<Option<String>, Failure> {
+    if !yes {
+        if !std::io::stdin().is_terminal() {
+            return Err(Failure::Usage(typed.off_terminal));
+        }
+        let answer = ask(&typed.prompt)?;
+        if answer != typed.expected {
+            return Err(Failure::Usage(format!("{answer:?} is not {:?}; nothing was sent", typed.expected)));
+        }
+        if production && reason.is_none() {
+            reason = Some(ask("reason (recorded with the action): ")?).filter(|r| !r.is_empty());
+        }
+    }
+    if production && reason.is_none() {
+        return Err(Failure::Usage(
+            "this context is production: give --reason (it is recorded with the action); nothing was sent".into(),
+        ));
+    }
+    Ok(reason)
+}
+
 /// Prints the plan, asks, acts; exit 1 when any instance was refused by the agent.
 pub async fn run(
     client: &Client,
@@ -165,27 +198,13 @@ pub async fn run(
     if confirm.dry_run || todo.is_empty() {
         return Ok(ExitCode::SUCCESS);
     }
-    let mut reason = confirm.reason.clone();
-    if !confirm.yes {
-        if !std::io::stdin().is_terminal() {
-            return Err(Failure::Usage(format!(
-                "{} instances would be changed; confirm with --yes (nothing was sent)",
-                todo.len()
-            )));
-        }
-        let typed = ask(&format!("type {} to {} {} instances: ", todo.len(), action.verb(), todo.len()))?;
-        if typed != todo.len().to_string() {
-            return Err(Failure::Usage(format!("{typed:?} is not {}; nothing was sent", todo.len())));
-        }
-        if confirm.production && reason.is_none() {
-            reason = Some(ask("reason (recorded with the action): ")?).filter(|r| !r.is_empty());
-        }
-    }
-    if confirm.production && reason.is_none() {
-        return Err(Failure::Usage(
-            "this context is production: give --reason (it is recorded with the action); nothing was sent".into(),
-        ));
-    }
+    let n = todo.len().to_string();
+    let typed = Typed {
+        expected: &n,
+        prompt: format!("type {n} to {} {n} instances: ", action.verb()),
+        off_terminal: format!("{n} instances would be changed; confirm with --yes (nothing was sent)"),
+    };
+    let reason = confirmed(typed, confirm.yes, confirm.production, confirm.reason.clone())?;
     let mut failed = 0;
     let mut results = Vec::new();
     for i in todo {
@@ -246,26 +265,12 @@ pub async fn act(
             }
             return Ok(ExitCode::SUCCESS);
         }
-        if !a.yes {
-            use std::io::IsTerminal;
-            if !std::io::stdin().is_terminal() {
-                return Err(Failure::Usage(
-                    "this context is production: confirm with --yes and --reason (nothing was sent)".into(),
-                ));
-            }
-            let typed = ask(&format!("production: type the task name ({}) to {} {id}: ", inst.task, action.verb()))?;
-            if typed != inst.task {
-                return Err(Failure::Usage(format!("{typed:?} is not {:?}; nothing was sent", inst.task)));
-            }
-            if reason.is_none() {
-                reason = Some(ask("reason (recorded with the action): ")?).filter(|r| !r.is_empty());
-            }
-        }
-        if reason.is_none() {
-            return Err(Failure::Usage(
-                "this context is production: give --reason (it is recorded with the action); nothing was sent".into(),
-            ));
-        }
+        let typed = Typed {
+            expected: &inst.task,
+            prompt: format!("production: type the task name ({}) to {} {id}: ", inst.task, action.verb()),
+            off_terminal: "this context is production: confirm with --yes and --reason (nothing was sent)".into(),
+        };
+        reason = confirmed(typed, a.yes, true, reason)?;
     }
     let inst: Instance = client.call_as(action.method(), json!({"id": id, "reason": reason})).await?;
     if json {

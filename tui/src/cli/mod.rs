@@ -205,15 +205,10 @@ pub async fn main(args: Args) -> ExitCode {
 }
 
 async fn connect_context(c: &Context) -> Result<Client, Failure> {
-    let unreachable = |e: ClientError| Failure::Unreachable(format!("context {:?} ({}): {e}", c.name, c.describe()));
-    match (&c.ssh, &c.socket) {
-        (Some(target), remote) => {
-            let remote = remote.as_ref().map(|p| p.display().to_string());
-            Client::connect_ssh(target, remote.as_deref()).await.map_err(unreachable)
-        }
-        (None, Some(socket)) => Client::connect_unix(socket).await.map_err(unreachable),
-        (None, None) => Err(Failure::Usage(format!("context {:?} names no socket or ssh target", c.name))),
-    }
+    crate::console::worker::Target::of(c)
+        .connect()
+        .await
+        .map_err(|e| Failure::Unreachable(format!("context {:?} ({}): {e}", c.name, c.describe())))
 }
 
 async fn connect(args: &Args, local_agent: &mut Option<LocalAgent>) -> Result<Client, Failure> {
@@ -267,8 +262,7 @@ fn mutating(cmd: &Cmd) -> Option<&'static str> {
 /// The `--context` named, checked against the command.
 fn context(args: &Args) -> Result<Option<Context>, Failure> {
     let Some(name) = &args.context else { return Ok(None) };
-    let all = Contexts::load().map_err(Failure::Usage)?;
-    let ctx = all.get(name).map_err(Failure::Usage)?.clone();
+    let ctx = Contexts::find(name).map_err(Failure::Usage)?;
     if let (true, Some(what)) = (ctx.read_only, mutating(&args.command)) {
         return Err(Failure::Refused(format!(
             "context {name:?} is read-only: `{what}` would change state; nothing was sent"

@@ -39,7 +39,7 @@ impl Target {
         }
     }
 
-    async fn connect(&self) -> Result<Client, ClientError> {
+    pub async fn connect(&self) -> Result<Client, ClientError> {
         match self {
             Target::Socket(p) => Client::connect_unix(p).await,
             Target::Ssh { target, socket } => Client::connect_ssh(target, socket.as_deref()).await,
