@@ -169,6 +169,21 @@ fn readonly_and_observers_cannot_change_anything() {
     }));
     assert!(app.readonly());
     assert!(key(&mut app, KeyCode::Char('t')).is_empty());
+    // A read-only context refuses before sending, marks and batches included.
+    let mut app = fixtures::app();
+    app.context = Some(apollo_tui::contexts::Context {
+        name: "audit".into(),
+        socket: Some("/tmp/x.sock".into()),
+        ssh: None,
+        read_only: true,
+        production: false,
+    });
+    key(&mut app, KeyCode::Char('*'));
+    for k in ['r', 't', 'b', 'c'] {
+        assert!(key(&mut app, KeyCode::Char(k)).is_empty(), "{k}");
+        assert!(app.message.as_ref().unwrap().0.contains("read-only"), "{k}: {:?}", app.message);
+        assert_eq!(app.mode, Mode::Normal);
+    }
     // Reading still works.
     assert_eq!(app.update(Action::Enter).len(), 1);
 }
