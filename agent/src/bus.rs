@@ -5,7 +5,7 @@
 //! loses events and is told so (the server then sends `resync`), rather than
 //! slowing the agent.
 
-use apollo_shared::protocol::Event;
+use apollo_shared::protocol::{Event, EventKind, Topic};
 use serde_json::Value;
 use std::sync::{Arc, Mutex};
 use tokio::sync::broadcast;
@@ -27,10 +27,10 @@ impl Default for Bus {
 }
 
 impl Bus {
-    pub fn publish(&self, topic: &str, kind: &str, data: Value) {
+    pub fn publish(&self, topic: Topic, kind: EventKind, data: Value) {
         let mut seq = self.seq.lock().expect("bus seq");
         *seq += 1;
-        let _ = self.tx.send(Arc::new(Event { seq: *seq, topic: topic.into(), kind: kind.into(), data }));
+        let _ = self.tx.send(Arc::new(Event { seq: *seq, topic, kind, data }));
     }
 
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<Event>> {
@@ -44,14 +44,14 @@ impl Bus {
         stop: tokio_util::sync::CancellationToken,
         mut f: impl FnMut(&Value) + Send + 'static,
     ) -> tokio::task::JoinHandle<()> {
-        self.each("alerts", stop, move |ev| f(&ev.data))
+        self.each(Topic::Alerts, stop, move |ev| f(&ev.data))
     }
 
     /// Calls `f` with every event on `topic` published from now on, until
     /// `stop`; events missed by falling behind are counted in a warning.
     pub fn each(
         &self,
-        topic: &'static str,
+        topic: Topic,
         stop: tokio_util::sync::CancellationToken,
         mut f: impl FnMut(&Event) + Send + 'static,
     ) -> tokio::task::JoinHandle<()> {
@@ -66,7 +66,7 @@ impl Bus {
                     Ok(ev) if ev.topic == topic => f(&ev),
                     Ok(_) => {}
                     Err(broadcast::error::RecvError::Lagged(n)) => {
-                        tracing::warn!(missed = n, topic, "a bus listener fell behind");
+                        tracing::warn!(missed = n, %topic, "a bus listener fell behind");
                     }
                     Err(broadcast::error::RecvError::Closed) => return,
                 }

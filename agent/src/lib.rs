@@ -45,6 +45,7 @@ pub mod telemetry;
 pub mod triggers;
 
 use anyhow::Context as _;
+use apollo_shared::protocol::{EventKind, Topic};
 use config::Config;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
@@ -203,8 +204,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     // Requests from the other agents: stop an instance this one runs.
     let control = {
         let (s, me) = (scheduler.clone(), store.agent().to_string());
-        bus.each("control", shutdown.clone(), move |ev| {
-            if ev.kind == "cancel" && ev.data["to"] == me.as_str() {
+        bus.each(Topic::Control, shutdown.clone(), move |ev| {
+            if ev.kind == EventKind::Cancel && ev.data["to"] == me.as_str() {
                 let (id, reason) =
                     (ev.data["id"].as_str().unwrap_or_default(), ev.data["reason"].as_str().unwrap_or_default());
                 let _ = s.cancel(id, scheduler::StopReason::Cancel(reason.to_string()));

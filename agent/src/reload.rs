@@ -17,6 +17,7 @@ use crate::plugins::Plugins;
 use crate::server::Access;
 use crate::settings::Settings;
 use crate::store::Store;
+use apollo_shared::protocol::{EventKind, Topic};
 use notify_debouncer_full::notify::RecursiveMode;
 use serde_json::json;
 use std::path::PathBuf;
@@ -91,8 +92,8 @@ impl Reloader {
             tracing::info!(loaded = summary.loaded, changed = ?summary.changed, removed = ?summary.removed, errors = new_errors.len(), "definitions reloaded");
         }
         self.store.bus().publish(
-            "defs",
-            "defs.reloaded",
+            Topic::Defs,
+            EventKind::DefsReloaded,
             json!({"changed": summary.changed, "removed": summary.removed, "errors": new_errors}),
         );
         self.reloaded.notify_waiters();
@@ -139,8 +140,8 @@ impl Reloader {
         );
         self.plugins.set(registry);
         self.store.bus().publish(
-            "agent",
-            "config.reloaded",
+            Topic::Agent,
+            EventKind::ConfigReloaded,
             json!({"applied": applied.changed, "need_restart": applied.need_restart}),
         );
     }

@@ -165,12 +165,12 @@ pub enum OperatorAction {
 }
 
 impl OperatorAction {
-    /// The protocol method that performs it.
-    pub fn method(self) -> &'static str {
+    /// Its name, as the CLI's subcommand and the results call it.
+    pub fn name(self) -> &'static str {
         match self {
-            OperatorAction::Retry => "tasks.retry",
-            OperatorAction::Rollback => "tasks.rollback",
-            OperatorAction::Cancel => "tasks.cancel",
+            OperatorAction::Retry => "retry",
+            OperatorAction::Rollback => "rollback",
+            OperatorAction::Cancel => "cancel",
         }
     }
 

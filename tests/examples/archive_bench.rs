@@ -18,7 +18,7 @@ async fn main() {
         .task("noop.yaml", "task: noop\nsteps:\n  - plugin: sleep\n")
         .start();
     let watcher = agent.client().await;
-    watcher.subscribe(&["tasks"]).await.unwrap();
+    watcher.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = watcher.take_events().unwrap();
     let per = n.div_ceil(64);
     let mut hs = Vec::new();
@@ -26,7 +26,7 @@ async fn main() {
         let c = Arc::new(agent.client().await);
         hs.push(tokio::spawn(async move {
             for _ in 0..per {
-                c.call("tasks.trigger", json!({"task": "noop"})).await.unwrap();
+                try_trigger(&c, "noop", json!({})).await.unwrap();
             }
         }));
     }
@@ -37,14 +37,14 @@ async fn main() {
     let (mut first, mut last, mut archived) = (None, Instant::now(), 0usize);
     while archived < total {
         let ev = tokio::time::timeout(Duration::from_secs(120), events.recv()).await.expect("progress").unwrap();
-        if ev.kind == "resync" {
+        if ev.kind == EventKind::Resync {
             // Fell behind: count from the store instead.
-            let page: serde_json::Value = watcher.call("agent.status", json!({})).await.unwrap();
-            archived = total - page["counts"]["SUCCESS"].as_u64().unwrap_or(0) as usize;
+            let page = watcher.request::<m::AgentStatus>(NoParams {}).await.unwrap();
+            archived = total - page.counts.get("SUCCESS").and_then(serde_json::Value::as_u64).unwrap_or(0) as usize;
             last = Instant::now();
             continue;
         }
-        if ev.kind == "instance.archived" {
+        if ev.kind == EventKind::InstanceArchived {
             first.get_or_insert_with(Instant::now);
             last = Instant::now();
             archived += 1;

@@ -140,8 +140,8 @@ async fn main() {
     }
     // Measure against an idle agent: wait for every instance to finish.
     loop {
-        let st = clients[0].call("agent.status", json!({})).await.unwrap();
-        if st["counts"]["SUCCESS"].as_u64().unwrap_or(0) >= n as u64 {
+        let st = clients[0].request::<m::AgentStatus>(NoParams {}).await.unwrap();
+        if st.counts.get("SUCCESS").and_then(serde_json::Value::as_u64).unwrap_or(0) >= n as u64 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;

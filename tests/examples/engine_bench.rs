@@ -51,8 +51,8 @@ async fn latencies(c: &Client, ids: &[String]) -> Vec<f64> {
 
 async fn wait_done(c: &Client, n: u64) {
     loop {
-        let s = c.call("agent.status", json!({})).await.unwrap();
-        if s["counts"]["SUCCESS"].as_u64().unwrap_or(0) >= n {
+        let s = c.request::<m::AgentStatus>(NoParams {}).await.unwrap();
+        if s.counts.get("SUCCESS").and_then(serde_json::Value::as_u64).unwrap_or(0) >= n {
             return;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -131,8 +131,8 @@ async fn main() {
     for h in handles {
         h.await.unwrap();
     }
-    let q = c0.call("queues.stats", json!({})).await.unwrap();
-    let held = q.as_array().unwrap().iter().find(|s| s["queue"] == "held").unwrap().clone();
+    let q = c0.request::<m::QueuesStats>(NoParams {}).await.unwrap();
+    let held = q.into_iter().find(|s| s.queue == "held").unwrap();
     let queued_rss = proc_status(pid, "VmRSS:");
 
     println!("apollo engine benchmark: {n} instances of a 3-step no-op task, scheduler.concurrency {concurrency}, synchronous=FULL");
@@ -145,5 +145,5 @@ async fn main() {
     println!("  trigger→first step p99  {:.2} ms (idle)", percentile(&mut idle, 0.99));
     println!("  agent peak RSS          {:.1} MB", peak_rss as f64 / 1024.0);
     println!("  agent idle CPU          {idle_cpu:.2}% over 5 s");
-    println!("  agent RSS, {} queued  {:.1} MB", held["pending"], queued_rss as f64 / 1024.0);
+    println!("  agent RSS, {} queued  {:.1} MB", held.pending, queued_rss as f64 / 1024.0);
 }

@@ -25,8 +25,8 @@ const FAILS: &str =
 const DOWNLOAD: &str = "task: dl\non_failure: stop\nsteps:\n  - plugin: file_downloader\n    timeout: 3600\n    params:\n      source: file://big.bin\n      target: big.copy\n";
 
 async fn count(c: &Client, state: &str) -> u64 {
-    let s = c.call("agent.status", json!({})).await.unwrap();
-    s["counts"][state].as_u64().unwrap_or(0)
+    let s = c.request::<m::AgentStatus>(NoParams {}).await.unwrap();
+    s.counts.get(state).and_then(serde_json::Value::as_u64).unwrap_or(0)
 }
 
 async fn wait_count(c: &Client, state: &str, n: u64) {
@@ -44,7 +44,7 @@ async fn burst(agent: &Agent, task: &'static str, n: usize, params: serde_json::
         let params = params.clone();
         hs.push(tokio::spawn(async move {
             for _ in 0..per {
-                c.call("tasks.trigger", json!({"task": task, "params": params})).await.unwrap();
+                try_trigger(&c, task, params.clone()).await.unwrap();
             }
         }));
     }
@@ -62,7 +62,7 @@ async fn engine(agent: &Agent, n: usize) -> (f64, f64) {
     burst(agent, "noop", n, json!({})).await;
     wait_count(&c, "SUCCESS", before + (n.div_ceil(64) * 64) as u64).await;
     let rate = (n.div_ceil(64) * 64) as f64 / t.elapsed().as_secs_f64();
-    c.subscribe(&["tasks"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap();
     let t = Instant::now();
     for _ in 0..200 {
@@ -117,14 +117,14 @@ async fn main() {
     let c = agent.client().await;
     let big = std::fs::File::create(agent.path().join("big.bin")).unwrap();
     big.set_len((gb as u64) << 30).unwrap();
-    c.subscribe(&["tasks"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap();
     let id = trigger(&c, "dl", json!({})).await;
     let t = Instant::now();
     let mut lat = Vec::new();
     loop {
         let s = Instant::now();
-        c.call("agent.status", json!({})).await.unwrap();
+        c.request::<m::AgentStatus>(NoParams {}).await.unwrap();
         lat.push(s.elapsed().as_secs_f64() * 1000.0);
         if ended(&get(&c, &id).await) {
             break;

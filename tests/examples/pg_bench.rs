@@ -52,8 +52,8 @@ fn start(schema: Option<&PgSchema>, n: usize, scheduler: &str, queues: &str) -> 
 }
 
 async fn successes(c: &Client) -> u64 {
-    let s = c.call("agent.status", json!({})).await.unwrap();
-    s["counts"]["SUCCESS"].as_u64().unwrap_or(0)
+    let s = c.request::<m::AgentStatus>(NoParams {}).await.unwrap();
+    s.counts.get("SUCCESS").and_then(serde_json::Value::as_u64).unwrap_or(0)
 }
 
 async fn wait_done(c: &Client, n: u64) {

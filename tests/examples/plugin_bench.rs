@@ -20,7 +20,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 async fn measure(c: &Client, task: &str, n: usize) -> (f64, f64) {
-    c.subscribe(&["tasks"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap_or_else(|| panic!("one subscription per client"));
     let (mut exec, mut whole) = (Vec::new(), Vec::new());
     for _ in 0..n {

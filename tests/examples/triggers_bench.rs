@@ -36,7 +36,7 @@ async fn main() {
     write_defs(&tasks, defs, 0);
     let agent = builder.start();
     let c = agent.client().await;
-    c.subscribe(&["defs"]).await.unwrap();
+    c.subscribe(&[Topic::Defs]).await.unwrap();
     let mut events = c.take_events().unwrap();
     let mut reloads = Vec::new();
     for round in 1..=5 {
@@ -45,7 +45,7 @@ async fn main() {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(agent.pid()), nix::sys::signal::Signal::SIGHUP).unwrap();
         loop {
             let ev = tokio::time::timeout(Duration::from_secs(60), events.recv()).await.unwrap().unwrap();
-            if ev.kind == "defs.reloaded" {
+            if ev.kind == EventKind::DefsReloaded {
                 assert_eq!(ev.data["changed"].as_array().unwrap().len(), defs);
                 break;
             }
@@ -69,9 +69,8 @@ async fn main() {
         let share = n_events / 64 + usize::from(k < n_events % 64);
         handles.push(tokio::spawn(async move {
             for i in 0..share {
-                let r =
-                    c.call("events.publish", json!({"name": "bench.event", "data": {"k": k, "i": i}})).await.unwrap();
-                assert_eq!(r["instances"].as_array().unwrap().len(), 1);
+                let r = publish(&c, "bench.event", json!({"k": k, "i": i}), None).await.unwrap();
+                assert_eq!(r.instances.len(), 1);
             }
         }));
     }
@@ -80,8 +79,8 @@ async fn main() {
     }
     let created = start.elapsed().as_secs_f64();
     loop {
-        let s = clients[0].call("agent.status", json!({})).await.unwrap();
-        if s["counts"]["SUCCESS"].as_u64().unwrap_or(0) >= n_events as u64 {
+        let s = clients[0].request::<m::AgentStatus>(NoParams {}).await.unwrap();
+        if s.counts.get("SUCCESS").and_then(serde_json::Value::as_u64).unwrap_or(0) >= n_events as u64 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;

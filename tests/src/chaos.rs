@@ -13,8 +13,8 @@
 //! while they run: a copy that finds the lock taken (an earlier copy, or an
 //! orphan of a killed agent, still running) writes `OVERLAP`.
 
-use crate::{ended, Agent};
-use apollo_shared::protocol::Instance;
+use crate::{ended, m, status, try_trigger, Agent, Topic};
+use apollo_shared::protocol::{Instance, ListParams};
 use apollo_shared::state::{check_step, check_task, StepState, TaskState};
 use apollo_tui::client::Client;
 use std::collections::{BTreeMap, HashMap};
@@ -54,8 +54,8 @@ pub fn witness_path(agent: &Agent) -> PathBuf {
 /// I4 right after a start: every RUNNING instance is held by this agent
 /// (whose name ends with its pid) under a lease that has not run out.
 pub async fn check_owners(c: &Client, pid: i32) {
-    let page: apollo_shared::protocol::ListResult =
-        c.call_as("tasks.list", serde_json::json!({"state": "RUNNING", "limit": 1000})).await.unwrap();
+    let query = ListParams { state: Some(TaskState::Running), limit: Some(1000), ..Default::default() };
+    let page = c.request::<m::TasksList>(query).await.unwrap();
     for i in page.items {
         let owner = i.lease_owner.clone().unwrap_or_default();
         assert!(owner.ends_with(&format!(":{pid}")), "I4: {} is RUNNING, held by {owner:?}, not agent pid {pid}", i.id);
@@ -147,7 +147,7 @@ pub fn leftover_processes(ids: &[String]) -> Vec<String> {
 /// Waits for every acknowledged instance to finish, then checks I1–I5.
 /// Returns the instances, for checks of their own.
 pub async fn check_all(agent: &Agent, c: &Client, acked: &[String]) -> Vec<Instance> {
-    c.subscribe(&["tasks"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap();
     let mut done = Vec::new();
     for id in acked {
@@ -186,8 +186,8 @@ pub async fn check_all(agent: &Agent, c: &Client, acked: &[String]) -> Vec<Insta
 pub async fn trigger_some(c: &Client, task: &str, n: usize, delay: f64) -> Vec<String> {
     let mut ids = Vec::new();
     for _ in 0..n {
-        match c.call("tasks.trigger", serde_json::json!({"task": task, "params": {"delay": delay}})).await {
-            Ok(r) => ids.push(r["id"].as_str().unwrap().to_string()),
+        match try_trigger(c, task, serde_json::json!({"delay": delay})).await {
+            Ok(id) => ids.push(id),
             Err(_) => break,
         }
     }
@@ -196,6 +196,6 @@ pub async fn trigger_some(c: &Client, task: &str, n: usize, delay: f64) -> Vec<S
 
 /// Instances not finished (PENDING, RUNNING or RETRYING), by the agent's counts.
 pub async fn in_flight(c: &Client) -> u64 {
-    let st: apollo_shared::protocol::AgentStatus = c.call_as("agent.status", serde_json::json!({})).await.unwrap();
+    let st = status(c).await.unwrap();
     ["PENDING", "RUNNING", "RETRYING"].iter().map(|k| st.counts.get(*k).and_then(|v| v.as_u64()).unwrap_or(0)).sum()
 }

@@ -6,9 +6,12 @@
 pub mod chaos;
 pub mod console;
 
-use apollo_shared::protocol::Instance;
-use apollo_tui::client::Client;
-use serde_json::{json, Value};
+pub use apollo_shared::protocol::methods as m;
+pub use apollo_shared::protocol::*;
+pub use apollo_shared::state::OperatorAction;
+
+use apollo_tui::client::{Client, ClientError};
+use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
@@ -308,12 +311,61 @@ impl Drop for Agent {
 
 /// Triggers `task` and returns the new instance id.
 pub async fn trigger(c: &Client, task: &str, params: Value) -> String {
-    let r = c.call("tasks.trigger", json!({"task": task, "params": params})).await.expect("trigger");
-    r["id"].as_str().unwrap().to_string()
+    try_trigger(c, task, params).await.expect("trigger")
+}
+
+/// Triggers `task`; the agent's answer, a refusal included.
+pub async fn try_trigger(c: &Client, task: &str, params: Value) -> Result<String, ClientError> {
+    let params = match params {
+        Value::Object(m) => m,
+        Value::Null => Default::default(),
+        other => panic!("params must be an object, not {other}"),
+    };
+    let p = TriggerParams { task: task.to_string(), params, dedup_key: None, reason: None };
+    Ok(c.request::<m::TasksTrigger>(p).await?.id)
 }
 
 pub async fn get(c: &Client, id: &str) -> Instance {
-    c.call_as("tasks.get", json!({"id": id})).await.expect("get")
+    try_get(c, id).await.expect("get")
+}
+
+pub async fn try_get(c: &Client, id: &str) -> Result<Instance, ClientError> {
+    c.request::<m::TasksGet>(IdParams { id: id.to_string(), reason: None }).await
+}
+
+/// The agent's status.
+pub async fn status(c: &Client) -> Result<AgentStatus, ClientError> {
+    c.request::<m::AgentStatus>(NoParams {}).await
+}
+
+/// The latest alerts, as JSON text (to look for a kind or a message).
+pub async fn alerts_text(c: &Client) -> String {
+    let alerts: Vec<Alert> = c.request::<m::AlertsList>(LimitParams::default()).await.expect("alerts.list");
+    serde_json::to_string(&alerts).expect("alerts as JSON")
+}
+
+/// Publishes an event (`data` an object or null), as `apollo emit` does.
+pub async fn publish(
+    c: &Client,
+    name: &str,
+    data: Value,
+    dedup_key: Option<&str>,
+) -> Result<apollo_shared::protocol::PublishResult, ClientError> {
+    let p = apollo_shared::protocol::PublishParams {
+        name: name.to_string(),
+        data: (!data.is_null()).then_some(data),
+        dedup_key: dedup_key.map(str::to_string),
+    };
+    c.request::<m::EventsPublish>(p).await
+}
+
+/// Retries, rolls back or cancels `id` as an operator would.
+pub async fn operate(
+    c: &Client,
+    action: apollo_shared::state::OperatorAction,
+    id: &str,
+) -> Result<Instance, ClientError> {
+    c.operate(action, id, None).await
 }
 
 /// Waits, woken by the subscription, until `pred` holds for the instance.

@@ -4,8 +4,13 @@
 //! keys still refuse a duplicate.
 
 use apollo_tests::*;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::collections::BTreeSet;
+
+async fn trigger_keyed(c: &apollo_tui::client::Client, task: &str, key: &str) -> TriggerResult {
+    let p = TriggerParams { task: task.into(), params: Default::default(), dedup_key: Some(key.into()), reason: None };
+    c.request::<m::TasksTrigger>(p).await.unwrap()
+}
 
 #[tokio::test]
 async fn past_retention_every_finished_instance_is_archived_yet_browsable() {
@@ -16,17 +21,16 @@ async fn past_retention_every_finished_instance_is_archived_yet_browsable() {
         .task("undo.yaml", "task: undo\nsteps:\n  - plugin: shell\n    retry: 0\n    params:\n      command: exit 3\n")
         .start();
     let c = agent.client().await;
-    c.subscribe(&["tasks"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap();
     let mut ids = Vec::new();
     for task in ["ok", "bad", "undo"] {
-        let r = c.call("tasks.trigger", json!({"task": task, "dedup_key": format!("key-{task}")})).await.unwrap();
-        ids.push(r["id"].as_str().unwrap().to_string());
+        ids.push(trigger_keyed(&c, task, &format!("key-{task}")).await.id);
     }
     // Woken by the archive's own events.
     let mut archived = BTreeSet::new();
     while archived.len() < 3 {
-        let ev = wait_event(&mut events, "an instance to be archived", |e| e.kind == "instance.archived").await;
+        let ev = wait_event(&mut events, "an instance to be archived", |e| e.kind == EventKind::InstanceArchived).await;
         archived.insert(ev.data["id"].as_str().unwrap().to_string());
     }
     assert_eq!(archived, ids.iter().cloned().collect());
@@ -45,6 +49,6 @@ async fn past_retention_every_finished_instance_is_archived_yet_browsable() {
         assert!(shown["transitions"].as_array().is_some_and(|t| t.len() >= 4), "{shown:#}");
     }
     // The dedup key of an archived instance still refuses a duplicate.
-    let again: Value = c.call("tasks.trigger", json!({"task": "ok", "dedup_key": "key-ok"})).await.unwrap();
-    assert_eq!((again["created"].as_bool(), again["id"].as_str()), (Some(false), Some(ids[0].as_str())));
+    let again = trigger_keyed(&c, "ok", "key-ok").await;
+    assert_eq!((again.created, again.id.as_str()), (false, ids[0].as_str()));
 }

@@ -14,7 +14,7 @@ const SLOW: &str = "task: slow\nsteps:\n  - plugin: sleep\n    params:\n      se
 async fn a_backup_taken_during_a_run_restores_into_a_new_data_dir() {
     let agent = Agent::builder().config("scheduler:\n  concurrency: 4\n").task("slow.yaml", SLOW).start();
     let c = agent.client().await;
-    c.subscribe(&["tasks"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap();
     let mut ids = Vec::new();
     for _ in 0..12 {
@@ -31,7 +31,7 @@ async fn a_backup_taken_during_a_run_restores_into_a_new_data_dir() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(said.contains("12 instances"), "{said}");
-    let st: apollo_shared::protocol::AgentStatus = c.call_as("agent.status", json!({})).await.unwrap();
+    let st: apollo_shared::protocol::AgentStatus = c.request::<m::AgentStatus>(NoParams {}).await.unwrap();
     assert!(st.counts["PENDING"].as_u64().unwrap() + st.counts["RUNNING"].as_u64().unwrap() > 0, "taken mid-run");
 
     // Restore: a new data dir holding only the copy.
@@ -40,7 +40,7 @@ async fn a_backup_taken_during_a_run_restores_into_a_new_data_dir() {
     std::fs::copy(&copy, builder.path().join("data/apollo.db")).unwrap();
     let restored = builder.start();
     let r = restored.client().await;
-    r.subscribe(&["tasks"]).await.unwrap();
+    r.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = r.take_events().unwrap();
     for id in &ids {
         let inst = wait_until(&r, &mut events, id, "the restored instance to finish", ended).await;

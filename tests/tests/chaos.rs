@@ -36,8 +36,8 @@ async fn random_kill9_loop_keeps_every_promise() {
         let feeder = tokio::spawn(async move {
             let mut ids = Vec::new();
             for d in delays {
-                match c.call("tasks.trigger", serde_json::json!({"task": "chain", "params": {"delay": d}})).await {
-                    Ok(r) => ids.push(r["id"].as_str().unwrap().to_string()),
+                match try_trigger(&c, "chain", serde_json::json!({"delay": d})).await {
+                    Ok(id) => ids.push(id),
                     Err(_) => break,
                 }
             }

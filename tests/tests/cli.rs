@@ -68,7 +68,7 @@ fn sigterm_lets_the_running_step_finish_and_exits_0() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let c = agent.client().await;
-        c.subscribe(&["tasks"]).await.unwrap();
+        c.subscribe(&[Topic::Tasks]).await.unwrap();
         let mut ev = c.take_events().unwrap();
         let (_, list) = agent.cli_json(&["ls"]);
         let id = list[0]["id"].as_str().unwrap().to_string();
@@ -178,8 +178,9 @@ async fn tasks_list_pages_newest_first_with_a_cursor() {
     let mut seen = Vec::new();
     let mut cursor: Option<String> = None;
     loop {
-        let page: apollo_shared::protocol::ListResult =
-            c.call_as("tasks.list", serde_json::json!({"limit": 2, "cursor": cursor})).await.unwrap();
+        let query =
+            apollo_shared::protocol::ListParams { limit: Some(2), cursor: cursor.clone(), ..Default::default() };
+        let page = c.request::<m::TasksList>(query).await.unwrap();
         seen.extend(page.items.iter().map(|i| i.id.clone()));
         match page.next_cursor {
             Some(next) => cursor = Some(next),

@@ -4,7 +4,7 @@
 //! not taken over or run twice), and no schedule fires twice or skips a fire
 //! without saying so.
 
-use apollo_shared::protocol::{Instance, ListResult};
+use apollo_shared::protocol::Instance;
 use apollo_shared::state::TaskState;
 use apollo_tests::*;
 use serde_json::json;
@@ -19,7 +19,8 @@ fn fire_time(i: &Instance) -> String {
 }
 
 async fn ticks(c: &apollo_tui::client::Client) -> Vec<Instance> {
-    let page: ListResult = c.call_as("tasks.list", json!({"task": "tick", "limit": 1000})).await.unwrap();
+    let query = ListParams { task: Some("tick".into()), limit: Some(1000), ..Default::default() };
+    let page = c.request::<m::TasksList>(query).await.unwrap();
     let mut items = page.items;
     items.reverse(); // oldest first
     items
@@ -54,7 +55,7 @@ async fn wall_clock_jumps_break_no_retry_lease_or_schedule() {
         ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
     ]);
     let c = agent.client().await;
-    c.subscribe(&["tasks"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap();
     let t0 = std::time::Instant::now();
     let long = trigger(&c, "long", json!({})).await;
@@ -90,7 +91,7 @@ async fn wall_clock_jumps_break_no_retry_lease_or_schedule() {
     sorted.dedup();
     assert_eq!(sorted, fires, "each fire once, in order: {fires:#?}");
     assert!(all.len() > before);
-    let alerts: serde_json::Value = c.call("alerts.list", json!({})).await.unwrap();
+    let alerts = alerts_text(&c).await;
     let text = alerts.to_string();
     assert!(text.contains("clock_jump"), "{alerts:#}");
     assert!(!text.contains("lease_expired"), "a lease was broken: {alerts:#}");

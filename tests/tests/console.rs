@@ -49,7 +49,7 @@ fn run_daily_report_and_watch_it_then_retry_a_failed_instance() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let inst = rt.block_on(async {
         let cl = agent.client().await;
-        cl.subscribe(&["tasks"]).await.unwrap();
+        cl.subscribe(&[Topic::Tasks]).await.unwrap();
         let mut ev = cl.take_events().unwrap();
         wait_until(&cl, &mut ev, &failed, "the retry to finish", ended).await
     });
@@ -123,10 +123,10 @@ fn the_tasks_view_toggles_to_the_archive() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let c = agent.client().await;
-        c.subscribe(&["tasks"]).await.unwrap();
+        c.subscribe(&[Topic::Tasks]).await.unwrap();
         let mut events = c.take_events().unwrap();
         if agent.cli_json(&["ls", "--archived"]).1.as_array().is_none_or(|a| a.is_empty()) {
-            wait_event(&mut events, "the instance to be archived", |e| e.kind == "instance.archived").await;
+            wait_event(&mut events, "the instance to be archived", |e| e.kind == EventKind::InstanceArchived).await;
         }
     });
     let sock = agent.socket.display().to_string();

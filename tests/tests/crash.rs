@@ -42,7 +42,7 @@ async fn killed_at_several_points_the_instance_resumes_and_no_recorded_success_r
     let mut frozen: BTreeMap<String, usize> = BTreeMap::new();
     for (seq, state) in points {
         let c = agent.client().await;
-        c.subscribe(&["tasks"]).await.unwrap();
+        c.subscribe(&[Topic::Tasks]).await.unwrap();
         let mut events = c.take_events().unwrap();
         let what = format!("s{seq} {state}");
         let inst = wait_until(&c, &mut events, &id, &what, |i| i.steps.as_ref().unwrap()[seq].state == state).await;
@@ -55,7 +55,7 @@ async fn killed_at_several_points_the_instance_resumes_and_no_recorded_success_r
         agent.spawn();
     }
     let c = agent.client().await;
-    c.subscribe(&["tasks"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap();
     let inst = wait_until(&c, &mut events, &id, "the end", ended).await;
     assert_eq!(inst.state, TaskState::Success, "{inst:#?}\n{}", agent.log());

@@ -96,11 +96,11 @@ fn dry_run_executes_nothing_and_reports_each_step() {
 async fn an_illegal_transition_is_refused_and_leaves_the_instance_as_it_was() {
     let agent = Agent::builder().task("ok.yaml", "task: ok\nsteps:\n  - plugin: sleep\n").start();
     let c = agent.client().await;
-    c.subscribe(&["tasks"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap();
     let id = trigger(&c, "ok", json!({})).await;
     let before = wait_until(&c, &mut events, &id, "SUCCESS", |i| i.state == apollo_shared::TaskState::Success).await;
-    let err = c.call("tasks.retry", json!({"id": id})).await.unwrap_err();
+    let err = operate(&c, OperatorAction::Retry, &id).await.unwrap_err();
     let apollo_tui::client::ClientError::Rpc(e) = err else { panic!("expected an RPC error, got {err}") };
     assert_eq!(e.code, apollo_shared::protocol::code::ILLEGAL_TRANSITION);
     assert!(e.message.contains("illegal transition SUCCESS -> RETRYING"), "{}", e.message);
@@ -108,8 +108,8 @@ async fn an_illegal_transition_is_refused_and_leaves_the_instance_as_it_was() {
     assert_eq!(after.state, before.state);
     assert_eq!(after.transitions.as_ref().unwrap().len(), before.transitions.as_ref().unwrap().len());
     // The refusal is raised as an alert.
-    let alerts = c.call("alerts.list", json!({})).await.unwrap();
-    assert!(alerts.as_array().unwrap().iter().any(|a| a["kind"] == "illegal_transition"), "{alerts:#}");
+    let alerts = alerts_text(&c).await;
+    assert!(alerts.contains(r#""kind":"illegal_transition""#), "{alerts}");
     // And through the CLI: exit 1 with the agent's words.
     let out = agent.cli(&["rollback", &id]);
     assert_eq!(out.status.code(), Some(1));

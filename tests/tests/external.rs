@@ -233,7 +233,7 @@ async fn sighup_registers_new_and_changed_plugins() {
     let agent =
         Agent::builder().config("watch_tasks: false\n").plugin("greet.sh", &plugin("echo '{\"v\": 1}'")).start();
     let c = agent.client().await;
-    c.subscribe(&["defs"]).await.unwrap();
+    c.subscribe(&[Topic::Defs]).await.unwrap();
     let mut events = c.take_events().unwrap();
     // A new plugin, a new version of an old one, and a definition using both.
     let new = "#!/bin/sh\ncase \"$1\" in describe) echo '{\"version\": \"0.3.0\"}' ;; validate) echo '{\"ok\": true}' ;; *) cat >/dev/null; echo '{\"new\": true}' ;; esac\n";
@@ -254,7 +254,7 @@ async fn sighup_registers_new_and_changed_plugins() {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(agent.pid()), nix::sys::signal::Signal::SIGHUP).unwrap();
     loop {
         let ev = tokio::time::timeout(std::time::Duration::from_secs(30), events.recv()).await.unwrap().unwrap();
-        if ev.kind == "defs.reloaded" {
+        if ev.kind == EventKind::DefsReloaded {
             break;
         }
     }

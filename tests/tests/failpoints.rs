@@ -53,7 +53,7 @@ async fn crash_during_recovery() {
     let acked = {
         let c = agent.client().await;
         let ids = chaos::trigger_some(&c, "chain", 6, 0.2).await;
-        c.subscribe(&["tasks"]).await.unwrap();
+        c.subscribe(&[Topic::Tasks]).await.unwrap();
         let mut events = c.take_events().unwrap();
         wait_until(&c, &mut events, &ids[0], "a step to run", |i| i.state == TaskState::Running).await;
         ids
@@ -85,7 +85,7 @@ async fn crash_during_a_rollback_resumes_it_without_undoing_a_step_twice() {
     agent.spawn_with(&[("FAILPOINTS", "executor.during_rollback=return")]);
     let id = {
         let c = agent.client().await;
-        c.call("tasks.trigger", json!({"task": "undo"})).await.unwrap()["id"].as_str().unwrap().to_string()
+        trigger(&c, "undo", json!({})).await
     };
     let status = agent.wait_exit(Duration::from_secs(60));
     assert!(!status.success(), "{status}");

@@ -38,7 +38,7 @@ steps:
         )
         .start();
     let c = agent.client().await;
-    c.subscribe(&["tasks"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap();
     let id = trigger(&c, "doomed", json!({})).await;
     let inst = wait_until(&c, &mut events, &id, "the end", ended).await;
@@ -91,7 +91,7 @@ steps:
         )
         .start();
     let c = agent.client().await;
-    c.subscribe(&["tasks"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap();
     let id = trigger(&c, "hang", json!({})).await;
     wait_until(&c, &mut events, &id, "the step to run", |i| i.steps.as_ref().unwrap()[0].state == StepState::Running)
@@ -138,7 +138,7 @@ steps:
         )
         .start();
     let c = agent.client().await;
-    c.subscribe(&["tasks"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap();
     let id = trigger(&c, "slow", json!({})).await;
     wait_until(&c, &mut events, &id, "the step to run", |i| i.steps.as_ref().unwrap()[0].state == StepState::Running)
@@ -154,7 +154,7 @@ steps:
     assert_eq!(inst["state"], "RETRYING");
     wait_until(&c, &mut events, &id, "the retry to run", |i| i.state == TaskState::Running).await;
     let queued = trigger(&c, "slow", json!({"seconds": 0})).await;
-    let q: apollo_shared::protocol::Instance = c.call_as("tasks.cancel", json!({"id": queued})).await.unwrap();
+    let q = operate(&c, OperatorAction::Cancel, &queued).await.unwrap();
     assert_eq!(q.state, TaskState::Failed);
     // Its step never ran and keeps its place, so a retry can resume it.
     assert_eq!(q.steps.unwrap()[0].state, StepState::Pending);
@@ -176,7 +176,7 @@ steps:
     let next = trigger(&c, "slow", json!({"seconds": 0})).await;
     let done = wait_until(&c, &mut events, &next, "the next instance to end", ended).await;
     assert_eq!(done.state, TaskState::Success, "max_active is free again: {done:#?}");
-    let alerts: serde_json::Value = c.call("alerts.list", json!({})).await.unwrap();
+    let alerts = alerts_text(&c).await;
     assert!(!alerts.to_string().contains("illegal_transition"), "no refused transition on the way: {alerts:#}");
 }
 
@@ -236,7 +236,7 @@ async fn a_retry_that_falls_due_while_every_slot_is_busy_runs_when_one_frees() {
         .task("busy.yaml", "task: busy\nsteps:\n  - plugin: sleep\n    params: {seconds: 1}\n")
         .start();
     let c = agent.client().await;
-    c.subscribe(&["tasks"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap();
     let flaky = trigger(&c, "flaky", json!({})).await;
     wait_until(&c, &mut events, &flaky, "the first failure", |i| i.state == TaskState::Retrying).await;

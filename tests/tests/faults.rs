@@ -4,7 +4,7 @@
 //! validate's retry rule, blocking downloads, secrets in shell steps, and
 //! wrong requests.
 
-use apollo_shared::protocol::{code, Instance};
+use apollo_shared::protocol::code;
 use apollo_shared::state::{StepState, TaskState};
 use apollo_tests::chaos;
 use apollo_tests::*;
@@ -50,7 +50,7 @@ steps:
         )
         .start();
     let c = agent.client().await;
-    c.subscribe(&["tasks"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap();
     let id = trigger(&c, "partial", json!({})).await;
     let inst = wait_until(&c, &mut events, &id, "the failed rollback", ended).await;
@@ -58,12 +58,12 @@ steps:
     let steps = inst.steps.unwrap();
     assert_eq!(steps[2].state, StepState::RolledBack, "c was rolled back before b's rollback failed");
     // A retry would have to run c again, which the step table forbids: refused, with the reason.
-    let e = rpc_error(c.call("tasks.retry", json!({"id": id})).await.unwrap_err());
+    let e = rpc_error(operate(&c, OperatorAction::Retry, &id).await.unwrap_err());
     assert!(e.message.contains("cannot be retried") && e.message.contains("ROLLED_BACK"), "{}", e.message);
     let after = get(&c, &id).await;
     assert_eq!(after.state, TaskState::Failed, "a refused retry changes nothing");
     // A second rollback finishes the job; the task's max_active is free again.
-    c.call("tasks.rollback", json!({"id": id})).await.unwrap();
+    operate(&c, OperatorAction::Rollback, &id).await.unwrap();
     let done = wait_until(&c, &mut events, &id, "the rollback", ended).await;
     assert_eq!(done.state, TaskState::RolledBack, "{done:#?}");
     let w = std::fs::read_to_string(agent.path().join("data/witness")).unwrap();
@@ -82,7 +82,7 @@ async fn after_a_kill_9_the_old_copy_of_a_running_step_is_stopped_before_it_runs
         .start();
     let id = {
         let c = agent.client().await;
-        c.subscribe(&["tasks"]).await.unwrap();
+        c.subscribe(&[Topic::Tasks]).await.unwrap();
         let mut events = c.take_events().unwrap();
         let id = trigger(&c, "long", json!({})).await;
         wait_until(&c, &mut events, &id, "the step to run", |i| {
@@ -103,7 +103,7 @@ async fn after_a_kill_9_the_old_copy_of_a_running_step_is_stopped_before_it_runs
     // Recovery is done before the agent answers: attempt 2 runs, and nothing
     // of attempt 1 (the shell nor its sleep) is alive beside it.
     let c = agent.client().await;
-    c.subscribe(&["tasks"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap();
     wait_until(&c, &mut events, &id, "attempt 2 to run", |i| {
         let s = &i.steps.as_ref().unwrap()[0];
@@ -119,9 +119,9 @@ async fn after_a_kill_9_the_old_copy_of_a_running_step_is_stopped_before_it_runs
         })
         .collect();
     assert!(old.is_empty(), "processes of the killed agent's step still run beside the new copy: {old:?}");
-    let alerts: Value = c.call("alerts.list", json!({})).await.unwrap();
+    let alerts = alerts_text(&c).await;
     assert!(alerts.to_string().contains("leftover_processes"), "the stop is reported: {alerts:#}");
-    c.call("tasks.cancel", json!({"id": id})).await.unwrap();
+    operate(&c, OperatorAction::Cancel, &id).await.unwrap();
 }
 
 #[tokio::test]
@@ -139,13 +139,13 @@ async fn a_crash_right_after_a_permanent_failure_is_recorded_does_not_run_the_st
     agent.spawn_with(&[("FAILPOINTS", "executor.after_failure_commit=return")]);
     let id = {
         let c = agent.client().await;
-        c.call("tasks.trigger", json!({"task": "fails"})).await.unwrap()["id"].as_str().unwrap().to_string()
+        trigger(&c, "fails", json!({})).await
     };
     let status = agent.wait_exit(Duration::from_secs(30));
     assert!(!status.success(), "the agent crashed at the fail point: {status}");
     agent.spawn();
     let c = agent.client().await;
-    c.subscribe(&["tasks"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap();
     // The step's failure and the instance's FAILED were one commit: the
     // restarted agent finds it FAILED and does not run the step again.
@@ -165,7 +165,7 @@ async fn a_queued_task_is_not_starved_behind_a_backlog_held_by_max_active() {
         .task("b.yaml", "task: b\nsteps:\n  - plugin: sleep\n    params:\n      seconds: 0\n")
         .start();
     let c = agent.client().await;
-    c.subscribe(&["tasks"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap();
     let mut a_ids = Vec::new();
     for _ in 0..300 {
@@ -173,7 +173,7 @@ async fn a_queued_task_is_not_starved_behind_a_backlog_held_by_max_active() {
     }
     let b = trigger(&c, "b", json!({})).await;
     wait_until(&c, &mut events, &b, "b to finish", |i| i.state == TaskState::Success).await;
-    let st: apollo_shared::protocol::AgentStatus = c.call_as("agent.status", json!({})).await.unwrap();
+    let st: apollo_shared::protocol::AgentStatus = c.request::<m::AgentStatus>(NoParams {}).await.unwrap();
     let a_done = st.counts["SUCCESS"].as_u64().unwrap() - 1;
     // A runs one at a time, 0.2 s each: B started while A's backlog was nearly whole.
     assert!(a_done < 25, "b waited for {a_done} of a's instances to finish");
@@ -192,7 +192,7 @@ async fn large_answers_are_summaries_or_a_clear_error_never_a_dropped_connection
     }
     let agent = Agent::builder().task("big.yaml", &y).start();
     let c = agent.client().await;
-    c.subscribe(&["tasks"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap();
     let mut ids = Vec::new();
     for _ in 0..2 {
@@ -211,7 +211,7 @@ async fn large_answers_are_summaries_or_a_clear_error_never_a_dropped_connection
     assert_eq!(code, 0, "{list:#}");
     assert!(list.as_array().unwrap().iter().all(|i| i["context"].is_null()));
     // The whole instance is over the frame limit: a clear error on a live connection.
-    let e = rpc_error(c.call("tasks.get", json!({"id": ids[0]})).await.unwrap_err());
+    let e = rpc_error(try_get(&c, &ids[0]).await.unwrap_err());
     assert_eq!(e.code, code::TOO_LARGE);
     assert!(e.message.contains("frame limit"), "{}", e.message);
     let out = agent.cli(&["show", &ids[0]]);
@@ -219,9 +219,9 @@ async fn large_answers_are_summaries_or_a_clear_error_never_a_dropped_connection
     assert!(String::from_utf8_lossy(&out.stderr).contains("frame limit"));
     // An error never echoes an unbounded piece of the request.
     let huge = "x".repeat(900_000);
-    let e = rpc_error(c.call("tasks.get", json!({"id": huge})).await.unwrap_err());
+    let e = rpc_error(try_get(&c, &huge).await.unwrap_err());
     assert!(e.message.len() < 2048, "the error is {} bytes", e.message.len());
-    c.call("agent.status", json!({})).await.expect("the connection carries on");
+    c.request::<m::AgentStatus>(NoParams {}).await.expect("the connection carries on");
 }
 
 #[test]
@@ -269,7 +269,7 @@ esac
         .task("v.yaml", "task: v\nsteps:\n  - plugin: flaky\n    retry: 3\n    params:\n      x: \"{{ params.x }}\"\n")
         .start();
     let c = agent.client().await;
-    c.subscribe(&["tasks"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap();
     let id = trigger(&c, "v", json!({"x": 1})).await;
     let inst = wait_until(&c, &mut events, &id, "the end", ended).await;
@@ -290,7 +290,7 @@ async fn a_large_download_stops_at_its_timeout_and_the_agent_keeps_answering() {
     let big = std::fs::File::create(agent.path().join("big.bin")).unwrap();
     big.set_len(2 << 30).unwrap();
     let c = agent.client().await;
-    c.subscribe(&["tasks"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap();
     let started = Instant::now();
     let id = trigger(&c, "dl", json!({})).await;
@@ -301,7 +301,7 @@ async fn a_large_download_stops_at_its_timeout_and_the_agent_keeps_answering() {
     let mut slowest = Duration::ZERO;
     for _ in 0..5 {
         let t = Instant::now();
-        c.call("agent.status", json!({})).await.unwrap();
+        c.request::<m::AgentStatus>(NoParams {}).await.unwrap();
         slowest = slowest.max(t.elapsed());
     }
     let inst = wait_until(&c, &mut events, &id, "the end", ended).await;
@@ -352,38 +352,39 @@ async fn wrong_requests_get_an_error_that_says_what_was_wrong() {
         ("hello", json!({"client": 42}), "client name"),
     ];
     for (method, params, want) in cases {
-        let e = rpc_error(c.call(method, params.clone()).await.unwrap_err());
+        // Wrong on purpose: what a typed client cannot send.
+        let e = rpc_error(c.call_raw(method, params.clone()).await.unwrap_err());
         assert_eq!(e.code, code::INVALID_PARAMS, "{method} {params}: {}", e.message);
         assert!(e.message.contains(want), "{method} {params}: {}", e.message);
     }
     // A definition saved with a byte-order mark loads.
-    let defs: Vec<Value> = c.call_as("defs.list", json!({})).await.unwrap();
-    assert!(defs.iter().any(|d| d["task"] == "bom" && d["errors"] == json!([])), "{defs:#?}");
+    let defs = c.request::<m::DefsList>(NoParams {}).await.unwrap();
+    assert!(defs.iter().any(|d| d.task == "bom" && d.errors.is_empty()), "{defs:#?}");
     // What `apollo-agent check` refuses, the agent refuses at load (it used to
     // load it and fail at run time).
-    let argv = defs.iter().find(|d| d["file"].as_str().unwrap_or_default().ends_with("argv.yaml")).unwrap();
-    assert!(argv["errors"].to_string().contains("line 3: steps[0].params: command"), "{argv:#}");
-    let _: Instance = c.call_as("tasks.get", json!({"id": trigger(&c, "bom", json!({})).await})).await.unwrap();
+    let argv = defs.iter().find(|d| d.file.ends_with("argv.yaml")).unwrap();
+    assert!(argv.errors.join("\n").contains("line 3: steps[0].params: command"), "{argv:#?}");
+    get(&c, &trigger(&c, "bom", json!({})).await).await;
 }
 
 #[tokio::test]
 async fn a_repeated_event_creates_nothing_even_for_a_definition_added_since() {
     let agent = Agent::builder().task("a.yaml", "task: a\non_event: order.placed\nsteps:\n  - plugin: sleep\n").start();
     let c = agent.client().await;
-    let first = c.call("events.publish", json!({"name": "order.placed", "dedup_key": "order-7"})).await.unwrap();
-    assert_eq!(first["instances"].as_array().unwrap().len(), 1, "{first:#}");
+    let first = publish(&c, "order.placed", Value::Null, Some("order-7")).await.unwrap();
+    assert_eq!(first.instances.len(), 1, "{first:#?}");
     // A second listener appears (hot reload), then the same event is delivered again.
-    c.subscribe(&["defs"]).await.unwrap();
+    c.subscribe(&[Topic::Defs]).await.unwrap();
     let mut events = c.take_events().unwrap();
     std::fs::write(agent.path().join("tasks/b.yaml"), "task: b\non_event: order.placed\nsteps:\n  - plugin: sleep\n")
         .unwrap();
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(agent.pid()), nix::sys::signal::Signal::SIGHUP).unwrap();
-    wait_event(&mut events, "the reload", |e| e.kind == "defs.reloaded").await;
-    let again = c.call("events.publish", json!({"name": "order.placed", "dedup_key": "order-7"})).await.unwrap();
-    assert_eq!(again["duplicate"], true, "{again:#}");
-    assert_eq!(again["event_id"], first["event_id"], "the original event is named");
-    let page: Value = c.call("tasks.list", json!({"task": "b"})).await.unwrap();
-    assert_eq!(page["items"], json!([]), "the repeat created an instance of b");
+    wait_event(&mut events, "the reload", |e| e.kind == EventKind::DefsReloaded).await;
+    let again = publish(&c, "order.placed", Value::Null, Some("order-7")).await.unwrap();
+    assert!(again.duplicate, "{again:#?}");
+    assert_eq!(again.event_id, first.event_id, "the original event is named");
+    let page = c.request::<m::TasksList>(ListParams { task: Some("b".into()), ..Default::default() }).await.unwrap();
+    assert!(page.items.is_empty(), "the repeat created an instance of b");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -393,7 +394,7 @@ async fn pushed_events_arrive_in_sequence_order_under_concurrent_commits() {
         .task("noop.yaml", "task: noop\nsteps:\n  - plugin: sleep\n  - plugin: sleep\n")
         .start();
     let watcher = agent.client().await;
-    watcher.subscribe(&["tasks"]).await.unwrap();
+    watcher.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = watcher.take_events().unwrap();
     let mut callers = Vec::new();
     for _ in 0..8 {
@@ -411,7 +412,7 @@ async fn pushed_events_arrive_in_sequence_order_under_concurrent_commits() {
     let (mut last, mut seen, mut finished) = (0u64, 0usize, 0usize);
     while finished < 400 {
         let ev = tokio::time::timeout(Duration::from_secs(60), events.recv()).await.unwrap().unwrap();
-        assert_ne!(ev.kind, "resync", "this subscriber reads as fast as it can");
+        assert_ne!(ev.kind, EventKind::Resync, "this subscriber reads as fast as it can");
         assert!(ev.seq > last, "event {} arrived after {last}", ev.seq);
         last = ev.seq;
         seen += 1;

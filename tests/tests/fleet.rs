@@ -71,7 +71,7 @@ fn a_batch_retry_shows_its_plan_then_acts_only_on_what_the_table_allows() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let c = agent.client().await;
-        c.subscribe(&["tasks"]).await.unwrap();
+        c.subscribe(&[Topic::Tasks]).await.unwrap();
         let mut ev = c.take_events().unwrap();
         for id in &failed {
             wait_until(&c, &mut ev, id, "the retried instance", |i| i.state.as_str() == "SUCCESS").await;
@@ -177,7 +177,7 @@ fn on_a_production_context_the_console_sends_a_rollback_only_with_the_task_name_
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let client = agent.client().await;
-        client.subscribe(&["tasks"]).await.unwrap();
+        client.subscribe(&[Topic::Tasks]).await.unwrap();
         let mut ev = client.take_events().unwrap();
         wait_until(&client, &mut ev, &id, "the rollback", |i| i.state.as_str() == "ROLLED_BACK").await;
     });
@@ -279,7 +279,7 @@ fn the_console_previews_a_batch_retry_and_acts_only_on_what_the_table_allows() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let client = agent.client().await;
-        client.subscribe(&["tasks"]).await.unwrap();
+        client.subscribe(&[Topic::Tasks]).await.unwrap();
         let mut ev = client.take_events().unwrap();
         for id in &failed {
             wait_until(&client, &mut ev, id, "the retried instance", |i| i.state.as_str() == "SUCCESS").await;

@@ -39,7 +39,7 @@ async fn alerts_reach_a_command_and_a_webhook_and_a_dead_webhook_is_reported() {
     agent.kill9();
     agent.spawn_with(&[("HOOK_TOKEN", "Bearer s3cret")]);
     let c = agent.client().await;
-    c.subscribe(&["tasks", "alerts"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks, Topic::Alerts]).await.unwrap();
     let mut events = c.take_events().unwrap();
     let bad = trigger(&c, "bad", json!({})).await;
 
@@ -63,8 +63,9 @@ async fn alerts_reach_a_command_and_a_webhook_and_a_dead_webhook_is_reported() {
     .await;
 
     // The dead one is reported once its retries are spent.
-    let ev = wait_event(&mut events, "a hook_failed alert", |e| e.topic == "alerts" && e.data["kind"] == "hook_failed")
-        .await;
+    let ev =
+        wait_event(&mut events, "a hook_failed alert", |e| e.topic == Topic::Alerts && e.data["kind"] == "hook_failed")
+            .await;
     let m = ev.data["message"].as_str().unwrap();
     assert!(m.contains(&format!("127.0.0.1:{dead}")) && m.contains("failed 4 times"), "{m}");
     let (_, alerts) = agent.cli_json(&["alerts"]);

@@ -57,7 +57,7 @@ async fn hostile_clients_get_errors_memory_stays_bounded_and_others_are_served()
             let mut lat = Vec::new();
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let t = Instant::now();
-                probe.call("agent.status", json!({})).await.expect("the ordinary client is answered");
+                probe.request::<m::AgentStatus>(NoParams {}).await.expect("the ordinary client is answered");
                 lat.push(t.elapsed());
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
@@ -147,13 +147,13 @@ async fn hostile_clients_get_errors_memory_stays_bounded_and_others_are_served()
     }
     let tried = hostile.await.unwrap();
     let c = agent.client().await;
-    c.subscribe(&["tasks"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap();
     // Woken by the subscription until nothing is left to run.
     while apollo_tests::chaos::in_flight(&c).await > 0 {
         tokio::time::timeout(Duration::from_secs(60), events.recv()).await.expect("progress").unwrap();
     }
-    let st: apollo_shared::protocol::AgentStatus = c.call_as("agent.status", json!({})).await.unwrap();
+    let st: apollo_shared::protocol::AgentStatus = c.request::<m::AgentStatus>(NoParams {}).await.unwrap();
     assert_eq!(st.counts["SUCCESS"], 2000, "{:?}", st.counts);
     let run_secs = started.elapsed().as_secs_f64();
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -178,5 +178,5 @@ async fn hostile_clients_get_errors_memory_stays_bounded_and_others_are_served()
     // The deaf subscriber held nothing up, and the agent still accepts.
     drop(deaf);
     drop(idle);
-    agent.client().await.call("agent.status", json!({})).await.unwrap();
+    agent.client().await.request::<m::AgentStatus>(NoParams {}).await.unwrap();
 }

@@ -52,7 +52,7 @@ async fn metrics_count_what_ran_and_parse_as_prometheus_text() {
         .task("bad.yaml", "task: bad\non_failure: stop\nsteps:\n  - plugin: shell\n    retry: 1\n    params:\n      command: exit 3\n")
         .start();
     let c = agent.client().await;
-    c.subscribe(&["tasks"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap();
     let mut ids = Vec::new();
     for task in ["ok", "ok", "ok", "bad"] {

@@ -40,8 +40,8 @@ async fn wait_successes(c: &apollo_tui::client::Client, n: u64, what: &str) {
     let mut events = c.take_events().unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
     loop {
-        let status = c.call("agent.status", json!({})).await.unwrap();
-        let done = status["counts"]["SUCCESS"].as_u64().unwrap_or(0);
+        let status = c.request::<m::AgentStatus>(NoParams {}).await.unwrap();
+        let done = status.counts.get("SUCCESS").and_then(serde_json::Value::as_u64).unwrap_or(0);
         if done >= n {
             return;
         }
@@ -49,7 +49,7 @@ async fn wait_successes(c: &apollo_tui::client::Client, n: u64, what: &str) {
         match tokio::time::timeout_at(deadline, events.recv()).await {
             Ok(Some(_)) => while events.try_recv().is_ok() {},
             Ok(None) => panic!("connection closed while waiting for {what}"),
-            Err(_) => panic!("timed out waiting for {what}: {done} of {n} SUCCESS; status {status}"),
+            Err(_) => panic!("timed out waiting for {what}: {done} of {n} SUCCESS; status {status:?}"),
         }
     }
 }
@@ -67,7 +67,7 @@ async fn three_agents_share_the_work_and_no_step_runs_twice() {
     let chain = chain(&witness);
     let agents = agents(&schema, 3, "scheduler:\n  concurrency: 16\n", &[("chain.yaml", &chain)]);
     let watcher = agents[0].client().await;
-    watcher.subscribe(&["tasks"]).await.unwrap();
+    watcher.subscribe(&[Topic::Tasks]).await.unwrap();
     // Triggered through all three, concurrently.
     let clients = [agents[0].client().await, agents[1].client().await, agents[2].client().await];
     let mut calls = Vec::new();
@@ -75,7 +75,7 @@ async fn three_agents_share_the_work_and_no_step_runs_twice() {
         let part = (n / 3) + usize::from(i < n % 3);
         calls.push(async move {
             for _ in 0..part {
-                c.call("tasks.trigger", json!({"task": "chain"})).await.unwrap();
+                trigger(c, "chain", json!({})).await;
             }
         });
     }
@@ -141,7 +141,7 @@ async fn a_dead_agents_instances_are_taken_over_after_its_lease() {
     let task = format!("task: slow\nsteps:\n{step}{step}");
     let mut agents = agents(&schema, 3, "scheduler:\n  concurrency: 4\n  lease: 2s\n", &[("slow.yaml", &task)]);
     let c = agents[0].client().await;
-    c.subscribe(&["tasks"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap();
     let mut ids = Vec::new();
     for _ in 0..24 {
@@ -208,7 +208,7 @@ async fn dedicated_queues_go_to_their_agents_and_ordered_queues_keep_order_acros
     let queues = "scheduler:\n  lease: 2s\n  queues:\n    special: {agents: [c]}\n    serial: {ordered: true}\n";
     let mut agents = agents(&schema, 3, queues, &[("sp.yaml", special), ("ser.yaml", &serial)]);
     let c = agents[0].client().await;
-    c.subscribe(&["tasks"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap();
 
     // The dedicated queue: only c claims, whichever agent was asked.
@@ -238,7 +238,7 @@ async fn dedicated_queues_go_to_their_agents_and_ordered_queues_keep_order_acros
     let v = ["a", "b", "c"].iter().position(|n| *n == victim).unwrap();
     agents[v].kill9();
     let watcher = agents[if v == 0 { 1 } else { 0 }].client().await;
-    watcher.subscribe(&["tasks"]).await.unwrap();
+    watcher.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = watcher.take_events().unwrap();
     for id in &ser {
         let done = wait_until(&watcher, &mut events, id, "every ordered instance to finish", ended).await;
@@ -274,15 +274,15 @@ async fn schedules_and_events_make_one_instance_whichever_agents_see_them() {
     let on = "task: on\non_event: deploy\nsteps:\n  - plugin: sleep\n";
     let agents = agents(&schema, 3, "", &[("tick.yaml", tick), ("on.yaml", on)]);
     let c = agents[0].client().await;
-    c.subscribe(&["tasks"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap();
     // Three fires (of every agent's schedule) are seen, woken by their creation.
     let fired = || schema.sql("SELECT COUNT(*) FROM task_instances WHERE task = 'tick'")[0][0].clone().unwrap();
     wait_event(&mut events, "three fires", |_| fired().parse::<u32>().unwrap() >= 3).await;
     // One event with a dedup key, published to two agents at once.
     let (a, b) = (agents[0].client().await, agents[1].client().await);
-    let event = json!({"name": "deploy", "dedup_key": "release-42", "data": {"v": 42}});
-    let (ra, rb) = tokio::join!(a.call("events.publish", event.clone()), b.call("events.publish", event.clone()));
+    let (data, key) = (json!({"v": 42}), Some("release-42"));
+    let (ra, rb) = tokio::join!(publish(&a, "deploy", data.clone(), key), publish(&b, "deploy", data.clone(), key));
     let (ra, rb) = (ra.unwrap(), rb.unwrap());
     drop(agents);
     let per_fire =
@@ -291,9 +291,9 @@ async fn schedules_and_events_make_one_instance_whichever_agents_see_them() {
     let keys = schema.sql("SELECT COUNT(DISTINCT dedup_key), COUNT(*) FROM task_instances WHERE task = 'tick'");
     assert_eq!(keys[0][0], keys[0][1], "one instance per fire time");
     let on = schema.sql("SELECT id FROM task_instances WHERE task = 'on'");
-    assert_eq!(on.len(), 1, "one instance for the event, published twice: {ra} {rb}");
-    let made: Vec<&serde_json::Value> = [&ra, &rb].iter().flat_map(|r| r["instances"].as_array().unwrap()).collect();
-    assert_eq!(made.len(), 1, "exactly one of the two calls created it: {ra} {rb}");
+    assert_eq!(on.len(), 1, "one instance for the event, published twice: {ra:?} {rb:?}");
+    let made: Vec<&String> = [&ra, &rb].iter().flat_map(|r| &r.instances).collect();
+    assert_eq!(made.len(), 1, "exactly one of the two calls created it: {ra:?} {rb:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -302,13 +302,13 @@ async fn a_cancel_through_any_agent_stops_the_instance_where_it_runs() {
     let long = "task: long\nsteps:\n  - plugin: shell\n    params: {command: sleep 30}\n";
     let agents = agents(&schema, 2, "", &[("long.yaml", long)]);
     let a = agents[0].client().await;
-    a.subscribe(&["tasks"]).await.unwrap();
+    a.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = a.take_events().unwrap();
     // One more subscriber on each agent, to see what the other one runs.
     let mut watchers = Vec::new();
     for agent in &agents {
         let w = agent.client().await;
-        w.subscribe(&["tasks"]).await.unwrap();
+        w.subscribe(&[Topic::Tasks]).await.unwrap();
         let rx = w.take_events().unwrap();
         watchers.push((w, rx));
     }
@@ -319,7 +319,7 @@ async fn a_cancel_through_any_agent_stops_the_instance_where_it_runs() {
     // A subscriber on the agent that does not run it sees its steps move.
     let elsewhere = &mut watchers[if runs_on == "a" { 1 } else { 0 }].1;
     wait_event(elsewhere, "the running agent's step start, pushed to the other's subscriber", |e| {
-        e.kind == "instance.updated" && e.data["id"] == id.as_str() && e.data["step"]["state"] == "RUNNING"
+        e.kind == EventKind::InstanceUpdated && e.data["id"] == id.as_str() && e.data["step"]["state"] == "RUNNING"
     })
     .await;
     let (code, out) = other.cli_json(&["cancel", &id, "--reason", "wrong release"]);
@@ -373,7 +373,7 @@ async fn a_cut_connection_loses_nothing_and_the_agent_recovers_on_its_own() {
         .task("w.yaml", &format!("task: w\nsteps:\n{step}{step}"))
         .start();
     let c = agent.client().await;
-    c.subscribe(&["tasks", "alerts"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks, Topic::Alerts]).await.unwrap();
     let mut events = c.take_events().unwrap();
     let mut ids = Vec::new();
     for _ in 0..40 {
@@ -383,10 +383,10 @@ async fn a_cut_connection_loses_nothing_and_the_agent_recovers_on_its_own() {
 
     proxy.cut();
     wait_event(&mut events, "the store_unwritable alert", |e| e.data["kind"] == "store_unwritable").await;
-    let status = c.call("agent.status", json!({})).await.unwrap();
+    let status = c.request::<m::AgentStatus>(NoParams {}).await.unwrap();
     assert!(
-        status["store_error"].as_str().is_some_and(|e| e.contains("cannot be reached") || e.contains("cannot be read")),
-        "the status says the store is unreachable: {status}"
+        status.store_error.as_deref().is_some_and(|e| e.contains("cannot be reached") || e.contains("cannot be read")),
+        "the status says the store is unreachable: {status:?}"
     );
     proxy.restore();
     wait_event(&mut events, "the store_writable alert", |e| e.data["kind"] == "store_writable").await;
@@ -397,8 +397,8 @@ async fn a_cut_connection_loses_nothing_and_the_agent_recovers_on_its_own() {
     let lines = witness_lines(&witness);
     let unique: BTreeSet<&String> = lines.iter().collect();
     assert_eq!(unique.len(), 80, "every step ran");
-    let status = c.call("agent.status", json!({})).await.unwrap();
-    assert!(status["store_error"].is_null(), "{status}");
+    let status = c.request::<m::AgentStatus>(NoParams {}).await.unwrap();
+    assert!(status.store_error.is_none(), "{status:?}");
     let alerts = agent.cli_json(&["alerts"]).1;
     let kinds: Vec<&str> = alerts.as_array().unwrap().iter().filter_map(|a| a["kind"].as_str()).collect();
     assert!(kinds.contains(&"store_unwritable") && kinds.contains(&"store_writable"), "{alerts:#}");
@@ -425,7 +425,7 @@ async fn a_sqlite_installation_is_promoted_and_its_unfinished_work_finishes_on_p
     assert_eq!(agent.cli_json(&["run", "ok", "--wait"]).0, 0);
     assert_eq!(agent.cli_json(&["run", "bad", "--wait"]).0, 1);
     let c = agent.client().await;
-    c.subscribe(&["tasks"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap();
     let mid = trigger(&c, "gate", json!({})).await;
     wait_until(&c, &mut events, &mid, "the gate to run", |i| i.state.as_str() == "RUNNING").await;
@@ -476,7 +476,7 @@ async fn a_sqlite_installation_is_promoted_and_its_unfinished_work_finishes_on_p
     assert!(was.len() >= 3 && is.starts_with(&was), "the same history, then the resumption:\n{was:#?}\n{is:#?}");
     std::fs::write(&open, "").unwrap();
     let c = agent.client().await;
-    c.subscribe(&["tasks"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap();
     for id in [&mid, &queued[0], &queued[1]] {
         let done = wait_until(&c, &mut events, id, "the unfinished instances to finish on PostgreSQL", ended).await;

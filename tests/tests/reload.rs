@@ -40,7 +40,7 @@ async fn sighup_applies_limits_hooks_and_metrics_and_names_what_needs_a_restart(
         .task("hold.yaml", "task: hold\nsteps:\n  - plugin: shell\n    params:\n      command: sleep 30\n")
         .start();
     let c = agent.client().await;
-    c.subscribe(&["tasks", "agent"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks, Topic::Agent]).await.unwrap();
     let mut events = c.take_events().unwrap();
     let ids = [
         trigger(&c, "hold", json!({})).await,
@@ -63,7 +63,7 @@ async fn sighup_applies_limits_hooks_and_metrics_and_names_what_needs_a_restart(
     )
     .unwrap();
     hangup(&agent);
-    let ev = wait_event(&mut events, "config.reloaded", |e| e.kind == "config.reloaded").await;
+    let ev = wait_event(&mut events, "config.reloaded", |e| e.kind == EventKind::ConfigReloaded).await;
     assert_eq!(ev.data["applied"], json!(["scheduler", "alerts.hooks", "metrics"]), "{ev:?}");
     assert_eq!(ev.data["need_restart"], json!(["database"]), "{ev:?}");
 
@@ -71,8 +71,8 @@ async fn sighup_applies_limits_hooks_and_metrics_and_names_what_needs_a_restart(
     for id in &ids[1..] {
         wait_until(&c, &mut events, id, "a queued instance to start", |i| i.state == TaskState::Running).await;
     }
-    let status = c.call("agent.status", json!({})).await.unwrap();
-    assert_eq!(status["concurrency"], 3);
+    let status = c.request::<m::AgentStatus>(NoParams {}).await.unwrap();
+    assert_eq!(status.concurrency, 3);
 
     // The hook added by the reload received the alert naming what waits.
     let (_, alert) = tokio::task::spawn_blocking(move || received.recv_timeout(Duration::from_secs(30)))
@@ -94,7 +94,7 @@ async fn a_config_that_no_longer_parses_changes_nothing_and_says_where() {
         .task("ok.yaml", "task: ok\nsteps:\n  - plugin: sleep\n")
         .start();
     let c = agent.client().await;
-    c.subscribe(&["alerts"]).await.unwrap();
+    c.subscribe(&[Topic::Alerts]).await.unwrap();
     let mut events = c.take_events().unwrap();
     std::fs::write(agent.path().join("apollo.yaml"), "scheduler:\n  concurrency: 5\n  concurency: 6\n").unwrap();
     hangup(&agent);
@@ -102,8 +102,8 @@ async fn a_config_that_no_longer_parses_changes_nothing_and_says_where() {
     let msg = ev.data["message"].as_str().unwrap();
     assert!(msg.contains("apollo.yaml: line 3") && msg.contains("concurency"), "{msg}");
     assert!(msg.contains("the settings in force are kept"), "{msg}");
-    let status = c.call("agent.status", json!({})).await.unwrap();
-    assert_eq!(status["concurrency"], 2, "nothing of the broken file was applied");
+    let status = c.request::<m::AgentStatus>(NoParams {}).await.unwrap();
+    assert_eq!(status.concurrency, 2, "nothing of the broken file was applied");
     let (code, inst) = agent.cli_json(&["run", "ok", "--wait"]);
     assert_eq!((code, inst["state"].as_str()), (0, Some("SUCCESS")), "{inst}");
 }

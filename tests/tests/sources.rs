@@ -137,7 +137,7 @@ async fn nats_messages_start_work_once_and_bad_ones_are_kept() {
     let stream = TestStream::new("once").await;
     let agent = Agent::builder().config(&stream.config(&nats_url())).task("remediate.yaml", REMEDIATE).start();
     let c = agent.client().await;
-    c.subscribe(&["tasks", "alerts"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks, Topic::Alerts]).await.unwrap();
     let mut events = c.take_events().unwrap();
     stream.publish(r#"{"event": "DiskFull", "host": "db1"}"#).await;
     stream.publish(r#"{"event": "DiskFull", "host": "db2"}"#).await;
@@ -179,7 +179,7 @@ async fn an_agent_killed_before_the_ack_creates_nothing_twice() {
     // Restarted, it gets the message again (after ack_wait) and acknowledges it.
     agent.spawn();
     let c = agent.client().await;
-    c.subscribe(&["tasks"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap();
     stream.drained().await;
     ended_count(&agent, &mut events, "remediate", 1).await;
@@ -198,7 +198,7 @@ async fn a_cut_connection_raises_an_alert_and_the_backlog_is_read_after() {
     let through = format!("nats://127.0.0.1:{}", proxy.port);
     let agent = Agent::builder().config(&stream.config(&through)).task("remediate.yaml", REMEDIATE).start();
     let c = agent.client().await;
-    c.subscribe(&["tasks", "alerts"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks, Topic::Alerts]).await.unwrap();
     let mut events = c.take_events().unwrap();
     stream.publish(r#"{"event": "DiskFull", "host": "before"}"#).await;
     ended_count(&agent, &mut events, "remediate", 1).await;
@@ -230,7 +230,7 @@ async fn alertmanager_and_emit_start_the_same_task_and_bad_requests_are_refused(
         .task("resolved.yaml", "task: all_clear\non_event: DiskFull.resolved\nsteps:\n  - plugin: sleep\n")
         .start();
     let c = agent.client().await;
-    c.subscribe(&["tasks"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap();
     let http = reqwest::Client::new();
     let url = |path: &str| format!("http://127.0.0.1:{port}{path}");

@@ -36,7 +36,7 @@ async fn a_full_disk_refuses_new_work_keeps_reads_and_resumes_when_space_returns
     let _mount = Mount(data.clone());
     let mut agent = builder.start();
     let c = agent.client().await;
-    c.subscribe(&["tasks", "alerts"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks, Topic::Alerts]).await.unwrap();
     let mut events = c.take_events().unwrap();
     let mut acked = Vec::new();
     for _ in 0..3 {
@@ -56,8 +56,8 @@ async fn a_full_disk_refuses_new_work_keeps_reads_and_resumes_when_space_returns
     // acknowledged before that is kept.
     let mut refused = None;
     for _ in 0..5000 {
-        match c.call("tasks.trigger", json!({"task": "work"})).await {
-            Ok(r) => acked.push(r["id"].as_str().unwrap().to_string()),
+        match try_trigger(&c, "work", json!({})).await {
+            Ok(id) => acked.push(id),
             Err(ClientError::Rpc(e)) => {
                 refused = Some(e);
                 break;
@@ -69,22 +69,24 @@ async fn a_full_disk_refuses_new_work_keeps_reads_and_resumes_when_space_returns
     assert_eq!(e.code, code::BUSY, "{}", e.message);
     assert!(e.message.contains("cannot be written") && e.message.contains("free space"), "{}", e.message);
     // Reads still answer, and the status says what is wrong.
-    let st: AgentStatus = c.call_as("agent.status", json!({})).await.unwrap();
+    let st: AgentStatus = c.request::<m::AgentStatus>(NoParams {}).await.unwrap();
     assert!(st.store_error.as_deref().unwrap_or_default().contains("cannot be written"), "{st:?}");
     let (code, list) = agent.cli_json(&["ls", "--limit", "5"]);
     assert_eq!(code, 0, "{list:#}");
     // The alert reached subscribers.
     wait_event(&mut events, "the store_unwritable alert", |e| {
-        e.topic == "alerts" && e.data["kind"] == "store_unwritable"
+        e.topic == Topic::Alerts && e.data["kind"] == "store_unwritable"
     })
     .await;
     // Space returns: the agent notices by itself at its next write (the lease
     // renewal of its maintenance tick) and says so.
     std::fs::remove_file(&filler).unwrap();
-    wait_event(&mut events, "the store_writable alert", |e| e.topic == "alerts" && e.data["kind"] == "store_writable")
-        .await;
+    wait_event(&mut events, "the store_writable alert", |e| {
+        e.topic == Topic::Alerts && e.data["kind"] == "store_writable"
+    })
+    .await;
     let c = agent.client().await;
-    c.subscribe(&["tasks"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap();
     let after = trigger(&c, "work", json!({})).await;
     acked.push(after);
@@ -93,9 +95,9 @@ async fn a_full_disk_refuses_new_work_keeps_reads_and_resumes_when_space_returns
         assert_eq!(inst.state, TaskState::Success, "{inst:#?}");
         apollo_tests::chaos::check_history(&inst);
     }
-    let st: AgentStatus = c.call_as("agent.status", json!({})).await.unwrap();
+    let st: AgentStatus = c.request::<m::AgentStatus>(NoParams {}).await.unwrap();
     assert_eq!(st.store_error, None);
-    let alerts: serde_json::Value = c.call("alerts.list", json!({})).await.unwrap();
+    let alerts = alerts_text(&c).await;
     let text = alerts.to_string();
     assert!(text.contains("store_unwritable") && text.contains("store_writable"), "{alerts:#}");
     println!("disk full: {} acknowledged triggers kept, all finished", acked.len());
@@ -128,7 +130,7 @@ async fn a_read_only_store_refuses_new_work_keeps_reads_and_resumes_when_writabl
         .task("work.yaml", "task: work\nsteps:\n  - plugin: sleep\n    params:\n      seconds: 0.3\n")
         .start();
     let c = agent.client().await;
-    c.subscribe(&["tasks", "alerts"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks, Topic::Alerts]).await.unwrap();
     let mut events = c.take_events().unwrap();
     let mut acked = vec![trigger(&c, "work", json!({})).await];
     let files: Vec<PathBuf> =
@@ -137,22 +139,24 @@ async fn a_read_only_store_refuses_new_work_keeps_reads_and_resumes_when_writabl
     for f in &files {
         immutable(f, true);
     }
-    let e = match c.call("tasks.trigger", json!({"task": "work"})).await {
+    let e = match try_trigger(&c, "work", json!({})).await {
         Err(ClientError::Rpc(e)) => e,
         other => panic!("a read-only store must refuse new work: {other:?}"),
     };
     assert_eq!(e.code, code::BUSY, "{}", e.message);
     assert!(e.message.contains("cannot be written"), "{}", e.message);
-    let st: AgentStatus = c.call_as("agent.status", json!({})).await.unwrap();
+    let st: AgentStatus = c.request::<m::AgentStatus>(NoParams {}).await.unwrap();
     assert!(st.store_error.is_some(), "{st:?}");
-    let _: apollo_shared::protocol::Instance = c.call_as("tasks.get", json!({"id": acked[0]})).await.unwrap();
+    let _ = try_get(&c, &acked[0]).await.unwrap();
     for f in &files {
         immutable(f, false);
     }
-    wait_event(&mut events, "the store_writable alert", |e| e.topic == "alerts" && e.data["kind"] == "store_writable")
-        .await;
+    wait_event(&mut events, "the store_writable alert", |e| {
+        e.topic == Topic::Alerts && e.data["kind"] == "store_writable"
+    })
+    .await;
     let c = agent.client().await;
-    c.subscribe(&["tasks"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap();
     acked.push(trigger(&c, "work", json!({})).await);
     for id in &acked {

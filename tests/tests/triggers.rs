@@ -60,7 +60,7 @@ fn events_create_one_instance_per_matching_definition_once() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let c = agent.client().await;
-        c.subscribe(&["tasks"]).await.unwrap();
+        c.subscribe(&[Topic::Tasks]).await.unwrap();
         let mut ev = c.take_events().unwrap();
         wait_until(&c, &mut ev, id, "the end", ended).await;
     });
@@ -90,7 +90,7 @@ async fn wait_for_reload(events: &mut tokio::sync::mpsc::Receiver<apollo_shared:
             .await
             .expect("no reload within 30s")
             .expect("connection closed");
-        if ev.kind == "defs.reloaded" {
+        if ev.kind == EventKind::DefsReloaded {
             return ev.data;
         }
     }
@@ -108,7 +108,7 @@ async fn editing_a_definition_takes_effect_for_new_instances_only() {
     let agent = Agent::builder().task("versioned.yaml", V1).start();
     let file = agent.path().join("tasks/versioned.yaml");
     let c: Client = agent.client().await;
-    c.subscribe(&["tasks", "defs"]).await.unwrap();
+    c.subscribe(&[Topic::Tasks, Topic::Defs]).await.unwrap();
     let mut events = c.take_events().unwrap();
     let old = trigger(&c, "versioned", json!({})).await;
     wait_until(&c, &mut events, &old, "the old instance to wait", |i| {
@@ -141,12 +141,8 @@ async fn editing_a_definition_takes_effect_for_new_instances_only() {
     let change = wait_for_reload(&mut events).await;
     let err = change["errors"][0].as_str().unwrap().to_string();
     assert!(err.contains("versioned.yaml: line 5: steps[0].timeout"), "{err}");
-    let alerts = c.call("alerts.list", json!({})).await.unwrap();
-    assert!(alerts
-        .as_array()
-        .unwrap()
-        .iter()
-        .any(|a| a["message"].as_str().unwrap().contains("line 5: steps[0].timeout")));
+    let alerts = c.request::<m::AlertsList>(Default::default()).await.unwrap();
+    assert!(alerts.iter().any(|a| a.message.contains("line 5: steps[0].timeout")), "{alerts:?}");
     let (_, defs) = agent.cli_json(&["defs"]);
     let d = &defs.as_array().unwrap()[0];
     assert_eq!(d["hash"].as_str(), Some(b.def_hash.as_str()), "the previous version is still in force");
@@ -170,7 +166,7 @@ async fn sighup_reloads_when_watching_is_off() {
     let mut agent =
         Agent::builder().config("watch_tasks: false\n").task("a.yaml", "task: a\nsteps:\n  - plugin: sleep\n").start();
     let c = agent.client().await;
-    c.subscribe(&["defs"]).await.unwrap();
+    c.subscribe(&[Topic::Defs]).await.unwrap();
     let mut events = c.take_events().unwrap();
     std::fs::write(agent.path().join("tasks/b.yaml"), "task: b\nsteps:\n  - plugin: sleep\n").unwrap();
     assert_eq!(agent.cli(&["run", "b"]).status.code(), Some(1), "b must not be known before the reload");

@@ -1,10 +1,14 @@
 //! The async client the CLI, the console and the tests share: JSON-RPC over
 //! a Unix socket, or over `ssh host apollo-agent dial-stdio`.
 
-use apollo_shared::protocol::{Event, HelloResult, Request, Response, RpcError, MAX_FRAME_BYTES, PROTOCOL_VERSION};
+use apollo_shared::protocol::methods as m;
+use apollo_shared::protocol::{
+    ClientInfo, Event, Hello, HelloResult, IdParams, Instance, Method, Request, Response, RpcError, SubscribeParams,
+    Topic, MAX_FRAME_BYTES, PROTOCOL_VERSION,
+};
+use apollo_shared::state::OperatorAction;
 use futures::StreamExt;
-use serde::de::DeserializeOwned;
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -139,7 +143,20 @@ impl Client {
         }
     }
 
-    pub async fn call(&self, method: &str, params: Value) -> Result<Value, ClientError> {
+    /// Sends one request of method `M` and returns its typed result.
+    pub async fn request<M: Method>(&self, params: M::Params) -> Result<M::Result, ClientError> {
+        let params = serde_json::to_value(params).map_err(|e| ClientError::Decode(format!("{}: {e}", M::NAME)))?;
+        let v = self.send(M::NAME, params).await?;
+        serde_json::from_value(v).map_err(|e| ClientError::Decode(format!("{}: {e}", M::NAME)))
+    }
+
+    /// Sends a request exactly as given, typed or not: for tests that send
+    /// what a typed client never would (an unknown method, wrong params).
+    pub async fn call_raw(&self, method: &str, params: Value) -> Result<Value, ClientError> {
+        self.send(method, params).await
+    }
+
+    async fn send(&self, method: &str, params: Value) -> Result<Value, ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.pending.lock().expect("pending").insert(id, tx);
@@ -158,23 +175,29 @@ impl Client {
         }
     }
 
-    pub async fn call_as<T: DeserializeOwned>(&self, method: &str, params: Value) -> Result<T, ClientError> {
-        let v = self.call(method, params).await?;
-        serde_json::from_value(v).map_err(|e| ClientError::Decode(format!("{method}: {e}")))
+    /// Retries, rolls back or cancels one instance; returns it as it is now.
+    pub async fn operate(
+        &self,
+        action: OperatorAction,
+        id: &str,
+        reason: Option<&str>,
+    ) -> Result<Instance, ClientError> {
+        let p = IdParams { id: id.to_string(), reason: reason.map(str::to_string) };
+        match action {
+            OperatorAction::Retry => self.request::<m::TasksRetry>(p).await,
+            OperatorAction::Rollback => self.request::<m::TasksRollback>(p).await,
+            OperatorAction::Cancel => self.request::<m::TasksCancel>(p).await,
+        }
     }
 
     pub async fn hello(&self, client: &str) -> Result<HelloResult, ClientError> {
-        self.call_as(
-            "hello",
-            json!({"client": {"name": client, "version": env!("CARGO_PKG_VERSION")}, "protocol": PROTOCOL_VERSION}),
-        )
-        .await
+        let name = ClientInfo::Named { name: client.into(), version: Some(env!("CARGO_PKG_VERSION").into()) };
+        self.request::<m::Hello>(Hello { client: Some(name), protocol: Some(PROTOCOL_VERSION) }).await
     }
 
     /// Subscribes to `topics`; pushed events arrive on [`Client::take_events`].
-    pub async fn subscribe(&self, topics: &[&str]) -> Result<u64, ClientError> {
-        let v = self.call("subscribe", json!({ "topics": topics })).await?;
-        Ok(v["seq"].as_u64().unwrap_or(0))
+    pub async fn subscribe(&self, topics: &[Topic]) -> Result<u64, ClientError> {
+        Ok(self.request::<m::Subscribe>(SubscribeParams { topics: topics.to_vec() }).await?.seq)
     }
 
     /// The stream of pushed events (once).

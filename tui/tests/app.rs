@@ -4,6 +4,7 @@
 mod fixtures;
 
 use apollo_shared::protocol::{HelloResult, Role};
+use apollo_shared::state::OperatorAction;
 use apollo_tui::console::app::{Action, App, Cmd, Mode, News, View};
 use apollo_tui::console::keys;
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
@@ -44,7 +45,7 @@ fn filters_go_to_the_agent_as_a_query_and_text_filters_locally() {
     typed(&mut app, "state:failed");
     let cmds = key(&mut app, KeyCode::Enter);
     let Cmd::Watch { query, .. } = &cmds[0] else { panic!("{cmds:?}") };
-    assert_eq!(query["state"], "FAILED");
+    assert_eq!(query.state, Some(apollo_shared::state::TaskState::Failed));
     key(&mut app, KeyCode::Char('/'));
     for _ in 0.."state:failed".len() {
         key(&mut app, KeyCode::Backspace);
@@ -81,16 +82,16 @@ fn destructive_actions_ask_first_and_retry_does_not() {
     key(&mut app, KeyCode::Char('j'));
     let cmds = key(&mut app, KeyCode::Char('b'));
     assert!(cmds.is_empty());
-    assert!(matches!(&app.mode, Mode::Confirm(c) if c.method == "tasks.rollback"));
+    assert!(matches!(&app.mode, Mode::Confirm(c) if c.action == OperatorAction::Rollback));
     assert!(key(&mut app, KeyCode::Char('n')).is_empty(), "n declines");
     key(&mut app, KeyCode::Char('c'));
     assert!(key(&mut app, KeyCode::Enter).is_empty(), "Enter alone never confirms");
     assert!(matches!(&app.mode, Mode::Confirm(_)), "and the question stays");
     let cmds = key(&mut app, KeyCode::Char('y'));
     let id = "01JAAAAAAAAAAAAAAAAAAAAAA2".to_string();
-    assert_eq!(cmds, [Cmd::Act { method: "tasks.cancel", id: id.clone(), reason: None }]);
+    assert_eq!(cmds, [Cmd::Act { action: OperatorAction::Cancel, id: id.clone(), reason: None }]);
     let cmds = key(&mut app, KeyCode::Char('t'));
-    assert_eq!(cmds, [Cmd::Act { method: "tasks.retry", id, reason: None }]);
+    assert_eq!(cmds, [Cmd::Act { action: OperatorAction::Retry, id, reason: None }]);
 }
 
 #[test]
@@ -120,7 +121,7 @@ fn on_a_production_context_destructive_actions_need_the_task_name_and_a_reason()
     assert_eq!(
         cmds,
         [Cmd::Act {
-            method: "tasks.rollback",
+            action: OperatorAction::Rollback,
             id: "01JAAAAAAAAAAAAAAAAAAAAAA2".into(),
             reason: Some("bad deploy".into())
         }]

@@ -7,9 +7,9 @@ use crate::scheduler::StopReason;
 use crate::store::ListFilter;
 use crate::triggers::store_error as store_err;
 use apollo_shared::context::Context;
+use apollo_shared::protocol::methods as m;
 use apollo_shared::protocol::*;
 use apollo_shared::state::TaskState;
-use serde::de::DeserializeOwned;
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 use std::time::Instant;
@@ -28,21 +28,14 @@ pub struct Api {
 
 type Reply = Result<Value, RpcError>;
 
-/// The params of the methods that list recent records.
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct LimitParams {
-    limit: Option<u32>,
+/// A method's typed result, as the answer's JSON.
+fn answer<M: Method>(r: Result<M::Result, RpcError>) -> Reply {
+    serde_json::to_value(r?).map_err(|e| RpcError::new(code::INTERNAL, e.to_string()))
 }
 
-fn params<T: DeserializeOwned>(method: &str, v: Value, expected: &str) -> Result<T, RpcError> {
-    let v = if v.is_null() { json!({}) } else { v };
-    serde_json::from_value(v)
-        .map_err(|e| RpcError::new(code::INVALID_PARAMS, format!("{method}: {e} (expected {expected})")))
-}
-
-fn to_value<T: serde::Serialize>(v: T) -> Reply {
-    serde_json::to_value(v).map_err(|e| RpcError::new(code::INTERNAL, e.to_string()))
+/// How many recent records a list method returns.
+fn limit(p: LimitParams) -> u32 {
+    p.limit.unwrap_or(100).min(1000)
 }
 
 impl Api {
@@ -51,131 +44,108 @@ impl Api {
     }
 
     pub async fn call(&self, method: &str, p: Value, role: Role, actor: &str) -> Reply {
-        if MUTATING.contains(&method) && role != Role::Operator {
+        if is_mutating(method) && role != Role::Operator {
             return Err(RpcError::new(
                 code::FORBIDDEN,
                 format!("{method} needs the operator role; {actor} is an observer"),
             )
             .with_hint("ask for the user to be listed in socket.operators"));
         }
-        if MUTATING.contains(&method) && self.h.control.is_shutting_down() {
+        if is_mutating(method) && self.h.control.is_shutting_down() {
             return Err(RpcError::new(code::BUSY, "the agent is shutting down; try again when it is back"));
         }
-        match method {
-            "hello" => {
-                let h: Hello = params(method, p, "client, protocol")?;
-                if let Some(v) = h.protocol.filter(|v| *v != PROTOCOL_VERSION) {
-                    return Err(RpcError::new(
-                        code::INVALID_PARAMS,
-                        format!("protocol {v} is not supported (this agent speaks {PROTOCOL_VERSION})"),
-                    ));
-                }
-                to_value(HelloResult {
-                    agent: self.name.clone(),
-                    version: env!("CARGO_PKG_VERSION").into(),
-                    protocol: PROTOCOL_VERSION,
-                    role,
-                })
+        // Each arm answers with its method's result type.
+        match Call::parse(method, p)? {
+            Call::Hello(h) => answer::<m::Hello>(self.hello(h, role)),
+            Call::AgentStatus(_) => answer::<m::AgentStatus>(Ok(self.status().await)),
+            Call::AgentMetrics(_) => {
+                answer::<m::AgentMetrics>(Ok(MetricsText { text: crate::metrics::scrape(&self.h).await }))
             }
-            "agent.status" => self.status().await,
-            "agent.metrics" => Ok(json!({ "text": crate::metrics::scrape(&self.h).await })),
-            "tasks.trigger" => {
-                let p: TriggerParams = params(method, p, "task, params?, dedup_key?, reason?")?;
-                let trigger = match p.reason.as_deref().map(str::trim).filter(|r| !r.is_empty()) {
-                    Some(reason) => format!("manual ({reason})"),
-                    None => "manual".into(),
-                };
-                let r = crate::triggers::Request {
-                    task: p.task,
-                    params: p.params,
-                    dedup_key: p.dedup_key,
-                    trigger,
-                    actor: actor.into(),
-                    event: None,
-                };
-                to_value(self.triggers.create(r).await?)
-            }
-            "tasks.dry_run" => self.dry_run(params(method, p, "task, params?")?).await,
-            "tasks.get" => {
-                let p: IdParams = params(method, p, "id")?;
-                to_value(self.h.store.get(&p.id).await.map_err(store_err)?)
-            }
-            "tasks.list" => self.list(params(method, p, "state?, task?, queue?, limit?, cursor?, archived?")?).await,
-            "tasks.retry" => {
-                let p: IdParams = params(method, p, "id, reason?")?;
-                let reason = p.reason.unwrap_or_else(|| "retry requested".into());
-                self.h
-                    .store
-                    .manual_retry(&p.id, &format!("retry by {actor}: {reason}"), actor)
-                    .await
-                    .map_err(store_err)?;
-                self.h.control.wake();
-                to_value(self.h.store.get(&p.id).await.map_err(store_err)?)
-            }
-            "tasks.rollback" => {
-                let p: IdParams = params(method, p, "id, reason?")?;
-                let reason = p.reason.unwrap_or_else(|| "rollback requested".into());
-                let lease = self.h.config().scheduler.lease;
-                self.h
-                    .store
-                    .manual_rollback(&p.id, lease, &format!("by {actor}: {reason}"), actor)
-                    .await
-                    .map_err(store_err)?;
-                let inst = self.h.store.get(&p.id).await.map_err(store_err)?;
-                self.h.control.adopt(inst);
-                to_value(self.h.store.get(&p.id).await.map_err(store_err)?)
-            }
-            "tasks.cancel" => self.cancel(params(method, p, "id, reason?")?, actor).await,
-            "steps.logs" => self.logs(params(method, p, "id, step, offset?")?).await,
-            "defs.list" => to_value(self.defs()),
-            "defs.get" => {
-                #[derive(serde::Deserialize)]
-                struct P {
-                    task: String,
-                }
-                let p: P = params(method, p, "task")?;
-                let d = self
-                    .defs()
-                    .into_iter()
-                    .find(|d| d.task == p.task)
-                    .ok_or_else(|| self.triggers.unknown_task(&p.task))?;
-                let source = self.h.catalog.read().expect("catalog").defs.get(&p.task).map(|l| l.source.to_string());
-                let mut v = to_value(d)?;
-                v["source"] = json!(source);
-                Ok(v)
-            }
-            "plugins.list" => to_value(self.plugins().await),
-            "queues.stats" => self.queues().await,
-            "events.publish" => self.triggers.publish(params(method, p, "name, data?, dedup_key?")?, actor).await,
-            "events.list" => {
-                let p: LimitParams = params(method, p, "limit?")?;
-                to_value(self.listing.events(p.limit.unwrap_or(100).min(1000)).await.map_err(store_err)?)
-            }
-            "audit.list" => {
-                let p: LimitParams = params(method, p, "limit?")?;
-                to_value(self.listing.audit(p.limit.unwrap_or(100).min(1000)).await.map_err(store_err)?)
-            }
-            "agents.list" => to_value(self.listing.agents().await.map_err(store_err)?),
-            "agent.stats" => {
-                let p: apollo_shared::protocol::StatsParams = params(method, p, "minutes?")?;
-                let minutes = p.minutes.unwrap_or(60).clamp(1, 1440);
-                let now = chrono::Utc::now();
-                let since = now - chrono::TimeDelta::minutes(i64::from(minutes));
-                let rows = self.listing.ended_since(since).await.map_err(store_err)?;
-                to_value(super::stats::fold(&rows, minutes, now))
-            }
-            "alerts.list" => {
-                let p: LimitParams = params(method, p, "limit?")?;
-                to_value(self.listing.alerts(p.limit.unwrap_or(100).min(1000)).await.map_err(store_err)?)
-            }
-            _ => Err(RpcError::new(
-                code::METHOD_NOT_FOUND,
-                format!("unknown method {method:?} (known: {})", METHODS.join(", ")),
-            )),
+            Call::AgentStats(p) => answer::<m::AgentStats>(self.stats(p).await),
+            Call::TasksTrigger(p) => answer::<m::TasksTrigger>(self.trigger(p, actor).await),
+            Call::TasksDryRun(p) => answer::<m::TasksDryRun>(self.dry_run(p).await),
+            Call::TasksGet(p) => answer::<m::TasksGet>(self.h.store.get(&p.id).await.map_err(store_err)),
+            Call::TasksList(p) => answer::<m::TasksList>(self.list(p).await),
+            Call::TasksRetry(p) => answer::<m::TasksRetry>(self.retry(p, actor).await),
+            Call::TasksRollback(p) => answer::<m::TasksRollback>(self.rollback(p, actor).await),
+            Call::TasksCancel(p) => answer::<m::TasksCancel>(self.cancel(p, actor).await),
+            Call::StepsLogs(p) => answer::<m::StepsLogs>(self.logs(p).await),
+            Call::DefsList(_) => answer::<m::DefsList>(Ok(self.defs())),
+            Call::DefsGet(p) => answer::<m::DefsGet>(self.def(&p.task)),
+            Call::PluginsList(_) => answer::<m::PluginsList>(Ok(self.plugins().await)),
+            Call::QueuesStats(_) => answer::<m::QueuesStats>(self.queues().await),
+            Call::EventsPublish(p) => answer::<m::EventsPublish>(self.triggers.publish(p, actor).await),
+            Call::EventsList(p) => answer::<m::EventsList>(self.listing.events(limit(p)).await.map_err(store_err)),
+            Call::AuditList(p) => answer::<m::AuditList>(self.listing.audit(limit(p)).await.map_err(store_err)),
+            Call::AlertsList(p) => answer::<m::AlertsList>(self.listing.alerts(limit(p)).await.map_err(store_err)),
+            Call::AgentsList(_) => answer::<m::AgentsList>(self.listing.agents().await.map_err(store_err)),
+            // The connection handles it: a subscription is the connection's.
+            Call::Subscribe(_) => Err(RpcError::new(code::INVALID_REQUEST, "subscribe is answered by the connection")),
         }
     }
 
-    async fn dry_run(&self, p: TriggerParams) -> Reply {
+    fn hello(&self, h: Hello, role: Role) -> Result<HelloResult, RpcError> {
+        if let Some(v) = h.protocol.filter(|v| *v != PROTOCOL_VERSION) {
+            return Err(RpcError::new(
+                code::INVALID_PARAMS,
+                format!("protocol {v} is not supported (this agent speaks {PROTOCOL_VERSION})"),
+            ));
+        }
+        Ok(HelloResult {
+            agent: self.name.clone(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            protocol: PROTOCOL_VERSION,
+            role,
+        })
+    }
+
+    async fn trigger(&self, p: TriggerParams, actor: &str) -> Result<TriggerResult, RpcError> {
+        let trigger = match p.reason.as_deref().map(str::trim).filter(|r| !r.is_empty()) {
+            Some(reason) => format!("manual ({reason})"),
+            None => "manual".into(),
+        };
+        let r = crate::triggers::Request {
+            task: p.task,
+            params: p.params,
+            dedup_key: p.dedup_key,
+            trigger,
+            actor: actor.into(),
+            event: None,
+        };
+        self.triggers.create(r).await
+    }
+
+    async fn retry(&self, p: IdParams, actor: &str) -> Result<Instance, RpcError> {
+        let reason = p.reason.unwrap_or_else(|| "retry requested".into());
+        self.h.store.manual_retry(&p.id, &format!("retry by {actor}: {reason}"), actor).await.map_err(store_err)?;
+        self.h.control.wake();
+        self.h.store.get(&p.id).await.map_err(store_err)
+    }
+
+    async fn rollback(&self, p: IdParams, actor: &str) -> Result<Instance, RpcError> {
+        let reason = p.reason.unwrap_or_else(|| "rollback requested".into());
+        let lease = self.h.config().scheduler.lease;
+        self.h.store.manual_rollback(&p.id, lease, &format!("by {actor}: {reason}"), actor).await.map_err(store_err)?;
+        let inst = self.h.store.get(&p.id).await.map_err(store_err)?;
+        self.h.control.adopt(inst);
+        self.h.store.get(&p.id).await.map_err(store_err)
+    }
+
+    fn def(&self, task: &str) -> Result<DefDetail, RpcError> {
+        let info = self.defs().into_iter().find(|d| d.task == task).ok_or_else(|| self.triggers.unknown_task(task))?;
+        let source = self.h.catalog.read().expect("catalog").defs.get(task).map(|l| l.source.to_string());
+        Ok(DefDetail { info, source })
+    }
+
+    async fn stats(&self, p: StatsParams) -> Result<StatsResult, RpcError> {
+        let minutes = p.minutes.unwrap_or(60).clamp(1, 1440);
+        let now = chrono::Utc::now();
+        let since = now - chrono::TimeDelta::minutes(i64::from(minutes));
+        let rows = self.listing.ended_since(since).await.map_err(store_err)?;
+        Ok(super::stats::fold(&rows, minutes, now))
+    }
+
+    async fn dry_run(&self, p: TriggerParams) -> Result<DryRunResult, RpcError> {
         let loaded = self.triggers.current(&p.task)?;
         let def = &loaded.def;
         let params = crate::triggers::Triggers::fill_params(def, p.params)?;
@@ -214,10 +184,10 @@ impl Api {
                 describe,
             });
         }
-        to_value(DryRunResult { task: def.task.clone(), valid: steps.iter().all(|s| s.valid), steps })
+        Ok(DryRunResult { task: def.task.clone(), valid: steps.iter().all(|s| s.valid), steps })
     }
 
-    async fn list(&self, p: ListParams) -> Reply {
+    async fn list(&self, p: ListParams) -> Result<ListResult, RpcError> {
         let limit = p.limit.unwrap_or(50);
         if !(1..=MAX_LIST_LIMIT).contains(&limit) {
             return Err(RpcError::new(
@@ -236,10 +206,10 @@ impl Api {
         let items =
             if p.archived { store.list_archived(filter).await } else { store.list(filter).await }.map_err(store_err)?;
         let next_cursor = (items.len() as u32 == limit).then(|| items.last().map(|i| i.id.clone())).flatten();
-        to_value(ListResult { items, next_cursor })
+        Ok(ListResult { items, next_cursor })
     }
 
-    async fn cancel(&self, p: IdParams, actor: &str) -> Reply {
+    async fn cancel(&self, p: IdParams, actor: &str) -> Result<Instance, RpcError> {
         let reason = format!("by {actor}: {}", p.reason.unwrap_or_else(|| "cancel requested".into()));
         // A claim commits before the scheduler starts the executor; an
         // instance seen RUNNING but not yet held is waited for briefly.
@@ -257,7 +227,7 @@ impl Api {
             if let (TaskState::Running, false, Some(owner)) = (inst.state, expired, elsewhere) {
                 // Another agent on the shared database runs it: it is asked to stop it.
                 let mut changes = store.bus().subscribe();
-                store.announce("control", "cancel", json!({ "id": p.id, "reason": reason, "to": owner }));
+                store.announce(Topic::Control, EventKind::Cancel, json!({ "id": p.id, "reason": reason, "to": owner }));
                 let grace = self.h.config().scheduler.kill_grace + std::time::Duration::from_secs(10);
                 let until = tokio::time::Instant::now() + grace;
                 while store.get(&p.id).await.map_err(store_err)?.state == TaskState::Running {
@@ -288,10 +258,10 @@ impl Api {
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
-        to_value(self.h.store.get(&p.id).await.map_err(store_err)?)
+        self.h.store.get(&p.id).await.map_err(store_err)
     }
 
-    async fn logs(&self, p: LogsParams) -> Reply {
+    async fn logs(&self, p: LogsParams) -> Result<LogsResult, RpcError> {
         let inst = self.h.store.get(&p.id).await.map_err(store_err)?;
         let steps = inst.steps.unwrap_or_default();
         let step = match &p.step {
@@ -309,7 +279,7 @@ impl Api {
         let path = crate::logs::StepLog::path_for(&self.h.data_dir, &p.id, step.seq);
         let (text, next_offset, eof) = crate::logs::read(&path, p.offset.unwrap_or(0), 256 * 1024)
             .map_err(|e| RpcError::new(code::INTERNAL, format!("reading {}: {e}", path.display())))?;
-        to_value(LogsResult { text, next_offset, eof })
+        Ok(LogsResult { text, next_offset, eof })
     }
 
     pub fn defs(&self) -> Vec<DefInfo> {
@@ -414,7 +384,7 @@ impl Api {
             .collect()
     }
 
-    async fn queues(&self) -> Reply {
+    async fn queues(&self) -> Result<Vec<QueueStats>, RpcError> {
         let mut stats = self.listing.queue_stats().await.map_err(store_err)?;
         let config = self.h.config();
         let limits = &config.scheduler.queues;
@@ -437,10 +407,10 @@ impl Api {
             s.limit = limits.get(&s.queue).and_then(|l| l.limit).map(u64::from);
         }
         stats.sort_by(|a, b| a.queue.cmp(&b.queue));
-        to_value(stats)
+        Ok(stats)
     }
 
-    async fn status(&self) -> Reply {
+    async fn status(&self) -> AgentStatus {
         // The status answers even when the store cannot be read: it says so.
         let (counts, unread) = match self.h.store.counts().await {
             Ok(c) => (c, None),
@@ -448,7 +418,7 @@ impl Api {
         };
         let cat = self.h.catalog.read().expect("catalog");
         let cfg = self.h.config();
-        to_value(AgentStatus {
+        AgentStatus {
             agent: self.name.clone(),
             version: env!("CARGO_PKG_VERSION").into(),
             pid: std::process::id(),
@@ -463,6 +433,6 @@ impl Api {
             concurrency: cfg.scheduler.concurrency,
             shutting_down: self.h.control.is_shutting_down(),
             store_error: self.h.store.unwritable().or(unread),
-        })
+        }
     }
 }

@@ -4,7 +4,10 @@
 
 use super::frame::{Frame, FrameCodec};
 use super::{Access, Api};
-use apollo_shared::protocol::{code, Event, Request, Response, RpcError, SubscribeParams, MAX_FRAME_BYTES, TOPICS};
+use apollo_shared::protocol::methods as m;
+use apollo_shared::protocol::{
+    code, Call, Event, EventKind, Method, Request, Response, RpcError, SubscribeResult, Topic, MAX_FRAME_BYTES,
+};
 use futures::StreamExt;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -152,7 +155,7 @@ pub async fn handle(stream: UnixStream, api: Arc<Api>, access: Arc<Access>, shut
                     }
                 };
                 let Some(req) = req else { continue };
-                if req.method == "subscribe" {
+                if req.method == m::Subscribe::NAME {
                     let result = subscribe(&api, req.params.clone(), &tx, &mut subscription);
                     req.id.as_ref().map(|_| reply(id, result))
                 } else {
@@ -254,12 +257,14 @@ fn subscribe(
     tx: &Outbox,
     current: &mut Option<tokio::task::JoinHandle<()>>,
 ) -> Result<Value, RpcError> {
-    let p: SubscribeParams = serde_json::from_value(params.unwrap_or(Value::Null))
-        .map_err(|e| RpcError::new(code::INVALID_PARAMS, format!("subscribe: {e} (expected {{\"topics\": [...]}})")))?;
-    if let Some(bad) = p.topics.iter().find(|t| !TOPICS.contains(&t.as_str())) {
+    let Call::Subscribe(p) = Call::parse(m::Subscribe::NAME, params.unwrap_or(Value::Null))? else {
+        unreachable!("subscribe parses as subscribe")
+    };
+    if let Some(bad) = p.topics.iter().find(|t| !Topic::SUBSCRIBABLE.contains(t)) {
+        let known: Vec<&str> = Topic::SUBSCRIBABLE.iter().map(|t| t.as_str()).collect();
         return Err(RpcError::new(
             code::INVALID_PARAMS,
-            format!("unknown topic {bad:?} (expected any of: {})", TOPICS.join(", ")),
+            format!("topic {bad:?} is not for clients (expected any of: {})", known.join(", ")),
         ));
     }
     if let Some(old) = current.take() {
@@ -276,7 +281,7 @@ fn subscribe(
             if behind {
                 // The client missed events: it is told as soon as it has read
                 // enough to take the notice, not only when the next event comes.
-                let resync = Event { seq: bus.seq(), topic: "all".into(), kind: "resync".into(), data: json!({}) };
+                let resync = Event { seq: bus.seq(), topic: Topic::All, kind: EventKind::Resync, data: json!({}) };
                 if !tx.send(notification(&resync)).await {
                     break;
                 }
@@ -296,7 +301,7 @@ fn subscribe(
             }
         }
     }));
-    Ok(json!({ "seq": seq }))
+    serde_json::to_value(SubscribeResult { seq }).map_err(|e| RpcError::new(code::INTERNAL, e.to_string()))
 }
 
 fn notification(ev: &Event) -> String {

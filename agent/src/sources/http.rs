@@ -160,7 +160,8 @@ impl Listener {
         for p in events {
             let name = p.name.clone();
             match self.triggers.publish(p, &actor).await {
-                Ok(mut r) => {
+                Ok(r) => {
+                    let mut r = json!(r);
                     r["name"] = json!(name);
                     results.push(r);
                 }

@@ -27,6 +27,7 @@ pub mod sqlite;
 mod write;
 mod writer;
 
+use apollo_shared::protocol::{EventKind, Topic};
 pub use leases::{QueuePolicy, Recover};
 pub use read::ListFilter;
 pub use records::Heartbeat;
@@ -236,7 +237,7 @@ impl Store {
     /// Publishes a committed change on this agent's bus and, on a shared
     /// database, to the other agents (a notification after this change's
     /// commit; see [`postgres::listen`]).
-    pub fn announce(&self, topic: &str, kind: &str, data: serde_json::Value) {
+    pub fn announce(&self, topic: Topic, kind: EventKind, data: serde_json::Value) {
         if self.is_postgres() {
             let payload = serde_json::json!({ "topic": topic, "kind": kind, "data": &data }).to_string();
             // PostgreSQL carries at most 8000 bytes; a longer one (an alert
@@ -329,8 +330,8 @@ impl Store {
                 let _ = rx.await;
             }
             self.announce(
-                "alerts",
-                "alert.raised",
+                Topic::Alerts,
+                EventKind::AlertRaised,
                 serde_json::json!({ "kind": "illegal_transition", "message": e.to_string() }),
             );
         }
@@ -373,8 +374,8 @@ impl Store {
                 if state.is_none() {
                     tracing::error!("{message}");
                     self.bus().publish(
-                        "alerts",
-                        "alert.raised",
+                        Topic::Alerts,
+                        EventKind::AlertRaised,
                         serde_json::json!({ "kind": "store_unwritable", "message": message }),
                     );
                 }
@@ -396,8 +397,8 @@ impl Store {
                     let back = format!("the store {} can be written again", self.location());
                     tracing::info!("{back}");
                     self.bus().publish(
-                        "alerts",
-                        "alert.raised",
+                        Topic::Alerts,
+                        EventKind::AlertRaised,
                         serde_json::json!({ "kind": "store_writable", "message": back }),
                     );
                     let _ = self.submit(

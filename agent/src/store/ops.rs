@@ -5,6 +5,7 @@ use super::db::p;
 use super::write::{self, Claimed, FailurePlan, NewInstance};
 use super::{leases, records};
 use super::{Result, Store};
+use apollo_shared::protocol::{EventKind, Topic};
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -15,7 +16,7 @@ impl Store {
         if let Some((seq, s)) = step {
             data["step"] = json!({ "seq": seq, "state": s });
         }
-        self.announce("tasks", "instance.updated", data);
+        self.announce(Topic::Tasks, EventKind::InstanceUpdated, data);
     }
 
     pub async fn put_def(&self, hash: &str, task: &str, file: &str, source: &str) -> Result<()> {
@@ -41,7 +42,11 @@ impl Store {
             })
             .await?;
         if created {
-            self.bus().publish("tasks", "instance.created", json!({ "id": id, "task": task, "state": "PENDING" }));
+            self.bus().publish(
+                Topic::Tasks,
+                EventKind::InstanceCreated,
+                json!({ "id": id, "task": task, "state": "PENDING" }),
+            );
         }
         Ok((id, created))
     }
@@ -118,7 +123,11 @@ impl Store {
         let (i, e, a) = (id.to_string(), error.to_string(), self.agent().to_string());
         self.write(move |c| write::rollback_failed(c, &i, &e, &a)).await?;
         self.changed(id, "FAILED", None);
-        self.announce("alerts", "alert.raised", json!({ "kind": "rollback_failed", "instance": id, "message": error }));
+        self.announce(
+            Topic::Alerts,
+            EventKind::AlertRaised,
+            json!({ "kind": "rollback_failed", "instance": id, "message": error }),
+        );
         Ok(())
     }
 
@@ -189,7 +198,11 @@ impl Store {
     pub async fn alert(&self, kind: &str, message: &str, instance: Option<&str>) -> Result<()> {
         let (k, m, i) = (kind.to_string(), message.to_string(), instance.map(str::to_string));
         self.write(move |c| records::insert_alert(c, &k, &m, i.as_deref())).await?;
-        self.announce("alerts", "alert.raised", json!({ "kind": kind, "instance": instance, "message": message }));
+        self.announce(
+            Topic::Alerts,
+            EventKind::AlertRaised,
+            json!({ "kind": kind, "instance": instance, "message": message }),
+        );
         Ok(())
     }
 
@@ -245,7 +258,7 @@ impl Store {
     pub async fn archive(&self, cutoff: DateTime<Utc>, max: usize) -> Result<usize> {
         let ids = self.write(move |c| records::archive(c, cutoff, max)).await?;
         for id in &ids {
-            self.announce("tasks", "instance.archived", json!({ "id": id }));
+            self.announce(Topic::Tasks, EventKind::InstanceArchived, json!({ "id": id }));
         }
         Ok(ids.len())
     }

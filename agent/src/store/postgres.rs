@@ -10,6 +10,7 @@
 
 use super::db::{to_postgres, Db, Row, V};
 use super::{Conn, Result, StoreError};
+use apollo_shared::protocol::{EventKind, Topic};
 use bytes::BytesMut;
 use postgres::types::{FromSql, IsNull, ToSql, Type};
 use std::cell::{Cell, RefCell};
@@ -406,8 +407,10 @@ pub async fn listen(
             }
             let mut woke = false;
             for e in v["events"].as_array().into_iter().flatten() {
-                let (topic, kind) = (e["topic"].as_str().unwrap_or_default(), e["kind"].as_str().unwrap_or_default());
-                if topic == "tasks" && !woke {
+                let topic: Option<Topic> = e["topic"].as_str().and_then(|t| t.parse().ok());
+                let Some(topic) = topic else { continue };
+                let kind = e["kind"].as_str().and_then(|k| k.parse().ok()).unwrap_or(EventKind::Other);
+                if topic == Topic::Tasks && !woke {
                     wake();
                     woke = true;
                 }

@@ -4,7 +4,7 @@
 use super::db::{p, Db};
 use super::rows::{self, parse_ts, ts, INSTANCE_COLS, STEP_COLS, SUMMARY_COLS};
 use super::{Result, Store, StoreError};
-use apollo_shared::protocol::{Alert, AttemptRun, Instance, QueueStats, Transition};
+use apollo_shared::protocol::{Alert, AttemptRun, AuditEntry, EventRecord, Instance, QueueStats, Transition};
 use apollo_shared::state::TaskState;
 use chrono::{DateTime, Utc};
 use std::collections::BTreeMap;
@@ -190,7 +190,7 @@ impl Store {
 
     /// What operators did, newest first: every history row an operator (not
     /// an agent, not the schedule) caused, with the instance's task.
-    pub async fn audit(&self, limit: u32) -> Result<Vec<serde_json::Value>> {
+    pub async fn audit(&self, limit: u32) -> Result<Vec<AuditEntry>> {
         self.read(move |c| {
             c.query(
                 "SELECT t.at, t.actor, t.instance_id, COALESCE(i.task, a.task), t.step_seq, t.from_state, t.to_state, t.reason \
@@ -201,16 +201,16 @@ impl Store {
             )?
             .iter()
             .map(|r| {
-                Ok(serde_json::json!({
-                    "at": r.get::<String>(0)?,
-                    "actor": r.get::<String>(1)?,
-                    "instance": r.get::<String>(2)?,
-                    "task": r.get::<Option<String>>(3)?,
-                    "step": r.get::<Option<u32>>(4)?,
-                    "from": r.get::<Option<String>>(5)?,
-                    "to": r.get::<String>(6)?,
-                    "reason": r.get::<String>(7)?,
-                }))
+                Ok(AuditEntry {
+                    at: r.get(0)?,
+                    actor: r.get(1)?,
+                    instance: r.get(2)?,
+                    task: r.get(3)?,
+                    step: r.get(4)?,
+                    from: r.get(5)?,
+                    to: r.get(6)?,
+                    reason: r.get(7)?,
+                })
             })
             .collect()
         })
@@ -276,7 +276,7 @@ impl Store {
     }
 
     /// Received events, newest first: id, name, data, dedup key, time, instances created.
-    pub async fn events(&self, limit: u32) -> Result<Vec<serde_json::Value>> {
+    pub async fn events(&self, limit: u32) -> Result<Vec<EventRecord>> {
         self.read(move |c| {
             c.query(
                 "SELECT id, name, data, dedup_key, received_at, instances FROM events ORDER BY id DESC LIMIT ?1",
@@ -286,14 +286,14 @@ impl Store {
             .map(|r| {
                 let data: Option<String> = r.get(2)?;
                 let instances: String = r.get(5)?;
-                Ok(serde_json::json!({
-                    "id": r.get::<String>(0)?,
-                    "name": r.get::<String>(1)?,
-                    "data": data.and_then(|d| serde_json::from_str::<serde_json::Value>(&d).ok()),
-                    "dedup_key": r.get::<Option<String>>(3)?,
-                    "received_at": r.get::<String>(4)?,
-                    "instances": serde_json::from_str::<serde_json::Value>(&instances).unwrap_or_default(),
-                }))
+                Ok(EventRecord {
+                    id: r.get(0)?,
+                    name: r.get(1)?,
+                    data: data.and_then(|d| serde_json::from_str(&d).ok()),
+                    dedup_key: r.get(3)?,
+                    received_at: r.get(4)?,
+                    instances: serde_json::from_str(&instances).unwrap_or_default(),
+                })
             })
             .collect()
         })

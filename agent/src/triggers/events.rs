@@ -4,8 +4,8 @@
 //! visible, not an error.
 
 use super::{store_error, Request, Triggers};
-use apollo_shared::protocol::{PublishParams, RpcError};
-use serde_json::{json, Map, Value};
+use apollo_shared::protocol::{PublishParams, PublishResult, RpcError};
+use serde_json::{Map, Value};
 
 /// The payload field at a dotted path (`order.region`).
 fn field<'a>(data: &'a Value, path: &str) -> Option<&'a Value> {
@@ -18,7 +18,7 @@ pub fn matches(filter: &Map<String, Value>, data: &Value) -> bool {
 }
 
 impl Triggers {
-    pub async fn publish(&self, p: PublishParams, actor: &str) -> Result<Value, RpcError> {
+    pub async fn publish(&self, p: PublishParams, actor: &str) -> Result<PublishResult, RpcError> {
         if !matches!(p.data, None | Some(Value::Null) | Some(Value::Object(_))) {
             return Err(RpcError::new(
                 apollo_shared::protocol::code::INVALID_PARAMS,
@@ -33,7 +33,7 @@ impl Triggers {
         if let Some(key) = &p.dedup_key {
             if let Some((id, _)) = self.h.store.event_by_key(key).await.map_err(store_error)? {
                 // `instances` lists what this call created: nothing.
-                return Ok(json!({ "event_id": id, "duplicate": true, "instances": [] }));
+                return Ok(PublishResult { event_id: id, duplicate: true, instances: Vec::new() });
             }
         }
         let event_id = self.new_id();
@@ -74,13 +74,14 @@ impl Triggers {
         if stored && created.is_empty() {
             tracing::info!(event = %p.name, "event matched no definition; kept");
         }
-        Ok(json!({ "event_id": event_id, "duplicate": !stored, "instances": created }))
+        Ok(PublishResult { event_id, duplicate: !stored, instances: created })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn filters_compare_dotted_fields_exactly() {

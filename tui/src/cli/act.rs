@@ -9,7 +9,8 @@
 use super::{print_json, render, Failure};
 use crate::client::Client;
 use crate::contexts::Context;
-use apollo_shared::protocol::{Instance, ListResult};
+use apollo_shared::protocol::methods as m;
+use apollo_shared::protocol::{IdParams, Instance, ListParams};
 use apollo_shared::state::{OperatorAction, TaskState};
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
@@ -68,12 +69,15 @@ pub async fn select(client: &Client, sel: &Selector) -> Result<Vec<Instance>, Fa
     let mut out = Vec::new();
     let mut cursor: Option<String> = None;
     loop {
-        let page: ListResult = client
-            .call_as(
-                "tasks.list",
-                json!({"state": sel.state, "task": sel.task, "queue": sel.queue, "limit": 500, "cursor": cursor}),
-            )
-            .await?;
+        let query = ListParams {
+            state: sel.state,
+            task: sel.task.clone(),
+            queue: sel.queue.clone(),
+            limit: Some(500),
+            cursor: cursor.take(),
+            archived: false,
+        };
+        let page = client.request::<m::TasksList>(query).await?;
         let mut older = false;
         for i in page.items {
             if sel.since.is_some_and(|s| i.created_at < s) {
@@ -208,7 +212,7 @@ pub async fn run(
     let mut failed = 0;
     let mut results = Vec::new();
     for i in todo {
-        match client.call_as::<Instance>(action.method(), json!({"id": i.id, "reason": reason})).await {
+        match client.operate(action, &i.id, reason.as_deref()).await {
             Ok(now) => {
                 if !json {
                     println!("{:<10} {}  {:<20} now {}", "done", i.id, i.task, now.state);
@@ -256,7 +260,7 @@ pub async fn act(
     }
     let mut reason = a.reason.clone();
     if a.dry_run || (production && action.destructive()) {
-        let inst: Instance = client.call_as("tasks.get", json!({"id": id})).await?;
+        let inst = client.request::<m::TasksGet>(IdParams { id: id.clone(), reason: None }).await?;
         let plan = action.plan(inst.state);
         if a.dry_run {
             match plan {
@@ -272,7 +276,7 @@ pub async fn act(
         };
         reason = confirmed(typed, a.yes, true, reason)?;
     }
-    let inst: Instance = client.call_as(action.method(), json!({"id": id, "reason": reason})).await?;
+    let inst = client.operate(action, id, reason.as_deref()).await?;
     if json {
         print_json(&inst);
     } else {

@@ -13,7 +13,11 @@ mod render;
 use crate::client::{socket_candidates, Client, ClientError};
 use crate::contexts::{Context, Contexts};
 use crate::local::{self, LocalAgent};
-use apollo_shared::protocol::{DryRunResult, Instance, ListResult, LogsResult};
+use apollo_shared::protocol::methods as m;
+use apollo_shared::protocol::{
+    EventKind, IdParams, Instance, LimitParams, ListParams, LogsParams, Method, NoParams, PublishParams, Topic,
+    TriggerParams,
+};
 use apollo_shared::state::{OperatorAction, TaskState};
 use clap::{Parser, Subcommand};
 use serde_json::{json, Map, Value};
@@ -284,25 +288,20 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
         Cmd::Run { task, params, wait, dedup_key, reason } => {
             let params = parse_params(params)?;
             if *wait {
-                client.subscribe(&["tasks"]).await?;
+                client.subscribe(&[Topic::Tasks]).await?;
             }
-            let r = client
-                .call(
-                    "tasks.trigger",
-                    json!({"task": task, "params": params, "dedup_key": dedup_key, "reason": reason}),
-                )
-                .await?;
-            let id = r["id"].as_str().unwrap_or_default().to_string();
+            let p = TriggerParams { task: task.clone(), params, dedup_key: dedup_key.clone(), reason: reason.clone() };
+            let r = client.request::<m::TasksTrigger>(p).await?;
             if !*wait {
                 if json {
                     print_json(&r);
                 } else {
-                    let note = if r["created"] == json!(false) { " (already existed for this dedup key)" } else { "" };
-                    println!("{} {task} {id}{note}", out.paint("created", "PENDING"));
+                    let note = if r.created { "" } else { " (already existed for this dedup key)" };
+                    println!("{} {task} {}{note}", out.paint("created", "PENDING"), r.id);
                 }
                 return Ok(ExitCode::SUCCESS);
             }
-            let inst = wait_for_end(&client, &id, json, &out).await?;
+            let inst = wait_for_end(&client, &r.id, json, &out).await?;
             if json {
                 print_json(&inst);
             } else {
@@ -312,7 +311,8 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
         }
         Cmd::DryRun { task, params } => {
             let params = parse_params(params)?;
-            let r: DryRunResult = client.call_as("tasks.dry_run", json!({"task": task, "params": params})).await?;
+            let p = TriggerParams { task: task.clone(), params, dedup_key: None, reason: None };
+            let r = client.request::<m::TasksDryRun>(p).await?;
             if json {
                 print_json(&r);
             } else {
@@ -321,12 +321,15 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
             Ok(if r.valid { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
         Cmd::Ls { state, task, queue, limit, archived } => {
-            let r: ListResult = client
-                .call_as(
-                    "tasks.list",
-                    json!({"state": state, "task": task, "queue": queue, "limit": limit, "archived": archived}),
-                )
-                .await?;
+            let p = ListParams {
+                state: *state,
+                task: task.clone(),
+                queue: queue.clone(),
+                limit: Some(*limit),
+                cursor: None,
+                archived: *archived,
+            };
+            let r = client.request::<m::TasksList>(p).await?;
             if json {
                 print_json(&r.items);
             } else {
@@ -335,7 +338,7 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Show { id } => {
-            let inst: Instance = client.call_as("tasks.get", json!({"id": id})).await?;
+            let inst = get(&client, id).await?;
             if json {
                 print_json(&inst);
             } else {
@@ -353,78 +356,55 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
                 Some(d) => Some(serde_json::from_str(d).map_err(|e| Failure::Usage(format!("--data: not JSON: {e}")))?),
                 None => None,
             };
-            let r = client.call("events.publish", json!({"name": name, "data": data, "dedup_key": dedup_key})).await?;
+            let p = PublishParams { name: name.clone(), data, dedup_key: dedup_key.clone() };
+            let r = client.request::<m::EventsPublish>(p).await?;
             if json {
                 print_json(&r);
             } else {
-                println!(
-                    "event {} published; instances created: {}",
-                    r["event_id"].as_str().unwrap_or(""),
-                    r["instances"]
-                );
+                println!("event {} published; instances created: {}", r.event_id, json!(r.instances));
             }
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Defs => simple(&client, "defs.list", json, |v| render::defs(&out, v)).await,
-        Cmd::Plugins => simple(&client, "plugins.list", json, |v| render::plugins(&out, v)).await,
-        Cmd::Queues => simple(&client, "queues.stats", json, |v| render::queues(&out, v)).await,
-        Cmd::Status => simple(&client, "agent.status", json, |v| render::status(&out, v)).await,
-        Cmd::Agents => simple(&client, "agents.list", json, |v| render::agents(&out, v)).await,
+        Cmd::Defs => simple::<m::DefsList>(&client, NoParams {}, json, |v| render::defs(&out, v)).await,
+        Cmd::Plugins => simple::<m::PluginsList>(&client, NoParams {}, json, |v| render::plugins(&out, v)).await,
+        Cmd::Queues => simple::<m::QueuesStats>(&client, NoParams {}, json, |v| render::queues(&out, v)).await,
+        Cmd::Status => simple::<m::AgentStatus>(&client, NoParams {}, json, |v| render::status(&out, v)).await,
+        Cmd::Agents => simple::<m::AgentsList>(&client, NoParams {}, json, |v| render::agents(&out, v)).await,
         Cmd::Completions { .. } | Cmd::Man => Ok(ExitCode::SUCCESS),
         Cmd::Audit { limit } => {
-            let v = client.call("audit.list", json!({"limit": limit})).await?;
-            if json {
-                print_json(&v);
-            } else {
-                for r in v.as_array().into_iter().flatten() {
-                    let step = r["step"].as_u64().map(|s| format!(" step {s}")).unwrap_or_default();
-                    println!(
-                        "{}  {}  {} {}{}  {} -> {}  {}",
-                        r["at"].as_str().unwrap_or_default(),
-                        r["actor"].as_str().unwrap_or_default(),
-                        r["task"].as_str().unwrap_or("?"),
-                        r["instance"].as_str().unwrap_or_default(),
-                        step,
-                        r["from"].as_str().unwrap_or("-"),
-                        r["to"].as_str().unwrap_or_default(),
-                        r["reason"].as_str().unwrap_or_default()
-                    );
-                }
-            }
-            Ok(ExitCode::SUCCESS)
+            let p = LimitParams { limit: Some(*limit) };
+            simple::<m::AuditList>(&client, p, json, |v| render::audit(&out, v)).await
         }
-        Cmd::Metrics => {
-            simple(&client, "agent.metrics", json, |v| print!("{}", v["text"].as_str().unwrap_or_default())).await
-        }
+        Cmd::Metrics => simple::<m::AgentMetrics>(&client, NoParams {}, json, |v| print!("{}", v.text)).await,
         Cmd::Events { limit } => {
-            let v = client.call("events.list", json!({"limit": limit})).await?;
-            if json {
-                print_json(&v);
-            } else {
-                render::events(&out, &v);
-            }
-            Ok(ExitCode::SUCCESS)
+            let p = LimitParams { limit: Some(*limit) };
+            simple::<m::EventsList>(&client, p, json, |v| render::events(&out, v)).await
         }
         Cmd::Alerts { limit } => {
-            let v = client.call("alerts.list", json!({"limit": limit})).await?;
-            if json {
-                print_json(&v);
-            } else {
-                render::alerts(&out, &v);
-            }
-            Ok(ExitCode::SUCCESS)
+            let p = LimitParams { limit: Some(*limit) };
+            simple::<m::AlertsList>(&client, p, json, |v| render::alerts(&out, v)).await
         }
     }
 }
 
-async fn simple(client: &Client, method: &str, json: bool, human: impl FnOnce(&Value)) -> Result<ExitCode, Failure> {
-    let v = client.call(method, json!({})).await?;
+/// One request; its result printed as JSON or for a person.
+async fn simple<M: Method>(
+    client: &Client,
+    params: M::Params,
+    json: bool,
+    human: impl FnOnce(&M::Result),
+) -> Result<ExitCode, Failure> {
+    let r = client.request::<M>(params).await?;
     if json {
-        print_json(&v);
+        print_json(&r);
     } else {
-        human(&v);
+        human(&r);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+async fn get(client: &Client, id: &str) -> Result<Instance, Failure> {
+    Ok(client.request::<m::TasksGet>(IdParams { id: id.to_string(), reason: None }).await?)
 }
 
 /// An instance has ended when nothing will move it without an operator.
@@ -438,7 +418,7 @@ async fn wait_for_end(client: &Client, id: &str, json: bool, out: &render::Out) 
     let mut events = client.take_events().ok_or(Failure::Unreachable("event stream already taken".into()))?;
     let mut last_state = None;
     loop {
-        let inst: Instance = client.call_as("tasks.get", json!({"id": id})).await?;
+        let inst = get(client, id).await?;
         if !json && last_state != Some(inst.state) {
             eprintln!("{} {}", out.paint(inst.state.as_str(), inst.state.as_str()), inst.task);
             last_state = Some(inst.state);
@@ -448,7 +428,7 @@ async fn wait_for_end(client: &Client, id: &str, json: bool, out: &render::Out) 
         }
         loop {
             let ev = events.recv().await.ok_or(Failure::Unreachable("the connection to the agent closed".into()))?;
-            if ev.kind == "resync" || ev.data["id"] == json!(id) {
+            if ev.kind == EventKind::Resync || ev.data["id"] == id {
                 break;
             }
         }
@@ -459,7 +439,7 @@ async fn logs(client: &Client, id: &str, step: Option<&str>, follow: bool) -> Re
     let step: Value = match step {
         Some(s) => s.parse::<u64>().map(Value::from).unwrap_or_else(|_| Value::String(s.to_string())),
         None => {
-            let inst: Instance = client.call_as("tasks.get", json!({"id": id})).await?;
+            let inst = get(client, id).await?;
             let steps = inst.steps.unwrap_or_default();
             let last = steps.iter().rfind(|s| s.attempts > 0).or(steps.first());
             json!(last.map(|s| s.seq).unwrap_or(0))
@@ -467,18 +447,19 @@ async fn logs(client: &Client, id: &str, step: Option<&str>, follow: bool) -> Re
     };
     let mut offset = 0;
     loop {
-        let r: LogsResult = client.call_as("steps.logs", json!({"id": id, "step": step, "offset": offset})).await?;
+        let r = client
+            .request::<m::StepsLogs>(LogsParams { id: id.into(), step: step.clone(), offset: Some(offset) })
+            .await?;
         print!("{}", r.text);
         offset = r.next_offset;
         if r.eof {
             if !follow {
                 break;
             }
-            let inst: Instance = client.call_as("tasks.get", json!({"id": id})).await?;
-            if ended(&inst) {
+            if ended(&get(client, id).await?) {
                 // What was written before it ended.
-                let r: LogsResult =
-                    client.call_as("steps.logs", json!({"id": id, "step": step, "offset": offset})).await?;
+                let p = LogsParams { id: id.into(), step: step.clone(), offset: Some(offset) };
+                let r = client.request::<m::StepsLogs>(p).await?;
                 print!("{}", r.text);
                 break;
             }

@@ -1,7 +1,10 @@
 //! Human output: tables and summaries, coloured by state on a terminal
 //! (never when NO_COLOR is set or stdout is not a terminal).
 
-use apollo_shared::protocol::{DryRunResult, Instance};
+use apollo_shared::protocol::{
+    AgentInfo, AgentStatus, Alert, AuditEntry, DefInfo, DryRunResult, EventRecord, Instance, PluginInfo, PluginStats,
+    QueueStats,
+};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use std::io::IsTerminal;
@@ -137,146 +140,127 @@ pub fn dry_run(out: &Out, r: &DryRunResult) {
     }
 }
 
-pub fn defs(out: &Out, v: &Value) {
-    for d in v.as_array().into_iter().flatten() {
-        let errors = d["errors"].as_array().cloned().unwrap_or_default();
-        if d["hash"].is_string() {
-            let next = d["next_fire"].as_str().map(|n| format!("   next fire {n}")).unwrap_or_default();
+pub fn defs(out: &Out, defs: &[DefInfo]) {
+    for d in defs {
+        if d.hash.is_some() {
+            let next = d.next_fire.map(|n| format!("   next fire {}", rfc3339(n))).unwrap_or_default();
             println!(
                 "{:<20} {:<10} steps: {}   {}{next}",
-                d["task"].as_str().unwrap_or(""),
-                d["queue"].as_str().unwrap_or(""),
-                d["steps"]
-                    .as_array()
-                    .map(|s| s.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(" → "))
-                    .unwrap_or_default(),
-                d["file"].as_str().unwrap_or("")
+                d.task,
+                d.queue.as_deref().unwrap_or(""),
+                d.steps.join(" → "),
+                d.file
             );
         }
-        for e in errors {
-            println!("{} {}", out.paint("error", "FAILED"), e.as_str().unwrap_or(""));
+        for e in &d.errors {
+            println!("{} {e}", out.paint("error", "FAILED"));
         }
     }
 }
 
-pub fn plugins(_out: &Out, v: &Value) {
+pub fn plugins(_out: &Out, plugins: &[PluginInfo]) {
     println!(
         "{:<18} {:<8} {:>8} {:>6} {:>6} {:>6} {:>8} {:>8} {:>9}  CLASS",
         "NAME", "VERSION", "TIMEOUT", "RETRY", "RUNS", "FAIL%", "P50", "P99", "SUGGESTED"
     );
-    for p in v.as_array().into_iter().flatten() {
-        let stats: Option<apollo_shared::protocol::PluginStats> = serde_json::from_value(p["stats"].clone()).ok();
-        let [runs, fail, p50, p99, suggested] = apollo_shared::protocol::PluginStats::columns(stats.as_ref());
+    for p in plugins {
+        let [runs, fail, p50, p99, suggested] = PluginStats::columns(p.stats.as_ref());
         println!(
-            "{:<18} {:<8} {:>7}s {:>6} {runs:>6} {fail:>6} {p50:>8} {p99:>8} {suggested:>9}  {}",
-            p["name"].as_str().unwrap_or(""),
-            p["version"].as_str().unwrap_or(""),
-            p["timeout_secs"],
-            p["retry"],
-            p["class"].as_str().unwrap_or("")
+            "{:<18} {:<8} {:>7?}s {:>6} {runs:>6} {fail:>6} {p50:>8} {p99:>8} {suggested:>9}  {}",
+            p.name,
+            p.version,
+            p.timeout_secs,
+            p.retry,
+            p.class.as_deref().unwrap_or("")
         );
     }
 }
 
-pub fn agents(out: &Out, v: &Value) {
+pub fn agents(out: &Out, agents: &[AgentInfo]) {
     println!(
         "{:<16} {:<22} {:<16} {:<8} {:>7} {:>10}  {:<10} QUEUES",
         "NAME", "ID", "HOST", "VERSION", "RUNNING", "HEARTBEAT", "STATE"
     );
-    for a in v.as_array().into_iter().flatten() {
-        let state = if a["stopped"] == true {
+    for a in agents {
+        let state = if a.stopped {
             out.paint("stopped", "SKIPPED")
-        } else if a["late"] == true {
+        } else if a.late {
             out.paint("late", "FAILED")
         } else {
             out.paint("live", "SUCCESS")
         };
-        let queues: Vec<&str> = a["queues"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
         println!(
             "{:<16} {:<22} {:<16} {:<8} {:>7} {:>9.1}s  {:<10} {}",
-            a["name"].as_str().unwrap_or_default(),
-            a["id"].as_str().unwrap_or_default(),
-            a["host"].as_str().unwrap_or_default(),
-            a["version"].as_str().unwrap_or_default(),
-            a["running"],
-            a["heartbeat_age_secs"].as_f64().unwrap_or_default(),
+            a.name,
+            a.id,
+            a.host,
+            a.version,
+            a.running,
+            a.heartbeat_age_secs,
             state,
-            queues.join(",")
+            a.queues.join(",")
         );
     }
 }
 
-pub fn queues(_out: &Out, v: &Value) {
+pub fn queues(_out: &Out, queues: &[QueueStats]) {
     println!("{:<12} {:>8} {:>6} {:>8} {:>9}  OLDEST PENDING", "QUEUE", "RUNNING", "LIMIT", "PENDING", "RETRYING");
-    for q in v.as_array().into_iter().flatten() {
-        let limit = q["limit"].as_u64().map(|l| l.to_string()).unwrap_or_else(|| "-".into());
-        let oldest = q["oldest_pending_secs"].as_f64().map(|s| format!("{s:.0}s")).unwrap_or_else(|| "-".into());
-        println!(
-            "{:<12} {:>8} {:>6} {:>8} {:>9}  {oldest}",
-            q["queue"].as_str().unwrap_or(""),
-            q["running"],
-            limit,
-            q["pending"],
-            q["retrying"]
-        );
+    for q in queues {
+        let limit = q.limit.map(|l| l.to_string()).unwrap_or_else(|| "-".into());
+        let oldest = q.oldest_pending_secs.map(|s| format!("{s:.0}s")).unwrap_or_else(|| "-".into());
+        println!("{:<12} {:>8} {:>6} {:>8} {:>9}  {oldest}", q.queue, q.running, limit, q.pending, q.retrying);
     }
 }
 
-pub fn alerts(_out: &Out, v: &Value) {
-    let items = v.as_array().cloned().unwrap_or_default();
-    if items.is_empty() {
+pub fn alerts(_out: &Out, alerts: &[Alert]) {
+    if alerts.is_empty() {
         println!("no alerts");
     }
-    for a in items {
-        println!(
-            "{}  {:<20} {}  {}",
-            a["at"].as_str().unwrap_or(""),
-            a["kind"].as_str().unwrap_or(""),
-            a["instance"].as_str().unwrap_or("-"),
-            a["message"].as_str().unwrap_or("")
-        );
+    for a in alerts {
+        println!("{}  {:<20} {}  {}", rfc3339(a.at), a.kind, a.instance.as_deref().unwrap_or("-"), a.message);
     }
 }
 
-pub fn status(out: &Out, v: &Value) {
-    println!(
-        "agent {} (version {}, pid {})",
-        v["agent"].as_str().unwrap_or(""),
-        v["version"].as_str().unwrap_or(""),
-        v["pid"]
-    );
-    println!(
-        "  up {:.0}s   store {}   socket {}",
-        v["uptime_secs"].as_f64().unwrap_or(0.0),
-        v["store"].as_str().unwrap_or(""),
-        v["socket"].as_str().unwrap_or("")
-    );
+pub fn status(out: &Out, s: &AgentStatus) {
+    println!("agent {} (version {}, pid {})", s.agent, s.version, s.pid);
+    println!("  up {:.0}s   store {}   socket {}", s.uptime_secs, s.store, s.socket);
     println!(
         "  tasks {}   definitions {} ({} with errors)   concurrency {}",
-        v["tasks_dir"].as_str().unwrap_or(""),
-        v["definitions"],
-        v["definition_errors"],
-        v["concurrency"]
+        s.tasks_dir, s.definitions, s.definition_errors, s.concurrency
     );
-    let counts: Vec<String> = v["counts"]
-        .as_object()
-        .map(|m| m.iter().map(|(k, n)| format!("{} {n}", out.paint(k, k))).collect())
-        .unwrap_or_default();
+    let counts: Vec<String> = s.counts.iter().map(|(k, n)| format!("{} {n}", out.paint(k, k))).collect();
     println!("  {}", counts.join("   "));
 }
 
-pub fn events(_out: &Out, v: &Value) {
-    let items = v.as_array().cloned().unwrap_or_default();
-    if items.is_empty() {
+pub fn events(_out: &Out, events: &[EventRecord]) {
+    if events.is_empty() {
         println!("no events");
     }
-    for e in items {
-        let created = e["instances"].as_array().map(|a| a.len()).unwrap_or(0);
+    for e in events {
+        let created = e.instances.as_array().map(|a| a.len()).unwrap_or(0);
+        let data = e.data.clone().unwrap_or(Value::Null);
+        println!("{}  {:<24} created {created}  data {data}", e.received_at, e.name);
+    }
+}
+
+pub fn audit(_out: &Out, entries: &[AuditEntry]) {
+    for r in entries {
+        let step = r.step.map(|s| format!(" step {s}")).unwrap_or_default();
         println!(
-            "{}  {:<24} created {created}  data {}",
-            e["received_at"].as_str().unwrap_or(""),
-            e["name"].as_str().unwrap_or(""),
-            e["data"]
+            "{}  {}  {} {}{}  {} -> {}  {}",
+            r.at,
+            r.actor,
+            r.task.as_deref().unwrap_or("?"),
+            r.instance,
+            step,
+            r.from.as_deref().unwrap_or("-"),
+            r.to,
+            r.reason
         );
     }
+}
+
+/// A time as the protocol carries it.
+fn rfc3339(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
 }

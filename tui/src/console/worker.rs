@@ -6,8 +6,10 @@
 
 use super::app::{Cmd, FleetState, News};
 use crate::client::{Client, ClientError};
-use apollo_shared::protocol::{AgentStatus, Instance, ListResult, LogsResult};
-use serde_json::{json, Map, Value};
+use apollo_shared::protocol::methods as m;
+use apollo_shared::protocol::{
+    EventKind, IdParams, LimitParams, ListParams, LogsParams, NoParams, StatsParams, Topic, TriggerParams,
+};
 use std::path::PathBuf;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -52,14 +54,13 @@ const DEBOUNCE: Duration = Duration::from_millis(150);
 
 #[derive(Default)]
 struct Watch {
-    query: Map<String, Value>,
+    query: ListParams,
     instance: Option<String>,
     logs: Option<u32>,
 }
 
 pub async fn run(target: Target, mut cmds: mpsc::Receiver<Cmd>, news: mpsc::Sender<News>) {
-    let mut watch =
-        Watch { query: json!({"limit": 200}).as_object().cloned().unwrap_or_default(), ..Default::default() };
+    let mut watch = Watch { query: ListParams { limit: Some(200), ..Default::default() }, ..Default::default() };
     let mut attempt = 0u32;
     loop {
         let _ = news.send(News::Connecting).await;
@@ -131,7 +132,7 @@ async fn session(
         Ok(h) => h,
         Err(e) => return lost(e),
     };
-    if let Err(e) = client.subscribe(&["tasks", "defs", "alerts", "queues"]).await {
+    if let Err(e) = client.subscribe(&[Topic::Tasks, Topic::Defs, Topic::Alerts, Topic::Queues]).await {
         return lost(e);
     }
     let Some(mut events) = client.take_events() else { return Ended::Lost("no event stream".into()) };
@@ -141,7 +142,7 @@ async fn session(
     }
     // Throughput from the store, right after the first views are filled (an
     // older agent has no agent.stats: the console counts from now on).
-    if let Ok(stats) = client.call_as("agent.stats", json!({"minutes": 60})).await {
+    if let Ok(stats) = client.request::<m::AgentStats>(StatsParams { minutes: Some(60) }).await {
         let _ = news.send(News::Stats(stats)).await;
     }
     let mut due: Option<tokio::time::Instant> = None;
@@ -160,14 +161,14 @@ async fn session(
             ev = events.recv() => match ev {
                 None => return Ended::Lost("the agent closed the connection".into()),
                 Some(ev) => {
-                    defs_changed |= ev.topic == "defs" || ev.topic == "alerts" || ev.kind == "resync";
+                    defs_changed |= matches!(ev.topic, Topic::Defs | Topic::Alerts) || ev.kind == EventKind::Resync;
                     due.get_or_insert(tokio::time::Instant::now() + DEBOUNCE);
                     let _ = news.send(News::Event(ev)).await;
                 }
             },
             _ = follow.tick(), if watch.logs.is_some() => {
                 if let (Some(id), Some(step)) = (&watch.instance, watch.logs) {
-                    if let Ok(l) = client.call_as::<LogsResult>("steps.logs", json!({"id": id, "step": step})).await {
+                    if let Ok(l) = client.request::<m::StepsLogs>(logs(id, step)).await {
                         let _ = news.send(News::Logs(l.text)).await;
                     }
                 }
@@ -207,91 +208,86 @@ async fn refresh(
     watch: &Watch,
     everything: bool,
 ) -> Result<(), ClientError> {
-    let status = client.call_as("agent.status", json!({})).await?;
+    let status = client.request::<m::AgentStatus>(NoParams {}).await?;
     let _ = news.send(News::Status(status)).await;
-    let _ = news.send(News::Queues(client.call_as("queues.stats", json!({})).await?)).await;
+    let _ = news.send(News::Queues(client.request::<m::QueuesStats>(NoParams {}).await?)).await;
     // An older agent has no agents.list: the view stays empty.
-    if let Ok(agents) = client.call_as("agents.list", json!({})).await {
+    if let Ok(agents) = client.request::<m::AgentsList>(NoParams {}).await {
         let _ = news.send(News::Agents(agents)).await;
     }
-    let page: ListResult = client.call_as("tasks.list", Value::Object(watch.query.clone())).await?;
+    let page = client.request::<m::TasksList>(watch.query.clone()).await?;
     let _ = news.send(News::Tasks { items: page.items, next_cursor: page.next_cursor, append: false }).await;
     if let Some(id) = &watch.instance {
-        if let Ok(i) = client.call_as::<Instance>("tasks.get", json!({"id": id})).await {
+        if let Ok(i) = client.request::<m::TasksGet>(IdParams { id: id.clone(), reason: None }).await {
             let _ = news.send(News::Instance(Box::new(i))).await;
         }
         if let Some(step) = watch.logs {
-            if let Ok(l) = client.call_as::<LogsResult>("steps.logs", json!({"id": id, "step": step})).await {
+            if let Ok(l) = client.request::<m::StepsLogs>(logs(id, step)).await {
                 let _ = news.send(News::Logs(l.text)).await;
             }
         }
     }
     if everything {
-        let _ = news.send(News::Defs(client.call_as("defs.list", json!({})).await?)).await;
-        let _ = news.send(News::Plugins(client.call_as("plugins.list", json!({})).await?)).await;
-        let _ = news.send(News::Alerts(client.call_as("alerts.list", json!({"limit": 200})).await?)).await;
+        let _ = news.send(News::Defs(client.request::<m::DefsList>(NoParams {}).await?)).await;
+        let _ = news.send(News::Plugins(client.request::<m::PluginsList>(NoParams {}).await?)).await;
+        let _ = news.send(News::Alerts(client.request::<m::AlertsList>(LimitParams { limit: Some(200) }).await?)).await;
     }
     Ok(())
 }
 
+/// The params of `steps.logs` for a step of an instance.
+fn logs(id: &str, step: u32) -> LogsParams {
+    LogsParams { id: id.to_string(), step: step.into(), offset: None }
+}
+
+/// An answer, or the agent's refusal as the agent worded it; a lost
+/// connection ends the session.
+fn answer<T>(r: Result<T, ClientError>) -> Result<Result<T, String>, Ended> {
+    match r {
+        Ok(v) => Ok(Ok(v)),
+        Err(ClientError::Rpc(e)) => Ok(Err(e.to_string())),
+        Err(e) => Err(lost(e)),
+    }
+}
+
 /// Runs one action; the agent's refusal is shown as the agent worded it.
 async fn act(client: &Client, cmd: Cmd, news: &mpsc::Sender<News>) -> Result<(), Ended> {
-    let answer = |r: Result<Value, ClientError>| -> Result<Result<Value, String>, Ended> {
-        match r {
-            Ok(v) => Ok(Ok(v)),
-            Err(ClientError::Rpc(e)) => Ok(Err(e.to_string())),
-            Err(e) => Err(lost(e)),
-        }
-    };
     let out = match cmd {
-        Cmd::MoreTasks { mut query, cursor } => {
-            query.insert("cursor".into(), Value::String(cursor));
-            match answer(client.call("tasks.list", Value::Object(query)).await)? {
-                Ok(v) => match serde_json::from_value::<ListResult>(v) {
-                    Ok(page) => News::Tasks { items: page.items, next_cursor: page.next_cursor, append: true },
-                    Err(e) => News::Done(Err(e.to_string())),
-                },
+        Cmd::MoreTasks { query, cursor } => {
+            match answer(client.request::<m::TasksList>(ListParams { cursor: Some(cursor), ..query }).await)? {
+                Ok(page) => News::Tasks { items: page.items, next_cursor: page.next_cursor, append: true },
                 Err(e) => News::Done(Err(e)),
             }
         }
         Cmd::Trigger { task, params } => {
-            match answer(client.call("tasks.trigger", json!({"task": task, "params": params})).await)? {
-                Ok(v) => News::Triggered(v["id"].as_str().unwrap_or_default().to_string()),
+            let p = TriggerParams { task, params, dedup_key: None, reason: None };
+            match answer(client.request::<m::TasksTrigger>(p).await)? {
+                Ok(r) => News::Triggered(r.id),
                 Err(e) => News::Done(Err(e)),
             }
         }
         Cmd::DryRun { task, params } => {
-            match answer(client.call("tasks.dry_run", json!({"task": task, "params": params})).await)? {
-                Ok(v) => match serde_json::from_value(v) {
-                    Ok(r) => News::DryRun(r),
-                    Err(e) => News::Done(Err(e.to_string())),
-                },
+            let p = TriggerParams { task, params, dedup_key: None, reason: None };
+            match answer(client.request::<m::TasksDryRun>(p).await)? {
+                Ok(r) => News::DryRun(r),
                 Err(e) => News::Done(Err(e)),
             }
         }
-        Cmd::Act { method, id, reason } => {
+        Cmd::Act { action, id, reason } => {
             let reason = reason.unwrap_or_else(|| "from the console".into());
-            match answer(client.call(method, json!({"id": id, "reason": reason})).await)? {
-                Ok(v) => News::Done(Ok(format!(
-                    "{} {}: now {}",
-                    method.trim_start_matches("tasks."),
-                    id,
-                    v["state"].as_str().unwrap_or("?")
-                ))),
+            match answer(client.operate(action, &id, Some(&reason)).await)? {
+                Ok(i) => News::Done(Ok(format!("{} {}: now {}", action.name(), id, i.state))),
                 Err(e) => News::Done(Err(e)),
             }
         }
-        Cmd::Batch { method, ids, reason } => {
+        Cmd::Batch { action, ids, reason } => {
             let reason = reason.unwrap_or_else(|| "batch from the console".into());
             let mut results = Vec::new();
             for id in ids {
-                let r = match answer(client.call(method, json!({"id": id, "reason": reason})).await)? {
-                    Ok(v) => Ok(v["state"].as_str().unwrap_or("?").to_string()),
-                    Err(e) => Err(e),
-                };
+                let r = answer(client.operate(action, &id, Some(&reason)).await)?.map(|i| i.state.to_string());
                 results.push((id, r));
             }
-            News::BatchDone(method.trim_start_matches("tasks."), results)
+            News::BatchDone(action.name(), results)
         }
         // The console itself handles these.
         Cmd::Watch { .. } | Cmd::Quit | Cmd::Switch(_) | Cmd::WatchFleet => return Ok(()),
@@ -325,18 +321,15 @@ pub async fn fleet(contexts: Vec<crate::contexts::Context>, news: mpsc::Sender<N
                     }
                 };
                 loop {
-                    let state =
-                        match tokio::time::timeout(limit, client.call_as::<AgentStatus>("agent.status", json!({})))
-                            .await
-                        {
-                            Ok(Ok(s)) => FleetState::Up {
-                                agent: s.agent,
-                                counts: s.counts.iter().filter_map(|(k, v)| Some((k.clone(), v.as_u64()?))).collect(),
-                                store_error: s.store_error,
-                            },
-                            Ok(Err(e)) => FleetState::Unreachable(e.to_string()),
-                            Err(_) => FleetState::Unreachable(format!("no answer in {}s", limit.as_secs())),
-                        };
+                    let state = match tokio::time::timeout(limit, client.request::<m::AgentStatus>(NoParams {})).await {
+                        Ok(Ok(s)) => FleetState::Up {
+                            agent: s.agent,
+                            counts: s.counts.iter().filter_map(|(k, v)| Some((k.clone(), v.as_u64()?))).collect(),
+                            store_error: s.store_error,
+                        },
+                        Ok(Err(e)) => FleetState::Unreachable(e.to_string()),
+                        Err(_) => FleetState::Unreachable(format!("no answer in {}s", limit.as_secs())),
+                    };
                     let down = matches!(state, FleetState::Unreachable(_));
                     if news.send(News::Fleet(name.clone(), state)).await.is_err() {
                         return;

@@ -62,7 +62,7 @@ impl App {
         }
         let production = self.context.as_ref().is_some_and(|c| c.production);
         self.mode = Mode::Confirm(Confirm {
-            method: action.method(),
+            action,
             task: ids.len().to_string(),
             ids,
             verb: action.verb(),

@@ -4,7 +4,7 @@
 //! worker. Views draw `&App` and do no IO.
 
 use apollo_shared::protocol::{
-    AgentStatus, Alert, DefInfo, Event, HelloResult, Instance, PluginInfo, QueueStats, Role,
+    AgentStatus, Alert, DefInfo, Event, HelloResult, Instance, ListParams, PluginInfo, QueueStats, Role,
 };
 use serde_json::{Map, Value};
 use std::collections::{BTreeSet, VecDeque};
@@ -123,18 +123,15 @@ impl App {
     }
 
     /// The query of the tasks view: `state:`, `task:`, `queue:` go to the agent.
-    pub fn tasks_query(&self) -> Map<String, Value> {
-        let mut q = Map::new();
-        q.insert("limit".into(), Value::from(200));
-        if self.archived {
-            q.insert("archived".into(), Value::Bool(true));
-        }
+    pub fn tasks_query(&self) -> ListParams {
+        let mut q = ListParams { limit: Some(200), archived: self.archived, ..Default::default() };
         for word in self.filter(View::Tasks).split_whitespace() {
-            if let Some((k, v)) = word.split_once(':') {
-                if ["state", "task", "queue"].contains(&k) {
-                    let v = if k == "state" { v.to_ascii_uppercase() } else { v.to_string() };
-                    q.insert(k.into(), Value::String(v));
-                }
+            match word.split_once(':') {
+                // A state that is not one matches nothing locally, and is not sent.
+                Some(("state", v)) => q.state = v.to_ascii_uppercase().parse().ok(),
+                Some(("task", v)) => q.task = Some(v.to_string()),
+                Some(("queue", v)) => q.queue = Some(v.to_string()),
+                _ => {}
             }
         }
         q

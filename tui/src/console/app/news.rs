@@ -68,7 +68,7 @@ impl App {
     /// Counts ended instances into per-minute buckets for the sparkline.
     fn count(&mut self, e: &Event) {
         let ended = ["SUCCESS", "FAILED", "ROLLED_BACK"];
-        if e.topic != "tasks"
+        if e.topic != apollo_shared::protocol::Topic::Tasks
             || e.data.get("step").is_some()
             || !e.data["state"].as_str().is_some_and(|s| ended.contains(&s))
         {

@@ -1,8 +1,10 @@
 //! The vocabulary of the console: views, modes, actions in, news in, commands out.
 
 use apollo_shared::protocol::{
-    AgentInfo, AgentStatus, Alert, DefInfo, DryRunResult, Event, HelloResult, Instance, PluginInfo, QueueStats,
+    AgentInfo, AgentStatus, Alert, DefInfo, DryRunResult, Event, HelloResult, Instance, ListParams, PluginInfo,
+    QueueStats,
 };
+use apollo_shared::state::OperatorAction;
 use serde_json::{Map, Value};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -83,7 +85,7 @@ pub enum Conn {
 /// then a reason given (recorded with the action).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Confirm {
-    pub method: &'static str,
+    pub action: OperatorAction,
     /// The instances it goes to: one, or the marked ones the table allows.
     pub ids: Vec<String>,
     /// What is typed on production: the task name, or for a batch the count.
@@ -251,12 +253,12 @@ pub enum News {
 pub enum Cmd {
     /// What to keep fresh: the tasks query and the open instance (and step log).
     Watch {
-        query: Map<String, Value>,
+        query: ListParams,
         instance: Option<String>,
         logs: Option<u32>,
     },
     MoreTasks {
-        query: Map<String, Value>,
+        query: ListParams,
         cursor: String,
     },
     Trigger {
@@ -271,14 +273,14 @@ pub enum Cmd {
     Switch(crate::contexts::Context),
     /// One action on each of these instances, each result reported.
     Batch {
-        method: &'static str,
+        action: OperatorAction,
         ids: Vec<String>,
         reason: Option<String>,
     },
     /// Keep every context's state coming (`News::Fleet`).
     WatchFleet,
     Act {
-        method: &'static str,
+        action: OperatorAction,
         id: String,
         /// Why, recorded with the action.
         reason: Option<String>,

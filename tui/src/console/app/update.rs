@@ -253,24 +253,21 @@ impl App {
             Action::Retry => match self.focused_instance().map(|i| i.id.clone()) {
                 Some(id) => {
                     self.say(format!("retry requested for {id}"), false);
-                    vec![Cmd::Act { method: "tasks.retry", id, reason: None }]
+                    vec![Cmd::Act { action: OperatorAction::Retry, id, reason: None }]
                 }
                 None => Vec::new(),
             },
             Action::Rollback | Action::Cancel => {
                 match self.focused_instance().map(|i| (i.id.clone(), i.task.clone())) {
                     Some((id, task)) => {
-                        let (method, verb) = if a == Action::Rollback {
-                            ("tasks.rollback", "roll back")
-                        } else {
-                            ("tasks.cancel", "cancel")
-                        };
+                        let action =
+                            if a == Action::Rollback { OperatorAction::Rollback } else { OperatorAction::Cancel };
                         let production = self.context.as_ref().is_some_and(|c| c.production);
                         self.mode = Mode::Confirm(Confirm {
-                            method,
+                            action,
                             ids: vec![id],
                             task,
-                            verb,
+                            verb: action.verb(),
                             plan: Vec::new(),
                             stage: if production { Stage::TaskName } else { Stage::Yes },
                             input: String::new(),
@@ -342,10 +339,10 @@ impl App {
         let why = reason.as_ref().map(|r| format!(" ({r})")).unwrap_or_default();
         if c.batch() {
             self.say(format!("{} requested for {} instances{why}", c.verb, c.ids.len()), false);
-            return vec![Cmd::Batch { method: c.method, ids: c.ids, reason }];
+            return vec![Cmd::Batch { action: c.action, ids: c.ids, reason }];
         }
         let id = c.ids.into_iter().next().unwrap_or_default();
         self.say(format!("{} requested for {id}{why}", c.verb), false);
-        vec![Cmd::Act { method: c.method, id, reason }]
+        vec![Cmd::Act { action: c.action, id, reason }]
     }
 }

@@ -1,173 +1,10 @@
-//! The wire protocol: JSON-RPC 2.0, one JSON object per line, on a Unix
-//! stream socket (or an SSH channel bridged by `apollo-agent dial-stdio`).
-//!
-//! Framing is each side's business: a line may be at most
-//! [`MAX_FRAME_BYTES`] long, newline excluded. A longer line is answered with
-//! an `invalid request` error and skipped; the connection stays up.
-//!
-//! The first call is `hello`. After `subscribe` the agent pushes
-//! notifications `{"jsonrpc":"2.0","method":"event","params":{"seq":N,"topic":T,"kind":K,"data":{…}}}`;
-//! a client that falls behind receives `kind: "resync"` and should re-read
-//! the state it shows. The types below are the params and results of each
-//! method; all times are UTC RFC 3339, all ids strings.
+//! The params and results of the methods.
 
+use super::Topic;
 use crate::state::{StepState, TaskState};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
-
-pub const PROTOCOL_VERSION: u32 = 1;
-/// The largest frame either side accepts, newline excluded.
-pub const MAX_FRAME_BYTES: usize = 1024 * 1024;
-/// The longest error message an answer carries.
-pub const MAX_ERROR_MESSAGE: usize = 1024;
-/// The largest number of items one `tasks.list` page may ask for.
-pub const MAX_LIST_LIMIT: u32 = 1000;
-
-/// Every method the agent answers, for `unknown method` messages.
-pub const METHODS: &[&str] = &[
-    "agent.metrics",
-    "hello",
-    "agent.status",
-    "tasks.list",
-    "tasks.get",
-    "tasks.trigger",
-    "tasks.dry_run",
-    "tasks.retry",
-    "tasks.rollback",
-    "tasks.cancel",
-    "steps.logs",
-    "defs.list",
-    "defs.get",
-    "plugins.list",
-    "queues.stats",
-    "events.publish",
-    "events.list",
-    "alerts.list",
-    "audit.list",
-    "agents.list",
-    "agent.stats",
-    "subscribe",
-];
-
-/// Methods that change state and need the operator role.
-pub const MUTATING: &[&str] = &["tasks.trigger", "tasks.retry", "tasks.rollback", "tasks.cancel", "events.publish"];
-
-/// JSON-RPC and application error codes.
-pub mod code {
-    pub const PARSE_ERROR: i64 = -32700;
-    pub const INVALID_REQUEST: i64 = -32600;
-    pub const METHOD_NOT_FOUND: i64 = -32601;
-    pub const INVALID_PARAMS: i64 = -32602;
-    pub const INTERNAL: i64 = -32603;
-    /// The instance, definition, step or plugin named does not exist.
-    pub const NOT_FOUND: i64 = -32004;
-    /// The state machine refused the change.
-    pub const ILLEGAL_TRANSITION: i64 = -32010;
-    /// The caller's role may not do this.
-    pub const FORBIDDEN: i64 = -32003;
-    /// The definition or parameters did not validate.
-    pub const VALIDATION_FAILED: i64 = -32020;
-    /// The agent is shutting down or overloaded; try again.
-    pub const BUSY: i64 = -32030;
-    /// The answer would not fit in one frame; ask for less.
-    pub const TOO_LARGE: i64 = -32040;
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Request {
-    pub jsonrpc: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub id: Option<Value>,
-    pub method: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub params: Option<Value>,
-}
-
-impl Request {
-    pub fn new(id: u64, method: &str, params: Value) -> Self {
-        Request { jsonrpc: "2.0".into(), id: Some(Value::from(id)), method: method.into(), params: Some(params) }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RpcError {
-    pub code: i64,
-    pub message: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub data: Option<Value>,
-}
-
-impl RpcError {
-    pub fn new(code: i64, message: impl Into<String>) -> Self {
-        RpcError { code, message: message.into(), data: None }
-    }
-
-    pub fn with_hint(mut self, hint: impl Into<String>) -> Self {
-        self.data = Some(serde_json::json!({ "hint": hint.into() }));
-        self
-    }
-
-    /// The error with its message cut to [`MAX_ERROR_MESSAGE`] characters, so
-    /// an answer never echoes an unbounded piece of the request.
-    pub fn bounded(mut self) -> Self {
-        if self.message.len() > MAX_ERROR_MESSAGE {
-            let cut: String = self.message.chars().take(MAX_ERROR_MESSAGE).collect();
-            self.message = format!("{cut}… ({} bytes cut)", self.message.len() - cut.len());
-        }
-        self
-    }
-
-    pub fn hint(&self) -> Option<&str> {
-        self.data.as_ref()?.get("hint")?.as_str()
-    }
-}
-
-impl std::fmt::Display for RpcError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.message)?;
-        if let Some(h) = self.hint() {
-            write!(f, " (hint: {h})")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for RpcError {}
-
-/// A response; exactly one of `result` and `error` is set.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Response {
-    pub jsonrpc: String,
-    pub id: Value,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub result: Option<Value>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<RpcError>,
-}
-
-impl Response {
-    pub fn ok(id: Value, result: Value) -> Self {
-        Response { jsonrpc: "2.0".into(), id, result: Some(result), error: None }
-    }
-    pub fn err(id: Value, error: RpcError) -> Self {
-        Response { jsonrpc: "2.0".into(), id, result: None, error: Some(error) }
-    }
-}
-
-/// A pushed notification's params.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Event {
-    pub seq: u64,
-    pub topic: String,
-    pub kind: String,
-    pub data: Value,
-}
-
-/// Topics a client may subscribe to.
-pub const TOPICS: &[&str] = &["tasks", "defs", "alerts", "queues", "agent"];
-
-// ----- params and results -----
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -549,35 +386,79 @@ pub struct PublishParams {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SubscribeParams {
-    pub topics: Vec<String>,
+    pub topics: Vec<Topic>,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SubscribeResult {
+    /// The sequence number of the last event before the subscription.
+    pub seq: u64,
+}
 
-    #[test]
-    fn request_and_response_round_trip() {
-        let r = Request::new(7, "tasks.get", json!({"id": "01J"}));
-        let text = serde_json::to_string(&r).unwrap();
-        assert_eq!(text, r#"{"jsonrpc":"2.0","id":7,"method":"tasks.get","params":{"id":"01J"}}"#);
-        assert_eq!(serde_json::from_str::<Request>(&text).unwrap(), r);
-        let e = Response::err(json!(7), RpcError::new(code::NOT_FOUND, "no instance 01J").with_hint("apollo ls"));
-        let text = serde_json::to_string(&e).unwrap();
-        let back: Response = serde_json::from_str(&text).unwrap();
-        assert_eq!(back.error.unwrap().to_string(), "no instance 01J (hint: apollo ls)");
-    }
+/// The params of a method that takes none: `{}` (or none at all).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct NoParams {}
 
-    #[test]
-    fn states_travel_as_screaming_snake_case() {
-        let p: ListParams = serde_json::from_value(json!({"state": "ROLLED_BACK"})).unwrap();
-        assert_eq!(p.state, Some(TaskState::RolledBack));
-        assert!(serde_json::from_value::<ListParams>(json!({"bogus": 1})).is_err());
-    }
+/// The params of the methods that list recent records, newest first.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct LimitParams {
+    /// At most this many (default 100, at most 1000).
+    #[serde(default)]
+    pub limit: Option<u32>,
+}
 
-    #[test]
-    fn every_mutating_method_is_a_method() {
-        assert!(MUTATING.iter().all(|m| METHODS.contains(m)));
-    }
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DefParams {
+    pub task: String,
+}
+
+/// `defs.get`: the definition as loaded, with the text of its file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DefDetail {
+    #[serde(flatten)]
+    pub info: DefInfo,
+    pub source: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PublishResult {
+    pub event_id: String,
+    /// Its dedup key was seen before: nothing was created.
+    pub duplicate: bool,
+    /// The instances this call created.
+    pub instances: Vec<String>,
+}
+
+/// A received event as `events.list` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EventRecord {
+    pub id: String,
+    pub name: String,
+    pub data: Option<Value>,
+    pub dedup_key: Option<String>,
+    pub received_at: String,
+    /// The instances it created.
+    pub instances: Value,
+}
+
+/// One operator action, as `audit.list` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    pub at: String,
+    pub actor: String,
+    pub instance: String,
+    pub task: Option<String>,
+    pub step: Option<u32>,
+    pub from: Option<String>,
+    pub to: String,
+    pub reason: String,
+}
+
+/// `agent.metrics`: the Prometheus text exposition.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MetricsText {
+    pub text: String,
 }

@@ -1,0 +1,115 @@
+//! Every method as a type: its wire name, its params and its result. The
+//! agent parses a request into one [`Call`] and answers each variant with
+//! that method's result type; clients send `Client::request::<M>(params)`
+//! and get `M::Result` back. A method exists in one place, the list below.
+
+use super::types::{self, *};
+use super::{code, RpcError};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+
+/// One protocol method.
+pub trait Method {
+    /// Its name on the wire.
+    const NAME: &'static str;
+    /// Whether it changes state (and so needs the operator role).
+    const MUTATING: bool;
+    /// The params it takes, as an error message lists them.
+    const EXPECTED: &'static str;
+    type Params: Serialize + DeserializeOwned + Send + std::fmt::Debug;
+    type Result: Serialize + DeserializeOwned + Send;
+}
+
+/// Reads a method's params (`null` or absent reads as `{}`), or says what
+/// was expected.
+fn params<M: Method>(v: Value) -> Result<M::Params, RpcError> {
+    let v = if v.is_null() { Value::Object(Default::default()) } else { v };
+    serde_json::from_value(v)
+        .map_err(|e| RpcError::new(code::INVALID_PARAMS, format!("{}: {e} (expected {})", M::NAME, M::EXPECTED)))
+}
+
+macro_rules! methods {
+    ($($(#[$m:meta])* $ty:ident = $name:literal ($params:ty) -> $result:ty, $mutating:literal, $expected:literal;)*) => {
+        $(
+            $(#[$m])*
+            #[derive(Debug, Clone, Copy)]
+            pub struct $ty;
+            impl Method for $ty {
+                const NAME: &'static str = $name;
+                const MUTATING: bool = $mutating;
+                const EXPECTED: &'static str = $expected;
+                type Params = $params;
+                type Result = $result;
+            }
+        )*
+
+        /// A request the agent understands, with its params read.
+        #[derive(Debug, Clone)]
+        pub enum Call {
+            $($ty($params),)*
+        }
+
+        impl Call {
+            /// Reads a request; an unknown method gets `METHOD_NOT_FOUND`
+            /// naming the known ones, bad params `INVALID_PARAMS` naming the
+            /// expected ones.
+            pub fn parse(method: &str, params: Value) -> Result<Call, RpcError> {
+                match method {
+                    $($name => Ok(Call::$ty(self::params::<$ty>(params)?)),)*
+                    _ => Err(RpcError::new(
+                        code::METHOD_NOT_FOUND,
+                        format!("unknown method {method:?} (known: {})", METHODS.join(", ")),
+                    )),
+                }
+            }
+
+            pub fn method(&self) -> &'static str {
+                match self {
+                    $(Call::$ty(_) => $name,)*
+                }
+            }
+        }
+
+        /// Every method the agent answers.
+        pub const METHODS: &[&str] = &[$($name,)*];
+
+        /// Whether `method` changes state (and needs the operator role).
+        pub fn is_mutating(method: &str) -> bool {
+            match method {
+                $($name => $mutating,)*
+                _ => false,
+            }
+        }
+    };
+}
+
+methods! {
+    /// The first call: who is calling, which protocol.
+    Hello = "hello" (types::Hello) -> HelloResult, false, "client, protocol";
+    AgentStatus = "agent.status" (NoParams) -> types::AgentStatus, false, "no params";
+    AgentMetrics = "agent.metrics" (NoParams) -> MetricsText, false, "no params";
+    /// What ended over the last minutes, from the store.
+    AgentStats = "agent.stats" (StatsParams) -> StatsResult, false, "minutes?";
+    TasksList = "tasks.list" (ListParams) -> ListResult, false, "state?, task?, queue?, limit?, cursor?, archived?";
+    /// One instance with its steps and history.
+    TasksGet = "tasks.get" (IdParams) -> Instance, false, "id";
+    TasksTrigger = "tasks.trigger" (TriggerParams) -> TriggerResult, true, "task, params?, dedup_key?, reason?";
+    /// What a run would do, without running anything.
+    TasksDryRun = "tasks.dry_run" (TriggerParams) -> DryRunResult, false, "task, params?";
+    TasksRetry = "tasks.retry" (IdParams) -> Instance, true, "id, reason?";
+    TasksRollback = "tasks.rollback" (IdParams) -> Instance, true, "id, reason?";
+    TasksCancel = "tasks.cancel" (IdParams) -> Instance, true, "id, reason?";
+    StepsLogs = "steps.logs" (LogsParams) -> LogsResult, false, "id, step, offset?";
+    DefsList = "defs.list" (NoParams) -> Vec<DefInfo>, false, "no params";
+    DefsGet = "defs.get" (DefParams) -> DefDetail, false, "task";
+    PluginsList = "plugins.list" (NoParams) -> Vec<PluginInfo>, false, "no params";
+    QueuesStats = "queues.stats" (NoParams) -> Vec<QueueStats>, false, "no params";
+    EventsPublish = "events.publish" (PublishParams) -> PublishResult, true, "name, data?, dedup_key?";
+    EventsList = "events.list" (LimitParams) -> Vec<EventRecord>, false, "limit?";
+    AlertsList = "alerts.list" (LimitParams) -> Vec<Alert>, false, "limit?";
+    AuditList = "audit.list" (LimitParams) -> Vec<AuditEntry>, false, "limit?";
+    AgentsList = "agents.list" (NoParams) -> Vec<AgentInfo>, false, "no params";
+    /// Pushed events on these topics from now on (the connection's only subscription).
+    Subscribe = "subscribe" (SubscribeParams) -> SubscribeResult, false, "{\"topics\": [...]}";
+}
