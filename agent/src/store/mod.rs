@@ -17,6 +17,7 @@
 pub mod db;
 mod leases;
 pub mod migrate;
+mod moves;
 mod ops;
 pub mod postgres;
 mod read;

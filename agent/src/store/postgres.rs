@@ -160,6 +160,7 @@ impl Target {
             client: RefCell::new(client),
             stmts: RefCell::new(HashMap::new()),
             changed: Cell::new(0),
+            begin: Cell::new(false),
             target: self.clone(),
         })
     }
@@ -197,11 +198,17 @@ pub struct PgConn {
     /// Rows changed by statements on this connection (as SQLite's
     /// `total_changes`, to tell a commit that changed something).
     changed: Cell<u64>,
+    /// A transaction was begun and BEGIN not sent yet: it goes with the
+    /// next statement (one round trip, not two).
+    begin: Cell<bool>,
     target: Target,
 }
 
 impl PgConn {
     fn statement(&self, sql: &str) -> Result<postgres::Statement> {
+        if self.begin.replace(false) {
+            self.client.borrow_mut().batch_execute("BEGIN")?;
+        }
         if let Some(s) = self.stmts.borrow().get(sql) {
             return Ok(s.clone());
         }
@@ -259,10 +266,15 @@ impl Conn for PgConn {
     }
 
     fn begin(&mut self) -> Result<()> {
-        Ok(self.client.get_mut().batch_execute("BEGIN")?)
+        // Sent with what comes next (the first savepoint, or statement).
+        self.begin.set(true);
+        Ok(())
     }
 
     fn batch(&mut self, sql: &str) -> Result<()> {
+        if self.begin.replace(false) {
+            return Ok(self.client.get_mut().batch_execute(&format!("BEGIN; {sql}"))?);
+        }
         Ok(self.client.get_mut().batch_execute(sql)?)
     }
 

@@ -95,6 +95,11 @@ pub(super) fn move_task_and(
     actor: &str,
     also: Also,
 ) -> Result<TaskState> {
+    if c.postgres() {
+        if let Some(from) = super::moves::task(c, id, to, reason, actor, &also)? {
+            return Ok(from);
+        }
+    }
     let from = task_state(c, id)?;
     check_task(from, to)?;
     let mut params = vec![V::from(id), V::from(to.as_str()), V::from(ts(Utc::now()))];
@@ -154,6 +159,9 @@ pub fn create(c: &dyn Db, n: &NewInstance, actor: &str) -> Result<(String, bool)
         if let Some(id) = existing {
             return Ok((id, false));
         }
+    }
+    if c.postgres() && super::moves::create(c, n, actor)? {
+        return Ok((n.id.clone(), true));
     }
     let now = ts(Utc::now());
     // Another agent may be creating the same key at this moment: the loser
@@ -220,6 +228,11 @@ fn ensure_held(c: &dyn Db, id: &str, agent: &str) -> Result<()> {
 }
 
 pub fn step_start(c: &dyn Db, id: &str, seq: u32, version: &str, params_json: &str, actor: &str) -> Result<u32> {
+    if c.postgres() {
+        if let Some(attempt) = super::moves::step_start(c, id, seq, version, params_json, actor)? {
+            return Ok(attempt);
+        }
+    }
     ensure_held(c, id, actor)?;
     let (from, attempts, _) = step_row(c, id, seq)?;
     check_step(from, StepState::Running)?;
@@ -235,6 +248,9 @@ pub fn step_start(c: &dyn Db, id: &str, seq: u32, version: &str, params_json: &s
 
 /// Records a step's SUCCESS, its output and the new context together.
 pub fn step_success(c: &dyn Db, id: &str, seq: u32, output: &str, context: &str, actor: &str) -> Result<()> {
+    if c.postgres() && super::moves::step_success(c, id, seq, output, context, actor)?.is_some() {
+        return Ok(());
+    }
     ensure_held(c, id, actor)?;
     let (from, _, _) = step_row(c, id, seq)?;
     check_step(from, StepState::Success)?;

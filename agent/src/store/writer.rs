@@ -115,15 +115,22 @@ fn run_batch(conn: &mut dyn Conn, batch: Vec<Box<dyn Job>>, wrote: &std::sync::a
         }
     }
     let mut acks = Vec::with_capacity(batch.len());
+    // A write alone in its batch needs no savepoint: if it fails, the whole
+    // transaction is rolled back instead of committed.
+    let alone = batch.len() == 1;
+    let mut failed_alone = false;
     let mut jobs = batch.into_iter();
     // The end of one write's savepoint goes with the start of the next (one
     // round trip, not two).
     let mut end = "";
     while let Some(job) = jobs.next() {
-        if let Err(e) = conn.batch(&format!("{end}SAVEPOINT w")) {
-            tracing::error!(error = %e, "savepoint failed");
+        if !alone {
+            if let Err(e) = conn.batch(&format!("{end}SAVEPOINT w")) {
+                tracing::error!(error = %e, "savepoint failed");
+            }
         }
         let (ok, ack) = job.run(conn.db());
+        failed_alone = alone && !ok;
         acks.push(ack);
         if !conn.in_transaction() {
             // The whole transaction is gone (SQLite rolled it back on disk
@@ -139,7 +146,19 @@ fn run_batch(conn: &mut dyn Conn, batch: Vec<Box<dyn Job>>, wrote: &std::sync::a
             }
             return;
         }
-        end = if ok { "RELEASE w; " } else { "ROLLBACK TO w; RELEASE w; " };
+        end = match (alone, ok) {
+            (true, _) => "",
+            (false, true) => "RELEASE w; ",
+            (false, false) => "ROLLBACK TO w; RELEASE w; ",
+        };
+    }
+    if failed_alone {
+        // Nothing of it is kept; its caller learns its own error.
+        if let Err(e) = conn.batch("ROLLBACK") {
+            tracing::error!(error = %e, "rollback failed");
+        }
+        acks.into_iter().for_each(|ack| ack(None));
+        return;
     }
     crate::crash_point!("store.before_commit");
     let committing = std::time::Instant::now();

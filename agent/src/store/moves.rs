@@ -1,0 +1,205 @@
+//! The hot path's moves on PostgreSQL, one statement each: the row locked,
+//! the transition table checked, the row changed and its history row
+//! written in one round trip (data-modifying `WITH`), where the portable
+//! code in [`super::write`] needs four or five.
+//!
+//! Each returns `None` when its statement changed nothing — the instance is
+//! not held, the step or instance is missing, or the table refuses the move —
+//! and the caller then runs the portable code, which changes nothing either
+//! and says exactly why. The table itself lives in `apollo_shared::state`;
+//! the states a move may start from are read from it, never written here.
+
+use super::db::{Db, V};
+use super::write::{Also, NewInstance};
+use super::Result;
+use apollo_shared::state::{check_step, check_task, StepState, TaskState};
+
+/// `'A', 'B'`: the states the table lets move to `to`.
+fn task_sources(to: TaskState) -> String {
+    let from: Vec<String> =
+        TaskState::ALL.iter().filter(|f| check_task(**f, to).is_ok()).map(|f| format!("'{}'", f.as_str())).collect();
+    if from.is_empty() {
+        "NULL".into()
+    } else {
+        from.join(", ")
+    }
+}
+
+fn step_sources(to: StepState) -> String {
+    let from: Vec<String> =
+        StepState::ALL.iter().filter(|f| check_step(**f, to).is_ok()).map(|f| format!("'{}'", f.as_str())).collect();
+    if from.is_empty() {
+        "NULL".into()
+    } else {
+        from.join(", ")
+    }
+}
+
+const HISTORY: &str = "INSERT INTO transitions (instance_id, step_seq, from_state, to_state, reason, actor, at)";
+
+/// An instance's move to `to` with `also`'s changes and its history row.
+/// `also`'s placeholders follow the move's three (id, state, time); the
+/// reason and the actor come after them.
+pub(super) fn task(
+    c: &dyn Db,
+    id: &str,
+    to: TaskState,
+    reason: &str,
+    actor: &str,
+    also: &Also,
+) -> Result<Option<TaskState>> {
+    let n = 3 + also.1.len();
+    let set = if also.0.is_empty() { String::new() } else { format!(", {}", also.0) };
+    let sql = format!(
+        "WITH t AS (SELECT state AS from_state FROM task_instances WHERE id = ?1 FOR UPDATE), \
+         u AS (UPDATE task_instances SET state = ?2, updated_at = ?3{set} FROM t \
+               WHERE id = ?1 AND t.from_state IN ({from}) RETURNING t.from_state), \
+         h AS ({HISTORY} SELECT ?1, CAST(NULL AS INTEGER), from_state, ?2, ?{r}, ?{a}, ?3 FROM u) \
+         SELECT from_state FROM u",
+        from = task_sources(to),
+        r = n + 1,
+        a = n + 2
+    );
+    let now = super::rows::ts(chrono::Utc::now());
+    let mut params = vec![V::from(id), V::from(to.as_str()), V::from(now)];
+    params.extend_from_slice(also.1);
+    params.push(V::from(reason));
+    params.push(V::from(actor));
+    let from: Option<String> = c.value(&sql, &params)?;
+    from.map(|f| f.parse().map_err(super::StoreError::Invalid)).transpose()
+}
+
+/// The step move of an instance `actor` holds RUNNING: `set` are the step
+/// row's other changes (placeholders from ?5 on; `s.` names the row as it
+/// was), `instance_set` a change of the instance row in the same statement.
+/// Returns the state it left and the step's attempts after the move.
+#[allow(clippy::too_many_arguments)]
+fn held_step(
+    c: &dyn Db,
+    id: &str,
+    seq: u32,
+    to: StepState,
+    set: &str,
+    reason_sql: &str,
+    instance_set: Option<&str>,
+    actor: &str,
+    params: &[V],
+) -> Result<Option<(StepState, u32)>> {
+    let instance = match instance_set {
+        Some(s) => format!("x AS (UPDATE task_instances SET {s} FROM u WHERE id = ?1), "),
+        None => String::new(),
+    };
+    let sql = format!(
+        "WITH i AS (SELECT id FROM task_instances WHERE id = ?1 AND state = 'RUNNING' AND lease_owner = ?3 FOR UPDATE), \
+         s AS (SELECT st.state AS from_state, st.attempts FROM step_runs st JOIN i ON i.id = st.instance_id \
+               WHERE st.instance_id = ?1 AND st.seq = ?2 FOR UPDATE OF st), \
+         u AS (UPDATE step_runs SET state = '{to}', {set} FROM s \
+               WHERE instance_id = ?1 AND seq = ?2 AND s.from_state IN ({from}) \
+               RETURNING s.from_state, step_runs.attempts), \
+         {instance}\
+         h AS ({HISTORY} SELECT ?1, ?2, from_state, '{to}', {reason_sql}, ?3, ?4 FROM u) \
+         SELECT from_state, attempts FROM u",
+        to = to.as_str(),
+        from = step_sources(to),
+    );
+    let now = super::rows::ts(chrono::Utc::now());
+    let mut all = vec![V::from(id), V::from(seq), V::from(actor), V::from(now)];
+    all.extend_from_slice(params);
+    let Some(row) = c.query_opt(&sql, &all)? else { return Ok(None) };
+    let from: String = row.get(0)?;
+    Ok(Some((from.parse().map_err(super::StoreError::Invalid)?, row.get(1)?)))
+}
+
+/// A step's start: its attempt count after it, or `None` (see the module).
+pub(super) fn step_start(
+    c: &dyn Db,
+    id: &str,
+    seq: u32,
+    version: &str,
+    params_json: &str,
+    actor: &str,
+) -> Result<Option<u32>> {
+    let set = "attempts = s.attempts + 1, plugin_version = ?5, params = ?6, started_at = ?4, finished_at = NULL, error = NULL";
+    let moved = held_step(
+        c,
+        id,
+        seq,
+        StepState::Running,
+        set,
+        "'attempt ' || attempts",
+        None,
+        actor,
+        &[V::from(version), V::from(params_json)],
+    )?;
+    Ok(moved.map(|(_, attempts)| attempts))
+}
+
+/// A step's SUCCESS with its output, and the instance's new context.
+pub(super) fn step_success(
+    c: &dyn Db,
+    id: &str,
+    seq: u32,
+    output: &str,
+    context: &str,
+    actor: &str,
+) -> Result<Option<()>> {
+    let moved = held_step(
+        c,
+        id,
+        seq,
+        StepState::Success,
+        "output = ?5, finished_at = ?4",
+        "'succeeded'",
+        Some("context = ?6, updated_at = ?4"),
+        actor,
+        &[V::from(output), V::from(context)],
+    )?;
+    Ok(moved.map(|_| ()))
+}
+
+/// A new PENDING instance with its PENDING steps and its first history row;
+/// `false` when the id or the dedup key exists already.
+pub(super) fn create(c: &dyn Db, n: &NewInstance, actor: &str) -> Result<bool> {
+    let mut params = vec![
+        V::from(n.id.as_str()),
+        V::from(n.task.as_str()),
+        V::from(n.def_hash.as_str()),
+        V::from(n.queue.as_str()),
+        V::from(n.priority),
+        V::from(n.max_active),
+        V::from(serde_json::Value::Object(n.params.clone()).to_string()),
+        V::from(n.context.to_string()),
+        V::from(n.trace_id.as_str()),
+        V::from(n.trigger.as_str()),
+        V::from(n.dedup_key.as_deref()),
+        V::from(n.expected_secs),
+        V::from(super::rows::ts(chrono::Utc::now())),
+        V::from(format!("created by {}", n.trigger)),
+        V::from(actor),
+    ];
+    let mut rows = Vec::new();
+    for (seq, (name, plugin)) in n.steps.iter().enumerate() {
+        rows.push(format!("({seq}, ?{}, ?{})", params.len() + 1, params.len() + 2));
+        params.push(V::from(name.as_str()));
+        params.push(V::from(plugin.as_str()));
+    }
+    let steps = if rows.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "st AS (INSERT INTO step_runs (instance_id, seq, name, plugin, state) \
+             SELECT ins.id, v.seq, v.name, v.plugin, 'PENDING' FROM ins, (VALUES {}) AS v(seq, name, plugin)), ",
+            rows.join(", ")
+        )
+    };
+    let sql = format!(
+        "WITH ins AS (INSERT INTO task_instances (id, task, def_hash, queue, priority, max_active, state, attempt, params, \
+         context, trace_id, trigger, dedup_key, expected_secs, created_at, updated_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'PENDING', 1, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13) ON CONFLICT DO NOTHING RETURNING id), \
+         {steps}\
+         h AS ({HISTORY} SELECT ins.id, CAST(NULL AS INTEGER), CAST(NULL AS TEXT), 'PENDING', ?14, ?15, ?13 FROM ins) \
+         SELECT id FROM ins"
+    );
+    let id: Option<String> = c.value(&sql, &params)?;
+    Ok(id.is_some())
+}
