@@ -14,10 +14,9 @@ use super::write::{Also, NewInstance};
 use super::Result;
 use apollo_shared::state::{check_step, check_task, StepState, TaskState};
 
-/// `'A', 'B'`: the states the table lets move to `to`.
-fn task_sources(to: TaskState) -> String {
-    let from: Vec<String> =
-        TaskState::ALL.iter().filter(|f| check_task(**f, to).is_ok()).map(|f| format!("'{}'", f.as_str())).collect();
+/// `'A', 'B'`: the states a move may start from, as SQL literals.
+fn sources<'a>(allowed: impl Iterator<Item = &'a str>) -> String {
+    let from: Vec<String> = allowed.map(|s| format!("'{s}'")).collect();
     if from.is_empty() {
         "NULL".into()
     } else {
@@ -25,14 +24,12 @@ fn task_sources(to: TaskState) -> String {
     }
 }
 
+fn task_sources(to: TaskState) -> String {
+    sources(TaskState::ALL.iter().filter(|f| check_task(**f, to).is_ok()).map(|f| f.as_str()))
+}
+
 fn step_sources(to: StepState) -> String {
-    let from: Vec<String> =
-        StepState::ALL.iter().filter(|f| check_step(**f, to).is_ok()).map(|f| format!("'{}'", f.as_str())).collect();
-    if from.is_empty() {
-        "NULL".into()
-    } else {
-        from.join(", ")
-    }
+    sources(StepState::ALL.iter().filter(|f| check_step(**f, to).is_ok()).map(|f| f.as_str()))
 }
 
 const HISTORY: &str = "INSERT INTO transitions (instance_id, step_seq, from_state, to_state, reason, actor, at)";
