@@ -8,6 +8,8 @@
 //! 2. Render time of one frame of the tasks and timeline views at 200×60,
 //!    in-process with ratatui's TestBackend (median of 5 batches of 500).
 //! 3. The console's CPU while attached and idle, over 5 s.
+//! 4. The agent's resident memory with those instances finished and 10,000
+//!    more queued behind a queue limit of 1.
 
 use apollo_shared::protocol::{Instance, StepRun, Transition};
 use apollo_shared::state::{StepState, TaskState};
@@ -115,8 +117,9 @@ fn render_ms(app: &App, frames: usize) -> f64 {
 async fn main() {
     let n: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(100_000);
     let agent = Agent::builder()
-        .config("scheduler:\n  concurrency: 64\nlogging:\n  level: warn\n")
+        .config("scheduler:\n  concurrency: 64\n  queues:\n    held: {limit: 1}\nlogging:\n  level: warn\n")
         .task("noop.yaml", "task: noop\nsteps:\n  - plugin: sleep\n")
+        .task("held.yaml", "task: held\nqueue: held\nsteps:\n  - {plugin: sleep, params: {seconds: 3600}}\n")
         .start();
     let clients: Vec<Arc<apollo_tui::client::Client>> = {
         let mut v = Vec::new();
@@ -165,6 +168,29 @@ async fn main() {
         c.quit();
     }
 
+    // 10,000 queued behind a queue limit of 1 (one of them runs).
+    let mut handles = Vec::new();
+    for k in 0..64 {
+        let c = clients[k % 8].clone();
+        handles.push(tokio::spawn(async move {
+            for _ in 0..(10_000 / 64 + usize::from(k < 10_000 % 64)) {
+                trigger(&c, "held", json!({})).await;
+            }
+        }));
+    }
+    for h in handles {
+        h.await.unwrap();
+    }
+    let queues = clients[0].request::<m::QueuesStats>(NoParams {}).await.unwrap();
+    let queued = queues.iter().find(|q| q.queue == "held").map(|q| q.pending).unwrap_or(0);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", agent.pid())).unwrap_or_default();
+    let rss_kib: u64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+
     let mut app = App::new("bench".into(), false);
     app.on_news(News::Tasks {
         items: (0..200).map(|i| instance(i, 3)).collect(),
@@ -185,4 +211,5 @@ async fn main() {
     println!("  render, tasks view 200×60 (200 rows loaded): median {:.3} ms/frame", median(tasks));
     println!("  render, timeline 200×60 (20 steps × 2 attempts): median {:.3} ms/frame", median(timeline));
     println!("  console CPU attached and idle: {idle_cpu:.2}% of one core over 5 s");
+    println!("  agent RSS, {n} finished and {queued} queued: {:.1} MB", rss_kib as f64 / 1024.0);
 }
