@@ -6,7 +6,7 @@ use super::frame::{Frame, FrameCodec};
 use super::{Access, Api};
 use apollo_shared::protocol::methods as m;
 use apollo_shared::protocol::{
-    code, Call, Event, EventKind, Method, Request, Response, RpcError, SubscribeResult, Topic, MAX_FRAME_BYTES,
+    code, Event, EventKind, Method, Request, Response, RpcError, SubscribeResult, Topic, MAX_FRAME_BYTES,
 };
 use futures::StreamExt;
 use serde_json::{json, Value};
@@ -257,9 +257,7 @@ fn subscribe(
     tx: &Outbox,
     current: &mut Option<tokio::task::JoinHandle<()>>,
 ) -> Result<Value, RpcError> {
-    let Call::Subscribe(p) = Call::parse(m::Subscribe::NAME, params.unwrap_or(Value::Null))? else {
-        unreachable!("subscribe parses as subscribe")
-    };
+    let p = m::Subscribe::params(params.unwrap_or(Value::Null))?;
     if let Some(bad) = p.topics.iter().find(|t| !Topic::SUBSCRIBABLE.contains(t)) {
         let known: Vec<&str> = Topic::SUBSCRIBABLE.iter().map(|t| t.as_str()).collect();
         return Err(RpcError::new(

@@ -13,6 +13,7 @@ use super::db::{Db, V};
 use super::write::{Also, NewInstance};
 use super::Result;
 use apollo_shared::state::{check_step, check_task, StepState, TaskState};
+use std::sync::LazyLock;
 
 /// `'A', 'B'`: the states a move may start from, as SQL literals.
 fn sources<'a>(allowed: impl Iterator<Item = &'a str>) -> String {
@@ -24,12 +25,22 @@ fn sources<'a>(allowed: impl Iterator<Item = &'a str>) -> String {
     }
 }
 
-fn task_sources(to: TaskState) -> String {
-    sources(TaskState::ALL.iter().filter(|f| check_task(**f, to).is_ok()).map(|f| f.as_str()))
+/// The source list of each task state, read from the table once.
+fn task_sources(to: TaskState) -> &'static str {
+    static LISTS: LazyLock<Vec<(TaskState, String)>> = LazyLock::new(|| {
+        let allowed = |to| TaskState::ALL.iter().filter(move |f| check_task(**f, to).is_ok()).map(|f| f.as_str());
+        TaskState::ALL.iter().map(|to| (*to, sources(allowed(*to)))).collect()
+    });
+    LISTS.iter().find(|(t, _)| *t == to).map(|(_, l)| l.as_str()).unwrap_or("NULL")
 }
 
-fn step_sources(to: StepState) -> String {
-    sources(StepState::ALL.iter().filter(|f| check_step(**f, to).is_ok()).map(|f| f.as_str()))
+/// The source list of each step state, read from the table once.
+fn step_sources(to: StepState) -> &'static str {
+    static LISTS: LazyLock<Vec<(StepState, String)>> = LazyLock::new(|| {
+        let allowed = |to| StepState::ALL.iter().filter(move |f| check_step(**f, to).is_ok()).map(|f| f.as_str());
+        StepState::ALL.iter().map(|to| (*to, sources(allowed(*to)))).collect()
+    });
+    LISTS.iter().find(|(t, _)| *t == to).map(|(_, l)| l.as_str()).unwrap_or("NULL")
 }
 
 const HISTORY: &str = "INSERT INTO transitions (instance_id, step_seq, from_state, to_state, reason, actor, at)";

@@ -19,14 +19,15 @@ pub trait Method {
     const EXPECTED: &'static str;
     type Params: Serialize + DeserializeOwned + Send + std::fmt::Debug;
     type Result: Serialize + DeserializeOwned + Send;
-}
 
-/// Reads a method's params (`null` or absent reads as `{}`), or says what
-/// was expected.
-fn params<M: Method>(v: Value) -> Result<M::Params, RpcError> {
-    let v = if v.is_null() { Value::Object(Default::default()) } else { v };
-    serde_json::from_value(v)
-        .map_err(|e| RpcError::new(code::INVALID_PARAMS, format!("{}: {e} (expected {})", M::NAME, M::EXPECTED)))
+    /// Reads this method's params (`null` or absent reads as `{}`), or
+    /// says what was expected.
+    fn params(v: Value) -> Result<Self::Params, RpcError> {
+        let v = if v.is_null() { Value::Object(Default::default()) } else { v };
+        serde_json::from_value(v).map_err(|e| {
+            RpcError::new(code::INVALID_PARAMS, format!("{}: {e} (expected {})", Self::NAME, Self::EXPECTED))
+        })
+    }
 }
 
 macro_rules! methods {
@@ -56,7 +57,7 @@ macro_rules! methods {
             /// expected ones.
             pub fn parse(method: &str, params: Value) -> Result<Call, RpcError> {
                 match method {
-                    $($name => Ok(Call::$ty(self::params::<$ty>(params)?)),)*
+                    $($name => Ok(Call::$ty(<$ty as Method>::params(params)?)),)*
                     _ => Err(RpcError::new(
                         code::METHOD_NOT_FOUND,
                         format!("unknown method {method:?} (known: {})", METHODS.join(", ")),
