@@ -163,6 +163,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         store: store.clone(),
         reloaded: reloaded.clone(),
         watch: config.watch_tasks,
+        hangup: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok(),
     };
     let cron = triggers::cron::CronRunner {
         triggers: triggers.clone(),

@@ -39,6 +39,9 @@ pub struct Reloader {
     pub reloaded: Arc<Notify>,
     /// Watch the directory (else only SIGHUP reloads).
     pub watch: bool,
+    /// SIGHUP, registered before the socket answers (an unhandled SIGHUP
+    /// would end the agent), or `None` when it cannot be.
+    pub hangup: Option<tokio::signal::unix::Signal>,
 }
 
 /// What a reload changed.
@@ -147,7 +150,7 @@ impl Reloader {
     }
 
     /// Watches the directory and listens for SIGHUP until shutdown.
-    pub async fn run(self, shutdown: CancellationToken) {
+    pub async fn run(mut self, shutdown: CancellationToken) {
         let (tx, mut rx) = mpsc::unbounded_channel::<()>();
         let watcher = {
             let tx = tx.clone();
@@ -177,7 +180,7 @@ impl Reloader {
                 None
             }
         };
-        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+        let mut hup = self.hangup.take();
         loop {
             let hangup = async {
                 match hup.as_mut() {

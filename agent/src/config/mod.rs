@@ -298,6 +298,10 @@ pub struct PluginReg {
     pub timeout: Option<Duration>,
     #[serde(default)]
     pub retry: Option<u32>,
+    /// For a command whose describe says `"mode": "worker"`: its process
+    /// pool (see PLUGINS.md).
+    #[serde(default)]
+    pub workers: Option<crate::plugins::worker::PoolConf>,
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -375,7 +379,7 @@ impl<'de> serde::de::Visitor<'de> for DurationVisitor {
     }
 }
 
-fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+pub(crate) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     d.deserialize_any(DurationVisitor)
 }
 
@@ -529,6 +533,12 @@ impl Config {
                     crate::plugins::CLASSES.join(", ")
                 ),
                 _ => {}
+            }
+            if let Some(w) = &p.workers {
+                if p.command.is_none() {
+                    bail!("{file}: plugins[{i}] ({}).workers: only a command plugin has workers", p.name);
+                }
+                w.check().map_err(|e| anyhow::anyhow!("{file}: plugins[{i}] ({}).workers.{e}", p.name))?;
             }
         }
         Ok(())

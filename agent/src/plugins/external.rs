@@ -10,6 +10,7 @@
 //! that is read and dropped, so it cannot grow the agent's memory.
 
 use super::process::{self, Spec};
+use super::worker::{Pool, PoolConf};
 use super::{Call, ParamDoc, Plugin, PluginError};
 use crate::logs::StepLog;
 use futures::future::BoxFuture;
@@ -37,6 +38,8 @@ pub struct External {
     /// The largest result accepted from execute (the step output limit).
     output_cap: usize,
     kill_grace: Duration,
+    /// Its worker pool, when describe says `"mode": "worker"`.
+    pool: Option<Pool>,
 }
 
 /// What one call printed and how it ended.
@@ -160,17 +163,27 @@ pub async fn describe(path: &Path, pass: &[String]) -> Result<Value, String> {
         .and_then(Value::as_str)
         .ok_or("describe: missing \"version\" (a semver string such as \"1.2.0\")")?;
     semver::Version::parse(version).map_err(|e| format!("describe: version {version:?} is not semver: {e}"))?;
+    match m.get("mode") {
+        None => {}
+        Some(Value::String(mode)) if mode == "oneshot" || mode == "worker" => {}
+        Some(other) => {
+            return Err(format!("describe: mode {other} is not valid (expected \"oneshot\" or \"worker\")"));
+        }
+    }
     Ok(Value::Object(m))
 }
 
 impl External {
-    /// Registers an executable: checks it exists and is executable, and asks it to describe itself.
+    /// Registers an executable: checks it exists and is executable, and asks
+    /// it to describe itself. A worker-mode plugin gets its pool, with
+    /// `workers` as its bounds (the defaults when `None`).
     pub async fn load(
         name: &str,
         path: &Path,
         pass_env: Vec<String>,
         output_cap: usize,
         kill_grace: Duration,
+        workers: Option<PoolConf>,
     ) -> Result<External, String> {
         use std::os::unix::fs::PermissionsExt;
         // Calls run in the work dir, so the path must not depend on ours.
@@ -180,6 +193,10 @@ impl External {
             return Err(format!("{}: not an executable file (chmod +x it)", path.display()));
         }
         let d = describe(path, &pass_env).await?;
+        let pool = (d.get("mode").and_then(Value::as_str) == Some("worker")).then(|| {
+            let cap = output_cap.max(QUICK_OUTPUT);
+            Pool::new(path, pass_env.clone(), workers.unwrap_or_default(), kill_grace, cap)
+        });
         Ok(External {
             path: path.to_path_buf(),
             name: name.to_string(),
@@ -190,6 +207,7 @@ impl External {
             pass_env,
             output_cap,
             kill_grace,
+            pool,
         })
     }
 
@@ -197,7 +215,9 @@ impl External {
         &self.path
     }
 
-    fn call_env(&self, call: &Call<'_>, rollback: bool) -> Vec<(String, String)> {
+    /// The call's own variables (a one-shot call's environment adds them to
+    /// the clean base; a worker gets them with the request).
+    fn call_vars(call: &Call<'_>, rollback: bool) -> Vec<(String, String)> {
         let mut extra = vec![
             ("APOLLO_IDEMPOTENCY_KEY".to_string(), call.idempotency_key.to_string()),
             ("APOLLO_WORK_DIR".into(), call.work_dir.display().to_string()),
@@ -210,7 +230,7 @@ impl External {
             extra.push(("APOLLO_ROLLBACK".into(), "1".into()));
         }
         extra.extend(call.env.iter().cloned());
-        process::clean_env(&self.pass_env, extra)
+        extra
     }
 
     async fn step_call(
@@ -232,7 +252,11 @@ impl External {
         if let Some(o) = output {
             doc["output"] = o.clone();
         }
-        let env = self.call_env(call, verb == "rollback");
+        let vars = Self::call_vars(call, verb == "rollback");
+        if let Some(pool) = &self.pool {
+            return pool.call(verb, &doc, &vars, Some(call.log), &call.cancel, self.output_cap).await;
+        }
+        let env = process::clean_env(&self.pass_env, vars);
         let io = Io {
             env,
             cwd: call.work_dir,
@@ -264,6 +288,34 @@ impl External {
     }
 }
 
+impl External {
+    /// validate on a worker, bounded like a one-shot validate.
+    async fn validate_on(&self, pool: &Pool, params: &Map<String, Value>) -> Result<(), PluginError> {
+        let cancel = CancellationToken::new();
+        let timer = cancel.clone();
+        let guard = tokio::spawn(async move {
+            tokio::time::sleep(QUICK_CALL).await;
+            timer.cancel();
+        });
+        let r = pool.call("validate", &json!({ "params": params }), &[], None, &cancel, QUICK_OUTPUT).await;
+        guard.abort();
+        match r {
+            Ok(m) if m.get("ok") == Some(&Value::Bool(false)) => Err(PluginError::permanent(
+                m.get("error").and_then(Value::as_str).unwrap_or("validate refused the params").to_string(),
+            )),
+            Ok(_) => Ok(()),
+            Err(_) if cancel.is_cancelled() => {
+                Err(PluginError::retryable(format!("validate: did not answer within {}s", QUICK_CALL.as_secs())))
+            }
+            // A refusal is the plugin's own words, as in one-shot mode.
+            Err(e) if e.permanent => Err(PluginError::permanent(
+                e.message.strip_prefix("validate failed (permanent): ").unwrap_or(&e.message).to_string(),
+            )),
+            Err(e) => Err(e),
+        }
+    }
+}
+
 impl Plugin for External {
     fn name(&self) -> &str {
         &self.name
@@ -285,8 +337,14 @@ impl Plugin for External {
         d["command"] = json!(self.path);
         d
     }
+    fn pool(&self) -> Option<apollo_shared::protocol::PoolStats> {
+        self.pool.as_ref().map(Pool::stats)
+    }
     fn validate<'a>(&'a self, params: &'a Map<String, Value>) -> BoxFuture<'a, Result<(), PluginError>> {
         Box::pin(async move {
+            if let Some(pool) = &self.pool {
+                return self.validate_on(pool, params).await;
+            }
             // Not answering in time is not a refusal: it is retried like an execute.
             let r = quick(&self.path, "validate", &json!({ "params": params }), &self.pass_env)
                 .await

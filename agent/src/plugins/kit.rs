@@ -26,7 +26,7 @@ pub async fn run(exe: &Path, params: Option<Map<String, Value>>, out: &mut impl 
             if detail.is_empty() { String::new() } else { format!(": {detail}") }
         )
     };
-    let plugin = match External::load("under-test", exe, Vec::new(), 1024 * 1024, Duration::from_secs(5)).await {
+    let plugin = match External::load("under-test", exe, Vec::new(), 1024 * 1024, Duration::from_secs(5), None).await {
         Ok(p) => p,
         Err(e) => {
             report(out, false, "describe", &e)?;

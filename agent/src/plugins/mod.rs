@@ -4,6 +4,7 @@
 //! Layout:
 //! - `process`: subprocesses in their own process group, killed as a group.
 //! - `external`: plugins that are executables speaking JSON (PLUGINS.md).
+//! - `worker`: the process pool of external plugins in worker mode.
 //! - `shell`, `downloader`, `parser`, `report`, `http`, `sleep`: the built-ins.
 
 mod downloader;
@@ -16,6 +17,7 @@ mod report;
 mod s3;
 mod shell;
 mod sleep;
+pub mod worker;
 
 use crate::logs::StepLog;
 use futures::future::BoxFuture;
@@ -111,6 +113,11 @@ pub trait Plugin: Send + Sync {
     }
     fn execute<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Value, PluginError>>;
     fn rollback<'a>(&'a self, call: Call<'a>, output: Option<&'a Value>) -> BoxFuture<'a, Result<(), PluginError>>;
+
+    /// The worker pool of a worker-mode external plugin.
+    fn pool(&self) -> Option<apollo_shared::protocol::PoolStats> {
+        None
+    }
 
     fn describe(&self) -> Value {
         let params: Vec<Value> = self
@@ -296,6 +303,7 @@ pub async fn load(config: &crate::config::Config) -> Registry {
         env: Vec<String>,
         timeout: Option<Duration>,
         retry: Option<u32>,
+        workers: Option<worker::PoolConf>,
     }
     let mut externals: Vec<Wanted> = config
         .plugins
@@ -308,6 +316,7 @@ pub async fn load(config: &crate::config::Config) -> Registry {
                 env: p.env.clone(),
                 timeout: p.timeout,
                 retry: p.retry,
+                workers: p.workers.clone(),
             })
         })
         .collect();
@@ -320,11 +329,11 @@ pub async fn load(config: &crate::config::Config) -> Registry {
         let executable = std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
         let Some(stem) = path.file_stem().and_then(|s| s.to_str()).map(str::to_string) else { continue };
         if executable && !externals.iter().any(|e| e.name == stem) {
-            externals.push(Wanted { name: stem, path, env: Vec::new(), timeout: None, retry: None });
+            externals.push(Wanted { name: stem, path, env: Vec::new(), timeout: None, retry: None, workers: None });
         }
     }
-    for Wanted { name, path, env, timeout, retry } in externals {
-        match external::External::load(&name, &path, env, cap, grace).await {
+    for Wanted { name, path, env, timeout, retry, workers } in externals {
+        match external::External::load(&name, &path, env, cap, grace, workers).await {
             Ok(plugin) => {
                 let replace = !named.contains(&name);
                 named.push(name.clone());

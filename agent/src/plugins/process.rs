@@ -174,6 +174,27 @@ pub fn reap(keys: &HashSet<String>) -> Vec<String> {
     victims.into_iter().map(|(pid, cmd)| format!("pid {pid} ({cmd})")).collect()
 }
 
+/// Runs the command in its own process group, killed with the agent: the
+/// child dies with the agent (a parent-death signal), so a killed agent
+/// leaves no plugin running; if the agent died before the signal was set,
+/// the child's parent is already someone else and it exits at once.
+pub fn isolate(cmd: &mut tokio::process::Command) {
+    cmd.process_group(0);
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+}
+
 pub struct Outcome {
     pub code: Option<i32>,
     pub signal: Option<i32>,
@@ -222,26 +243,10 @@ pub async fn run(
         .current_dir(&spec.cwd)
         .stdin(if spec.stdin.is_some() { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
+        .stderr(Stdio::piped());
+    isolate(&mut cmd);
     if let Some(key) = &spec.step_key {
         cmd.env(STEP_VAR, key);
-    }
-    let parent = std::process::id() as libc::pid_t;
-    // SAFETY: only async-signal-safe calls between fork and exec. The child
-    // dies with the agent (a parent-death signal), so a killed agent leaves
-    // no step running; if the agent died before the signal was set, the
-    // child's parent is already someone else and it exits at once.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if libc::getppid() != parent {
-                libc::_exit(1);
-            }
-            Ok(())
-        });
     }
     let mut child = cmd.spawn().map_err(|e| format!("cannot start {program:?}: {e}"))?;
     let pgid = child.id().map(|id| Pid::from_raw(id as i32));

@@ -365,6 +365,7 @@ impl Api {
             describe: Value::Null,
             error: Some(b.error.clone()),
             stats: None,
+            pool: None,
         });
         registry
             .all()
@@ -379,6 +380,7 @@ impl Api {
                 describe: r.plugin.describe(),
                 error: None,
                 stats: None,
+                pool: r.plugin.pool(),
             })
             .chain(broken)
             .collect()

@@ -249,6 +249,46 @@ pub struct PluginInfo {
     /// How its recent runs went, when it has run.
     #[serde(default)]
     pub stats: Option<PluginStats>,
+    /// Its worker pool, for a plugin in worker mode.
+    #[serde(default)]
+    pub pool: Option<PoolStats>,
+}
+
+/// A worker-mode plugin's process pool: its bounds, its workers now, and
+/// how long calls waited for one (the last 256 calls).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PoolStats {
+    pub min: usize,
+    pub max: usize,
+    /// Worker processes alive (busy, idle or starting).
+    pub workers: usize,
+    pub busy: usize,
+    /// Calls waiting for a worker now.
+    pub waiting: usize,
+    /// The most workers alive at once.
+    pub peak: usize,
+    pub calls: u64,
+    pub wait_p50_ms: f64,
+    pub wait_p99_ms: f64,
+    /// Workers started, and those replaced after a crash, a timeout or a
+    /// broken reply, and recycled after their call or memory limit.
+    pub started: u64,
+    pub replaced: u64,
+    pub recycled: u64,
+}
+
+impl PoolStats {
+    /// WORKERS and WAIT as the CLI and the console show them: `busy/alive
+    /// (min-max)` and the wait p50/p99; dashes for a one-shot plugin.
+    pub fn columns(pool: Option<&PoolStats>) -> [String; 2] {
+        match pool {
+            None => ["-".to_string(), "-".to_string()],
+            Some(p) => [
+                format!("{}/{} ({}-{})", p.busy, p.workers, p.min, p.max),
+                format!("{:.1}/{:.1}ms", p.wait_p50_ms, p.wait_p99_ms),
+            ],
+        }
+    }
 }
 
 /// The last runs (at most 1,000) of one plugin version: how many, how many

@@ -3,7 +3,7 @@
 
 use apollo_shared::protocol::{
     AgentInfo, AgentStatus, Alert, AuditEntry, DefInfo, DryRunResult, EventRecord, Instance, PluginInfo, PluginStats,
-    QueueStats,
+    PoolStats, QueueStats,
 };
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -160,18 +160,19 @@ pub fn defs(out: &Out, defs: &[DefInfo]) {
 
 pub fn plugins(_out: &Out, plugins: &[PluginInfo]) {
     println!(
-        "{:<18} {:<8} {:>8} {:>6} {:>6} {:>6} {:>8} {:>8} {:>9}  CLASS",
-        "NAME", "VERSION", "TIMEOUT", "RETRY", "RUNS", "FAIL%", "P50", "P99", "SUGGESTED"
+        "{:<18} {:<8} {:>8} {:>6} {:>6} {:>6} {:>8} {:>8} {:>9} {:>11} {:>12}  CLASS / COMMAND",
+        "NAME", "VERSION", "TIMEOUT", "RETRY", "RUNS", "FAIL%", "P50", "P99", "SUGGESTED", "WORKERS", "WAIT p50/99"
     );
     for p in plugins {
         let [runs, fail, p50, p99, suggested] = PluginStats::columns(p.stats.as_ref());
+        let [workers, wait] = PoolStats::columns(p.pool.as_ref());
         println!(
-            "{:<18} {:<8} {:>7?}s {:>6} {runs:>6} {fail:>6} {p50:>8} {p99:>8} {suggested:>9}  {}",
+            "{:<18} {:<8} {:>7?}s {:>6} {runs:>6} {fail:>6} {p50:>8} {p99:>8} {suggested:>9} {workers:>11} {wait:>12}  {}",
             p.name,
             p.version,
             p.timeout_secs,
             p.retry,
-            p.class.as_deref().unwrap_or("")
+            p.class.as_deref().or(p.command.as_deref()).unwrap_or("")
         );
     }
 }

@@ -217,6 +217,7 @@ pub fn plugins(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
                 None => Cell::from(params.join(", ")),
             };
             let [runs, fail, p50, p99, suggested] = apollo_shared::protocol::PluginStats::columns(p.stats.as_ref());
+            let [workers, wait] = apollo_shared::protocol::PoolStats::columns(p.pool.as_ref());
             vec![
                 Cell::from(p.name.clone()),
                 Cell::from(p.version.clone()),
@@ -228,6 +229,8 @@ pub fn plugins(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
                 Cell::from(p99),
                 Cell::from(p.retry.to_string()),
                 Cell::from(if p.idempotent { "yes" } else { "no" }),
+                Cell::from(workers),
+                Cell::from(wait),
                 last,
             ]
         })
@@ -243,6 +246,8 @@ pub fn plugins(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         Constraint::Length(8),
         Constraint::Length(5),
         Constraint::Length(4),
+        Constraint::Length(11),
+        Constraint::Length(11),
         Constraint::Min(16),
     ];
     table(
@@ -264,6 +269,8 @@ pub fn plugins(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
                 "P99",
                 "RETRY",
                 "IDEM",
+                "WORKERS",
+                "WAIT",
                 "PARAMS / ERROR",
             ],
             widths,

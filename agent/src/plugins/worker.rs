@@ -1,0 +1,635 @@
+//! Worker mode for external plugins: the original design's process pool
+//! (§5.1). A plugin whose describe says `"mode": "worker"` is started as
+//! `<exe> serve` and kept: it reads one JSON request a line on stdin and
+//! answers one JSON reply a line on stdout, for many validate, execute and
+//! rollback calls (PLUGINS.md has the protocol).
+//!
+//! Each plugin version has a pool of such workers between `min` and `max`.
+//! A call takes an idle worker; one that has waited `grow_after` for a worker
+//! starts another (up to `max`), and a janitor stops workers idle longer than
+//! `idle` (down to `min`). A worker serves one call at a time. A call is
+//! still bounded by its timeout: the worker that overruns is stopped with its
+//! process group (SIGTERM, SIGKILL after the grace) and the call fails as a
+//! timeout; a worker that dies mid-call fails that call as retryable; either
+//! way the pool starts a new worker when one is next needed. A worker is
+//! recycled after `max_calls` calls or when its resident memory passes
+//! `max_memory_mb`.
+
+use super::process;
+use super::PluginError;
+use crate::logs::StepLog;
+use apollo_shared::protocol::PoolStats;
+use futures::StreamExt;
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, ChildStdin, ChildStdout};
+use tokio::sync::{mpsc, Semaphore};
+use tokio_util::codec::{FramedRead, LinesCodec};
+use tokio_util::sync::CancellationToken;
+
+/// A plugin's pool bounds and limits (`plugins[].workers` in apollo.yaml).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConf {
+    /// Workers kept even when idle (started with the registration).
+    #[serde(default = "one")]
+    pub min: usize,
+    #[serde(default = "four")]
+    pub max: usize,
+    /// A call that waits this long for a worker starts another one.
+    #[serde(default = "grow_after", deserialize_with = "crate::config::duration")]
+    pub grow_after: Duration,
+    /// A worker idle this long is stopped (while more than `min` are alive).
+    #[serde(default = "idle", deserialize_with = "crate::config::duration")]
+    pub idle: Duration,
+    /// Calls one worker serves before it is replaced.
+    #[serde(default = "max_calls")]
+    pub max_calls: u64,
+    /// Resident memory (MiB) past which a worker is replaced after its call.
+    #[serde(default = "max_memory_mb")]
+    pub max_memory_mb: u64,
+}
+
+fn one() -> usize {
+    1
+}
+fn four() -> usize {
+    4
+}
+fn grow_after() -> Duration {
+    Duration::from_millis(100)
+}
+fn idle() -> Duration {
+    Duration::from_secs(60)
+}
+fn max_calls() -> u64 {
+    10_000
+}
+fn max_memory_mb() -> u64 {
+    512
+}
+
+impl Default for PoolConf {
+    fn default() -> Self {
+        serde_json::from_value(json!({})).expect("pool defaults")
+    }
+}
+
+impl PoolConf {
+    /// The bounds make sense; the message names the field and what is valid.
+    pub fn check(&self) -> Result<(), String> {
+        if !(1..=256).contains(&self.max) {
+            return Err(format!("max: {} is out of range (expected 1 to 256)", self.max));
+        }
+        if self.min > self.max {
+            return Err(format!("min: {} is more than max ({})", self.min, self.max));
+        }
+        if self.max_calls == 0 {
+            return Err("max_calls: 0 is out of range (expected 1 or more)".into());
+        }
+        if self.max_memory_mb == 0 {
+            return Err("max_memory_mb: 0 is out of range (expected 1 or more)".into());
+        }
+        Ok(())
+    }
+}
+
+/// Bytes a reply may add around its result (`{"id": …, "result": …}`).
+const ENVELOPE: usize = 4096;
+/// Longest stderr line kept as one log line.
+const MAX_LOG_LINE: usize = 8192;
+/// Waits remembered for the pool's wait percentiles.
+const WAITS: usize = 256;
+
+/// One worker process.
+struct Worker {
+    child: Child,
+    pid: i32,
+    stdin: Option<ChildStdin>,
+    stdout: FramedRead<ChildStdout, LinesCodec>,
+    /// Lines the worker prints on stderr, read by a task of their own.
+    stderr: mpsc::Receiver<String>,
+    /// Its last stderr lines, for the message when it dies.
+    tail: VecDeque<String>,
+    calls: u64,
+    last_used: Instant,
+    /// The longest stdout line read.
+    line_max: usize,
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        // Whatever the worker started goes with it.
+        let _ = killpg(Pid::from_raw(self.pid), Signal::SIGKILL);
+    }
+}
+
+/// How an exchange with a worker ended.
+enum Exchange {
+    /// The worker answered; it can serve again.
+    Answered(Result<Map<String, Value>, PluginError>),
+    /// The worker must go: it died, overran or broke the protocol.
+    Lost(PluginError),
+}
+
+impl Worker {
+    fn take_stderr(&mut self, log: Option<&StepLog>) {
+        while let Ok(line) = self.stderr.try_recv() {
+            self.note(&line, log);
+        }
+    }
+
+    fn note(&mut self, line: &str, log: Option<&StepLog>) {
+        match log {
+            Some(log) => log.line(line),
+            None => tracing::debug!(pid = self.pid, "plugin worker stderr: {line}"),
+        }
+        if self.tail.len() == 3 {
+            self.tail.pop_front();
+        }
+        self.tail.push_back(line.chars().take(300).collect());
+    }
+
+    /// Sends one request and reads up to its reply, logging what the worker
+    /// says meanwhile; `cancel` (the step's timeout or a cancel) stops it.
+    async fn exchange(
+        &mut self,
+        verb: &str,
+        request: &Value,
+        log: Option<&StepLog>,
+        cancel: &CancellationToken,
+        cap: usize,
+        grace: Duration,
+    ) -> Exchange {
+        self.take_stderr(None);
+        let id = request["id"].as_u64().unwrap_or_default();
+        let mut line = serde_json::to_vec(request).unwrap_or_default();
+        line.push(b'\n');
+        let Some(stdin) = self.stdin.as_mut() else {
+            return Exchange::Lost(PluginError::retryable(format!("{verb}: the worker's stdin is closed")));
+        };
+        let wrote = tokio::select! {
+            r = async { stdin.write_all(&line).await?; stdin.flush().await } => r,
+            _ = cancel.cancelled() => {
+                self.stop(grace).await;
+                return Exchange::Lost(PluginError::retryable(format!("{verb} was stopped")));
+            }
+        };
+        if wrote.is_err() {
+            return Exchange::Lost(self.died(verb).await);
+        }
+        loop {
+            tokio::select! {
+                next = self.stdout.next() => match next {
+                    Some(Ok(text)) => {
+                        if let Some(done) = self.reply(verb, id, &text, log, cap) {
+                            self.take_stderr(log);
+                            return Exchange::Answered(done);
+                        }
+                    }
+                    Some(Err(tokio_util::codec::LinesCodecError::MaxLineLengthExceeded)) => {
+                        self.stop(grace).await;
+                        return Exchange::Lost(PluginError::permanent(format!(
+                            "{verb} printed a line over the {} byte limit for a reply: write large data to a file in the work dir and return its path",
+                            self.line_max
+                        )));
+                    }
+                    Some(Err(_)) | None => return Exchange::Lost(self.died(verb).await),
+                },
+                Some(text) = self.stderr.recv() => self.note(&text, log),
+                _ = cancel.cancelled() => {
+                    self.stop(grace).await;
+                    return Exchange::Lost(PluginError::retryable(format!("{verb} was stopped")));
+                }
+            }
+        }
+    }
+
+    /// One stdout line: the reply to call `id` (`Some`), or a log line.
+    fn reply(
+        &mut self,
+        verb: &str,
+        id: u64,
+        text: &str,
+        log: Option<&StepLog>,
+        cap: usize,
+    ) -> Option<Result<Map<String, Value>, PluginError>> {
+        let msg = match serde_json::from_str::<Value>(text) {
+            Ok(Value::Object(m)) if m.get("id").and_then(Value::as_u64) == Some(id) => m,
+            _ => {
+                // Not a reply to this call: a stray print. Logged, not fatal.
+                if !text.trim().is_empty() {
+                    self.note(&format!("stdout: {text}"), log);
+                }
+                return None;
+            }
+        };
+        if let Some(line) = msg.get("log") {
+            let line = line.as_str().map(str::to_string).unwrap_or_else(|| line.to_string());
+            self.note(&line, log);
+            return None;
+        }
+        if text.len() > cap + ENVELOPE {
+            return Some(Err(PluginError::permanent(format!(
+                "{verb} replied with {} bytes, over the {cap} byte limit for a result: write large data to a file in the work dir and return its path",
+                text.len()
+            ))));
+        }
+        Some(match (msg.get("result"), msg.get("error")) {
+            (Some(Value::Object(r)), None) => Ok(r.clone()),
+            (Some(other), None) => Err(PluginError::permanent(format!(
+                "{verb} replied with a result that is not an object ({})",
+                apollo_shared::def::kind(other)
+            ))),
+            (None, Some(e)) => {
+                let message = e.as_str().map(str::to_string).unwrap_or_else(|| e.to_string());
+                if msg.get("retryable").and_then(Value::as_bool).unwrap_or(false) {
+                    Err(PluginError::retryable(format!("{verb} asked to be retried: {message}")))
+                } else {
+                    Err(PluginError::permanent(format!("{verb} failed (permanent): {message}")))
+                }
+            }
+            _ => Err(PluginError::permanent(format!(
+                "{verb} replied without exactly one of \"result\" or \"error\": {}",
+                text.chars().take(200).collect::<String>()
+            ))),
+        })
+    }
+
+    /// The worker's stdout closed: it died (or is dying). Returns the
+    /// retryable error for the call in flight, naming how it ended.
+    async fn died(&mut self, verb: &str) -> PluginError {
+        let status = tokio::time::timeout(Duration::from_secs(2), self.child.wait()).await;
+        self.take_stderr(None);
+        use std::os::unix::process::ExitStatusExt;
+        let how = match status {
+            Ok(Ok(s)) => match (s.code(), s.signal()) {
+                (Some(c), _) => format!("exited with code {c}"),
+                (None, Some(sig)) => {
+                    let name =
+                        Signal::try_from(sig).map(|s| s.as_str().to_string()).unwrap_or_else(|_| sig.to_string());
+                    format!("was killed by signal {name}")
+                }
+                _ => "ended".to_string(),
+            },
+            _ => "closed its stdout".to_string(),
+        };
+        let tail: Vec<String> = self.tail.iter().cloned().collect();
+        PluginError::retryable(format!(
+            "{verb}: worker pid {} {how} during the call; stderr: {:?}",
+            self.pid,
+            tail.join(" | ")
+        ))
+    }
+
+    /// Stops the worker and its group: SIGTERM, SIGKILL after `grace`.
+    async fn stop(&mut self, grace: Duration) {
+        let group = Pid::from_raw(self.pid);
+        let _ = killpg(group, Signal::SIGTERM);
+        if tokio::time::timeout(grace, self.child.wait()).await.is_err() {
+            let _ = killpg(group, Signal::SIGKILL);
+            let _ = self.child.wait().await;
+        }
+    }
+
+    /// Resident memory in MiB, from /proc.
+    fn rss_mb(&self) -> u64 {
+        let statm = std::fs::read_to_string(format!("/proc/{}/statm", self.pid)).unwrap_or_default();
+        let pages: u64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+        pages * 4096 / (1024 * 1024)
+    }
+
+    /// Whether it has exited while idle.
+    fn gone(&mut self) -> bool {
+        !matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    waits: VecDeque<Duration>,
+    calls: u64,
+    started: u64,
+    replaced: u64,
+    recycled: u64,
+    peak: usize,
+}
+
+/// The pool of one plugin version.
+pub struct Pool {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    path: PathBuf,
+    pass_env: Vec<String>,
+    conf: PoolConf,
+    grace: Duration,
+    /// The longest line read from a worker's stdout.
+    line_max: usize,
+    /// Idle workers, the most recently used last (taken first), so the
+    /// others age and the janitor can stop them.
+    idle: Mutex<Vec<Worker>>,
+    /// One permit per idle worker.
+    ready: Semaphore,
+    /// Workers alive, busy or idle, and those being started.
+    size: AtomicUsize,
+    waiting: AtomicUsize,
+    counters: Mutex<Counters>,
+}
+
+impl Pool {
+    /// A pool for `path`; its janitor starts `min` workers, then stops idle
+    /// ones. `result_cap` is the largest result a call may return.
+    pub fn new(path: &Path, pass_env: Vec<String>, conf: PoolConf, grace: Duration, result_cap: usize) -> Pool {
+        let inner = Arc::new(Inner {
+            path: path.to_path_buf(),
+            pass_env,
+            conf,
+            grace,
+            line_max: result_cap + ENVELOPE,
+            idle: Mutex::new(Vec::new()),
+            ready: Semaphore::new(0),
+            size: AtomicUsize::new(0),
+            waiting: AtomicUsize::new(0),
+            counters: Mutex::new(Counters::default()),
+        });
+        tokio::spawn(janitor(Arc::downgrade(&inner)));
+        Pool { inner }
+    }
+
+    pub fn stats(&self) -> PoolStats {
+        let i = &self.inner;
+        let c = i.counters.lock().expect("pool counters");
+        let mut waits: Vec<Duration> = c.waits.iter().copied().collect();
+        waits.sort();
+        let at = |q: f64| {
+            waits.get(((waits.len() as f64 - 1.0) * q).round() as usize).map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+        };
+        let workers = i.size.load(Ordering::SeqCst);
+        let idle = i.idle.lock().expect("pool").len();
+        PoolStats {
+            min: i.conf.min,
+            max: i.conf.max,
+            workers,
+            busy: workers.saturating_sub(idle),
+            waiting: i.waiting.load(Ordering::SeqCst),
+            peak: c.peak,
+            calls: c.calls,
+            wait_p50_ms: at(0.5),
+            wait_p99_ms: at(0.99),
+            started: c.started,
+            replaced: c.replaced,
+            recycled: c.recycled,
+        }
+    }
+
+    /// One call on a worker: `input` is what a one-shot call reads on
+    /// stdin, `env` the call's own variables. Returns the reply's result.
+    pub async fn call(
+        &self,
+        verb: &str,
+        input: &Value,
+        env: &[(String, String)],
+        log: Option<&StepLog>,
+        cancel: &CancellationToken,
+        cap: usize,
+    ) -> Result<Map<String, Value>, PluginError> {
+        let i = &self.inner;
+        let mut w = i.acquire(verb, cancel).await?;
+        w.calls += 1;
+        if let Some(log) = log {
+            log.line(&format!("[apollo: {verb} on worker pid {} (its call {})]", w.pid, w.calls));
+        }
+        let env: Map<String, Value> = env.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect();
+        let request = json!({"id": w.calls, "call": verb, "env": env, "input": input});
+        match w.exchange(verb, &request, log, cancel, cap, i.grace).await {
+            Exchange::Answered(r) => {
+                i.release(w);
+                r
+            }
+            Exchange::Lost(e) => {
+                tracing::warn!(plugin = %i.path.display(), pid = w.pid, "plugin worker replaced: {e}");
+                i.counters.lock().expect("pool counters").replaced += 1;
+                i.size.fetch_sub(1, Ordering::SeqCst);
+                drop(w);
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Inner {
+    /// Reserves room for one more worker if fewer than `limit` are alive.
+    fn reserve(&self, limit: usize) -> bool {
+        self.size.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < limit).then_some(n + 1)).is_ok()
+    }
+
+    /// Starts a worker in the room `reserve` made (given back on failure).
+    fn start(&self) -> Result<Worker, String> {
+        let spawned = spawn(&self.path, &self.pass_env, self.line_max);
+        let mut c = self.counters.lock().expect("pool counters");
+        match spawned {
+            Ok(w) => {
+                c.started += 1;
+                c.peak = c.peak.max(self.size.load(Ordering::SeqCst));
+                Ok(w)
+            }
+            Err(e) => {
+                self.size.fetch_sub(1, Ordering::SeqCst);
+                Err(e)
+            }
+        }
+    }
+
+    fn take_idle(&self) -> Option<Worker> {
+        let permit = self.ready.try_acquire().ok()?;
+        permit.forget();
+        let mut idle = self.idle.lock().expect("pool");
+        idle.pop()
+    }
+
+    /// An idle worker, a new one (below `min`, or after waiting
+    /// `grow_after`, below `max`), or the one released first.
+    async fn acquire(&self, verb: &str, cancel: &CancellationToken) -> Result<Worker, PluginError> {
+        let began = Instant::now();
+        let starting = |e: String| PluginError::retryable(format!("{verb}: cannot start a worker: {e}"));
+        let w = loop {
+            if let Some(mut w) = self.take_idle() {
+                if w.gone() {
+                    self.counters.lock().expect("pool counters").replaced += 1;
+                    self.size.fetch_sub(1, Ordering::SeqCst);
+                    continue;
+                }
+                break w;
+            }
+            if self.reserve(self.conf.min.max(1)) {
+                break self.start().map_err(starting)?;
+            }
+            self.waiting.fetch_add(1, Ordering::SeqCst);
+            let waited = tokio::select! {
+                p = self.ready.acquire() => p.ok().map(|p| p.forget()).map(|_| self.idle.lock().expect("pool").pop()),
+                _ = tokio::time::sleep(self.conf.grow_after) => None,
+                _ = cancel.cancelled() => {
+                    self.waiting.fetch_sub(1, Ordering::SeqCst);
+                    return Err(PluginError::retryable(format!("{verb} was stopped while waiting for a worker")));
+                }
+            };
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            match waited {
+                Some(Some(mut w)) => {
+                    if !w.gone() {
+                        break w;
+                    }
+                    self.counters.lock().expect("pool counters").replaced += 1;
+                    self.size.fetch_sub(1, Ordering::SeqCst);
+                }
+                // Waited `grow_after`: the pool grows if it may.
+                _ if self.reserve(self.conf.max) => break self.start().map_err(starting)?,
+                _ => {}
+            }
+        };
+        let mut c = self.counters.lock().expect("pool counters");
+        if c.waits.len() == WAITS {
+            c.waits.pop_front();
+        }
+        c.waits.push_back(began.elapsed());
+        c.calls += 1;
+        Ok(w)
+    }
+
+    /// Back to the pool, or recycled when it has served its calls or grown.
+    fn release(&self, mut w: Worker) {
+        if w.calls >= self.conf.max_calls || w.rss_mb() > self.conf.max_memory_mb {
+            tracing::info!(plugin = %self.path.display(), pid = w.pid, calls = w.calls, "plugin worker recycled");
+            self.counters.lock().expect("pool counters").recycled += 1;
+            self.size.fetch_sub(1, Ordering::SeqCst);
+            retire(w, self.grace);
+            return;
+        }
+        w.last_used = Instant::now();
+        self.idle.lock().expect("pool").push(w);
+        self.ready.add_permits(1);
+    }
+}
+
+/// Ends a worker politely: its stdin closes (a worker ends at EOF), and it
+/// is killed with its group if it is still there after the grace.
+fn retire(mut w: Worker, grace: Duration) {
+    w.stdin = None;
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(grace, w.child.wait()).await;
+        drop(w);
+    });
+}
+
+fn spawn(path: &Path, pass_env: &[String], line_max: usize) -> Result<Worker, String> {
+    let mut cmd = tokio::process::Command::new(path);
+    cmd.arg("serve")
+        .env_clear()
+        .envs(process::clean_env(pass_env, vec![("APOLLO_WORKER".into(), "1".into())]))
+        .current_dir(std::env::temp_dir())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    process::isolate(&mut cmd);
+    let mut child = cmd.spawn().map_err(|e| format!("{} serve: {e}", path.display()))?;
+    let pid = child.id().ok_or("the worker exited at once")? as i32;
+    let stdin = child.stdin.take();
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let stderr = child.stderr.take().ok_or("no stderr")?;
+    let (tx, rx) = mpsc::channel(256);
+    tokio::spawn(read_lines(stderr, tx));
+    tracing::debug!(plugin = %path.display(), pid, "plugin worker started");
+    Ok(Worker {
+        child,
+        pid,
+        stdin,
+        stdout: FramedRead::new(stdout, LinesCodec::new_with_max_length(line_max)),
+        stderr: rx,
+        tail: VecDeque::new(),
+        calls: 0,
+        last_used: Instant::now(),
+        line_max,
+    })
+}
+
+/// Reads a stream as lines of at most [`MAX_LOG_LINE`] bytes until it
+/// ends; lines the receiver has no room for are dropped, so a chatty worker
+/// never blocks on a full pipe.
+async fn read_lines(mut r: impl tokio::io::AsyncRead + Unpin, tx: mpsc::Sender<String>) {
+    let mut buf = vec![0u8; 8192];
+    let mut line = Vec::new();
+    while let Ok(n) = r.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+        for &b in &buf[..n] {
+            if b == b'\n' || line.len() >= MAX_LOG_LINE {
+                let _ = tx.try_send(String::from_utf8_lossy(&line).into_owned());
+                line.clear();
+                if b == b'\n' {
+                    continue;
+                }
+            }
+            line.push(b);
+        }
+    }
+    if !line.is_empty() {
+        let _ = tx.try_send(String::from_utf8_lossy(&line).into_owned());
+    }
+}
+
+/// Starts `min` workers, then every tick stops the workers idle longer than
+/// `idle` while more than `min` are alive. Ends with the pool.
+async fn janitor(pool: Weak<Inner>) {
+    let (tick, min) = match pool.upgrade() {
+        Some(p) => ((p.conf.idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(5)), p.conf.min),
+        None => return,
+    };
+    for _ in 0..min {
+        let Some(p) = pool.upgrade() else { return };
+        if !p.reserve(min) {
+            break;
+        }
+        match p.start() {
+            Ok(w) => p.release(w),
+            Err(e) => {
+                tracing::warn!(plugin = %p.path.display(), "cannot start a plugin worker: {e}");
+                break;
+            }
+        }
+    }
+    loop {
+        tokio::time::sleep(tick).await;
+        let Some(p) = pool.upgrade() else { return };
+        let mut stale = Vec::new();
+        {
+            let mut idle = p.idle.lock().expect("pool");
+            while idle.first().is_some_and(|w| w.last_used.elapsed() >= p.conf.idle)
+                && p.size.load(Ordering::SeqCst) > p.conf.min
+            {
+                // Its permit is taken with it; none free means a caller is
+                // about to take this worker, so it stays.
+                let Ok(permit) = p.ready.try_acquire() else { break };
+                permit.forget();
+                stale.push(idle.remove(0));
+                p.size.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        for w in stale {
+            tracing::debug!(plugin = %p.path.display(), pid = w.pid, "idle plugin worker stopped");
+            retire(w, p.grace);
+        }
+    }
+}
