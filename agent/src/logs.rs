@@ -52,21 +52,16 @@ impl StepLog {
             }
         }
         let len = text.len() as u64 + 1;
-        let note;
-        let bytes: &[u8] = if st.written + len > self.cap {
+        // One write a line: the line and its newline together.
+        let line = if st.written + len > self.cap {
             st.truncated = true;
-            note = format!("[apollo: log truncated at {} bytes; later output dropped]\n", self.cap);
-            note.as_bytes()
+            format!("[apollo: log truncated at {} bytes; later output dropped]\n", self.cap)
         } else {
             st.written += len;
-            text.as_bytes()
+            format!("{text}\n")
         };
-        let newline = !st.truncated;
         if let Some(f) = st.file.as_mut() {
-            let _ = f.write_all(bytes);
-            if newline {
-                let _ = f.write_all(b"\n");
-            }
+            let _ = f.write_all(line.as_bytes());
         }
     }
 

@@ -193,7 +193,18 @@ impl Agent {
 
     fn start_process(&mut self, env: &[(&str, &str)]) {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(self.path().join("agent.log")).unwrap();
-        let mut cmd = Command::new(agent_bin());
+        // APOLLO_AGENT_WRAP runs the agent under another program (valgrind,
+        // for the instruction-count benchmark).
+        let wrap = std::env::var("APOLLO_AGENT_WRAP").unwrap_or_default();
+        let mut words = wrap.split_whitespace();
+        let mut cmd = match words.next() {
+            Some(program) => {
+                let mut c = Command::new(program);
+                c.args(words).arg(agent_bin());
+                c
+            }
+            None => Command::new(agent_bin()),
+        };
         cmd.current_dir(self.path())
             .arg("--socket")
             .arg(&self.socket)

@@ -38,7 +38,13 @@ pub async fn run(exe: &Path, params: Option<Map<String, Value>>, out: &mut impl 
         out,
         true,
         "describe",
-        &format!("{} {} (idempotent: {})", d["name"].as_str().unwrap_or("?"), plugin.version(), plugin.idempotent()),
+        &format!(
+            "{} {} (idempotent: {}, mode: {})",
+            d["name"].as_str().unwrap_or("?"),
+            plugin.version(),
+            plugin.idempotent(),
+            if plugin.pool().is_some() { "worker" } else { "oneshot" }
+        ),
     )?;
     let params = match params.or_else(|| d.get("example_params").and_then(Value::as_object).cloned()) {
         Some(p) => p,

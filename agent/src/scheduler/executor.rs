@@ -170,18 +170,29 @@ fn registration(s: &Scheduler, def: &TaskDef, seq: u32) -> Result<Registration, 
     s.registry.get().resolve(&d.plugin, d.version.as_deref()).cloned().map_err(PluginError::permanent)
 }
 
+/// The params of a step, rendered over the context.
+fn render(params: &Map<String, Value>, ctx: &Context) -> Result<Map<String, Value>, PluginError> {
+    let (rendered, _) = apollo_shared::template::render(params, &ctx.to_value(), true)
+        .map_err(|e| PluginError::permanent(format!("params.{e}")))?;
+    Ok(rendered)
+}
+
+/// The plugin's check of rendered params.
+async fn validate(reg: &Registration, params: &Map<String, Value>) -> Result<(), PluginError> {
+    reg.plugin.validate(params).await.map_err(|e| PluginError {
+        message: if e.permanent { format!("invalid params: {}", e.message) } else { e.message },
+        permanent: e.permanent,
+    })
+}
+
 /// The params of a step, rendered over the context and validated.
 async fn prepare(
     reg: &Registration,
     params: &Map<String, Value>,
     ctx: &Context,
 ) -> Result<Map<String, Value>, PluginError> {
-    let (rendered, _) = apollo_shared::template::render(params, &ctx.to_value(), true)
-        .map_err(|e| PluginError::permanent(format!("params.{e}")))?;
-    reg.plugin.validate(&rendered).await.map_err(|e| PluginError {
-        message: if e.permanent { format!("invalid params: {}", e.message) } else { e.message },
-        permanent: e.permanent,
-    })?;
+    let rendered = render(params, ctx)?;
+    validate(reg, &rendered).await?;
     Ok(rendered)
 }
 
@@ -243,12 +254,23 @@ async fn run_step(
     let d = &def.steps[step.seq as usize];
     let reg = registration(s, def, step.seq);
     let version = reg.as_ref().map(|r| r.version().to_string()).unwrap_or_default();
-    let prepared = match reg.clone() {
-        Ok(r) => prepare(&r, &d.params, ctx).await.and_then(|p| Ok((r, p, step_env(&d.env, ctx)?))),
-        Err(e) => Err(e),
+    let rendered = reg.and_then(|r| {
+        let params = render(&d.params, ctx)?;
+        Ok((r, params, step_env(&d.env, ctx)?))
+    });
+    let params_json = rendered.as_ref().map(|(_, p, _)| Value::Object(p.clone())).unwrap_or(Value::Null);
+    // The plugin's validate (side-effect free by contract) runs while the
+    // step's start is committed: an external plugin's round trip is hidden
+    // behind the commit instead of added to it.
+    let checked = async {
+        match &rendered {
+            Ok((r, params, _)) => validate(r, params).await,
+            Err(_) => Ok(()),
+        }
     };
-    let params_json = prepared.as_ref().map(|(_, p, _)| Value::Object(p.clone())).unwrap_or(Value::Null);
-    let attempt = s.store.step_start(id, step.seq, &version, &params_json).await?;
+    let (checked, attempt) = tokio::join!(checked, s.store.step_start(id, step.seq, &version, &params_json));
+    let attempt = attempt?;
+    let prepared = rendered.and_then(|p| checked.map(|()| p));
     let span = tracing::info_span!("step", step = %d.name, seq = step.seq, attempt);
     let log = StepLog::new(StepLog::path_for(&s.data_dir, id, step.seq), s.config().logging.step_log_bytes);
     let result = async {
