@@ -8,10 +8,29 @@
 use minijinja::{Environment, UndefinedBehavior};
 use serde_json::{Map, Value};
 
-fn env() -> Environment<'static> {
-    let mut env = Environment::new();
-    env.set_undefined_behavior(UndefinedBehavior::Strict);
-    env
+/// The one environment every render uses: building one registers every
+/// built-in filter and test, which cost more than a step's whole render.
+fn env() -> &'static Environment<'static> {
+    static ENV: std::sync::LazyLock<Environment<'static>> = std::sync::LazyLock::new(|| {
+        let mut env = Environment::new();
+        env.set_undefined_behavior(UndefinedBehavior::Strict);
+        env
+    });
+    &ENV
+}
+
+/// Whether any string in `params` is a template (most steps' are not, and
+/// then there is nothing to render and no context to build).
+pub fn has_templates(params: &Map<String, Value>) -> bool {
+    fn any(v: &Value) -> bool {
+        match v {
+            Value::String(s) => is_template(s),
+            Value::Array(items) => items.iter().any(any),
+            Value::Object(m) => m.values().any(any),
+            _ => false,
+        }
+    }
+    params.values().any(any)
 }
 
 fn is_template(s: &str) -> bool {
@@ -60,12 +79,15 @@ pub fn render(
     ctx: &Value,
     strict: bool,
 ) -> Result<(Map<String, Value>, Vec<String>), String> {
+    if !has_templates(params) {
+        return Ok((params.clone(), Vec::new()));
+    }
     let env = env();
     let ctx = minijinja::Value::from_serialize(ctx);
     let mut unresolved = Vec::new();
     let mut out = Map::new();
     for (k, v) in params {
-        out.insert(k.clone(), render_value(&env, v, &ctx, k, strict, &mut unresolved)?);
+        out.insert(k.clone(), render_value(env, v, &ctx, k, strict, &mut unresolved)?);
     }
     Ok((out, unresolved))
 }

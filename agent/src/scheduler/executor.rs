@@ -172,6 +172,9 @@ fn registration(s: &Scheduler, def: &TaskDef, seq: u32) -> Result<Registration, 
 
 /// The params of a step, rendered over the context.
 fn render(params: &Map<String, Value>, ctx: &Context) -> Result<Map<String, Value>, PluginError> {
+    if !apollo_shared::template::has_templates(params) {
+        return Ok(params.clone());
+    }
     let (rendered, _) = apollo_shared::template::render(params, &ctx.to_value(), true)
         .map_err(|e| PluginError::permanent(format!("params.{e}")))?;
     Ok(rendered)
@@ -233,6 +236,9 @@ async fn watchdog<T>(
 
 /// The step's declared environment, rendered over the context.
 fn step_env(env: &Map<String, Value>, ctx: &Context) -> Result<Vec<(String, String)>, PluginError> {
+    if env.is_empty() {
+        return Ok(Vec::new());
+    }
     let (rendered, _) = apollo_shared::template::render(env, &ctx.to_value(), true)
         .map_err(|e| PluginError::permanent(format!("env.{e}")))?;
     Ok(rendered

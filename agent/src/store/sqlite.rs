@@ -64,11 +64,17 @@ impl Conn for Connection {
     }
 
     fn begin(&mut self) -> Result<()> {
-        Ok(self.execute_batch("BEGIN IMMEDIATE")?)
+        self.batch("BEGIN IMMEDIATE")
     }
 
+    /// The writer's transaction statements (BEGIN, SAVEPOINT, RELEASE,
+    /// COMMIT), each prepared once and kept: parsing them anew on every
+    /// write cost more than some of the writes.
     fn batch(&mut self, sql: &str) -> Result<()> {
-        Ok(self.execute_batch(sql)?)
+        for one in sql.split(';').map(str::trim).filter(|s| !s.is_empty()) {
+            self.prepare_cached(one)?.raw_execute()?;
+        }
+        Ok(())
     }
 
     fn in_transaction(&self) -> bool {
