@@ -227,14 +227,37 @@ fn ensure_held(c: &dyn Db, id: &str, agent: &str) -> Result<()> {
     }
 }
 
+/// [`ensure_held`] then [`step_row`]: on SQLite one statement reads both.
+fn held_step(c: &dyn Db, id: &str, seq: u32, agent: &str) -> Result<(StepState, u32, u32)> {
+    if c.postgres() {
+        ensure_held(c, id, agent)?;
+        return step_row(c, id, seq);
+    }
+    let row = c.query_opt(
+        "SELECT i.state, i.lease_owner, s.state, s.attempts, s.failures FROM task_instances i \
+         LEFT JOIN step_runs s ON s.instance_id = i.id AND s.seq = ?2 WHERE i.id = ?1",
+        p![id, seq],
+    )?;
+    let Some(r) = row else { return Err(StoreError::NotFound(format!("no instance {id}"))) };
+    let (state, owner): (String, Option<String>) = (r.get(0)?, r.get(1)?);
+    if state != "RUNNING" || owner.as_deref() != Some(agent) {
+        return Err(StoreError::Invalid(format!(
+            "instance {id} is {state}, held by {}; {agent} may not run its steps",
+            owner.as_deref().unwrap_or("nobody")
+        )));
+    }
+    let step: Option<String> = r.get(2)?;
+    let step = step.ok_or_else(|| StoreError::NotFound(format!("no step {seq} in instance {id}")))?;
+    Ok((step.parse().map_err(StoreError::Invalid)?, r.get(3)?, r.get(4)?))
+}
+
 pub fn step_start(c: &dyn Db, id: &str, seq: u32, version: &str, params_json: &str, actor: &str) -> Result<u32> {
     if c.postgres() {
         if let Some(attempt) = super::moves::step_start(c, id, seq, version, params_json, actor)? {
             return Ok(attempt);
         }
     }
-    ensure_held(c, id, actor)?;
-    let (from, attempts, _) = step_row(c, id, seq)?;
+    let (from, attempts, _) = held_step(c, id, seq, actor)?;
     check_step(from, StepState::Running)?;
     let attempt = attempts + 1;
     c.execute(
@@ -251,8 +274,7 @@ pub fn step_success(c: &dyn Db, id: &str, seq: u32, output: &str, context: &str,
     if c.postgres() && super::moves::step_success(c, id, seq, output, context, actor)?.is_some() {
         return Ok(());
     }
-    ensure_held(c, id, actor)?;
-    let (from, _, _) = step_row(c, id, seq)?;
+    let (from, _, _) = held_step(c, id, seq, actor)?;
     check_step(from, StepState::Success)?;
     let now = ts(Utc::now());
     c.execute(
