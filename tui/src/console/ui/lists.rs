@@ -204,6 +204,8 @@ pub fn defs(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
 }
 
 pub fn plugins(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    // The pool columns only when a plugin has a pool (worker mode).
+    let pools = app.visible_plugins().iter().any(|p| p.pool.is_some());
     let rows = app
         .visible_plugins()
         .iter()
@@ -218,7 +220,7 @@ pub fn plugins(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             };
             let [runs, fail, p50, p99, suggested] = apollo_shared::protocol::PluginStats::columns(p.stats.as_ref());
             let [workers, wait] = apollo_shared::protocol::PoolStats::columns(p.pool.as_ref());
-            vec![
+            let mut cells = vec![
                 Cell::from(p.name.clone()),
                 Cell::from(p.version.clone()),
                 Cell::from(format!("{}s", p.timeout_secs)),
@@ -229,13 +231,15 @@ pub fn plugins(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
                 Cell::from(p99),
                 Cell::from(p.retry.to_string()),
                 Cell::from(if p.idempotent { "yes" } else { "no" }),
-                Cell::from(workers),
-                Cell::from(wait),
-                last,
-            ]
+            ];
+            if pools {
+                cells.extend([Cell::from(workers), Cell::from(wait)]);
+            }
+            cells.push(last);
+            cells
         })
         .collect();
-    let widths = vec![
+    let mut widths = vec![
         Constraint::Length(16),
         Constraint::Length(8),
         Constraint::Length(8),
@@ -246,36 +250,21 @@ pub fn plugins(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         Constraint::Length(8),
         Constraint::Length(5),
         Constraint::Length(4),
-        Constraint::Length(11),
-        Constraint::Length(11),
-        Constraint::Min(16),
     ];
+    let mut header = vec!["NAME", "VERSION", "TIMEOUT", "SUGGESTED", "RUNS", "FAIL%", "P50", "P99", "RETRY", "IDEM"];
+    if pools {
+        widths.extend([Constraint::Length(11), Constraint::Length(11)]);
+        header.extend(["WORKERS", "WAIT"]);
+    }
+    widths.push(Constraint::Min(16));
+    header.push("PARAMS / ERROR");
     table(
         f,
         area,
         app,
         theme,
         View::Plugins,
-        Shape {
-            title: " plugins ".into(),
-            header: vec![
-                "NAME",
-                "VERSION",
-                "TIMEOUT",
-                "SUGGESTED",
-                "RUNS",
-                "FAIL%",
-                "P50",
-                "P99",
-                "RETRY",
-                "IDEM",
-                "WORKERS",
-                "WAIT",
-                "PARAMS / ERROR",
-            ],
-            widths,
-            empty: "no plugins",
-        },
+        Shape { title: " plugins ".into(), header, widths, empty: "no plugins" },
         rows,
     );
 }
