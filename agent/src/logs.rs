@@ -17,6 +17,8 @@ struct LogState {
     file: Option<std::fs::File>,
     written: u64,
     truncated: bool,
+    /// A line to write first if anything else is written (see [`StepLog::header`]).
+    header: Option<String>,
 }
 
 impl StepLog {
@@ -28,10 +30,26 @@ impl StepLog {
         data_dir.join("logs").join(instance).join(format!("{seq}.log"))
     }
 
-    /// Appends one line (a newline is added). Past the cap, one note is
-    /// written and the rest dropped; logging never fails a step.
+    /// A line that heads the log if the step writes one: written before the
+    /// first line, and not at all by a silent step, whose log stays
+    /// uncreated (a file per step would cost more than the step). A later
+    /// header replaces one not yet written.
+    pub fn header(&self, text: &str) {
+        self.state.lock().expect("step log").header = Some(text.to_string());
+    }
+
+    /// Appends one line (a newline is added), after the pending header if
+    /// any. Past the cap, one note is written and the rest dropped; logging
+    /// never fails a step.
     pub fn line(&self, text: &str) {
         let mut st = self.state.lock().expect("step log");
+        if let Some(header) = st.header.take() {
+            self.write(&mut st, &header);
+        }
+        self.write(&mut st, text);
+    }
+
+    fn write(&self, st: &mut LogState, text: &str) {
         if st.truncated {
             return;
         }
@@ -85,4 +103,25 @@ pub fn read(path: &Path, offset: u64, max: usize) -> std::io::Result<(String, u6
     f.take(max as u64).read_to_end(&mut buf)?;
     let next = offset + buf.len() as u64;
     Ok((String::from_utf8_lossy(&buf).into_owned(), next, next >= len))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_header_is_written_before_the_first_line_and_not_for_a_silent_step() {
+        let dir = tempfile::tempdir().unwrap();
+        let silent = StepLog::new(dir.path().join("i/0.log"), 1024);
+        silent.header("[header 0]");
+        assert!(!dir.path().join("i").exists(), "a silent step creates nothing");
+
+        let log = StepLog::new(dir.path().join("i/1.log"), 1024);
+        log.header("[first header]");
+        log.header("[header]");
+        log.line("one");
+        log.line("two");
+        let text = std::fs::read_to_string(dir.path().join("i/1.log")).unwrap();
+        assert_eq!(text, "[header]\none\ntwo\n");
+    }
 }

@@ -195,7 +195,9 @@ impl Pool {
         let mut w = i.acquire(verb, cancel).await?;
         w.calls += 1;
         if let Some(log) = log {
-            log.line(&format!("[apollo: {verb} on worker pid {} (its call {})]", w.pid, w.calls));
+            // Heads the step's log when the call writes one (a silent call
+            // creates no file, as in one-shot mode).
+            log.header(&format!("[apollo: {verb} on worker pid {} (its call {})]", w.pid, w.calls));
         }
         let env: Map<String, Value> = env.iter().map(|(k, v)| (k.clone(), Value::String(v.clone()))).collect();
         let request = json!({"id": w.calls, "call": verb, "env": env, "input": input});
@@ -206,6 +208,9 @@ impl Pool {
             }
             Exchange::Lost(e) => {
                 tracing::warn!(plugin = %i.path.display(), pid = w.pid, "plugin worker replaced: {e}");
+                if let Some(log) = log {
+                    log.line(&format!("[apollo: {e}; the worker is replaced]"));
+                }
                 i.counters.lock().expect("pool counters").replaced += 1;
                 i.size.fetch_sub(1, Ordering::SeqCst);
                 drop(w);
