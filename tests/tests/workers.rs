@@ -241,6 +241,18 @@ fn a_worker_is_recycled_after_its_call_limit() {
     assert!(!alive(pids[0]), "the recycled worker ended");
 }
 
+#[test]
+fn a_worker_over_its_memory_limit_is_recycled_after_its_call() {
+    // Any Python process is over 1 MiB resident: each worker serves one call.
+    let agent = agent("{min: 1, max: 1, max_memory_mb: 1}", &[("ok", task("ok", "{}", 0, 10))]);
+    let a = pid_of(&run(&agent, "ok"), 0);
+    let b = pid_of(&run(&agent, "ok"), 0);
+    assert_ne!(a, b, "the worker over its memory limit was replaced");
+    let p = pool(&agent);
+    assert!(p["recycled"].as_u64().unwrap() >= 2, "{p:#}");
+    assert_eq!(p["replaced"], 0, "recycled, not lost: {p:#}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pool_grows_under_a_burst_and_shrinks_when_idle() {
     let agent = agent(

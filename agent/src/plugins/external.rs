@@ -286,9 +286,7 @@ impl External {
             _ => Err(PluginError::retryable(format!("{verb} ended without a status"))),
         }
     }
-}
 
-impl External {
     /// validate on a worker, bounded like a one-shot validate.
     async fn validate_on(&self, pool: &Pool, params: &Map<String, Value>) -> Result<(), PluginError> {
         let cancel = CancellationToken::new();

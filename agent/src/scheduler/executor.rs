@@ -170,14 +170,21 @@ fn registration(s: &Scheduler, def: &TaskDef, seq: u32) -> Result<Registration, 
     s.registry.get().resolve(&d.plugin, d.version.as_deref()).cloned().map_err(PluginError::permanent)
 }
 
+/// A step's `params` or `env` (named by `field` in errors), rendered over
+/// the context; without a template nothing is rendered and the context is
+/// not built.
+fn render_field(map: &Map<String, Value>, ctx: &Context, field: &str) -> Result<Map<String, Value>, PluginError> {
+    if !apollo_shared::template::has_templates(map) {
+        return Ok(map.clone());
+    }
+    let (rendered, _) = apollo_shared::template::render(map, &ctx.to_value(), true)
+        .map_err(|e| PluginError::permanent(format!("{field}.{e}")))?;
+    Ok(rendered)
+}
+
 /// The params of a step, rendered over the context.
 fn render(params: &Map<String, Value>, ctx: &Context) -> Result<Map<String, Value>, PluginError> {
-    if !apollo_shared::template::has_templates(params) {
-        return Ok(params.clone());
-    }
-    let (rendered, _) = apollo_shared::template::render(params, &ctx.to_value(), true)
-        .map_err(|e| PluginError::permanent(format!("params.{e}")))?;
-    Ok(rendered)
+    render_field(params, ctx, "params")
 }
 
 /// The plugin's check of rendered params.
@@ -236,12 +243,7 @@ async fn watchdog<T>(
 
 /// The step's declared environment, rendered over the context.
 fn step_env(env: &Map<String, Value>, ctx: &Context) -> Result<Vec<(String, String)>, PluginError> {
-    if env.is_empty() {
-        return Ok(Vec::new());
-    }
-    let (rendered, _) = apollo_shared::template::render(env, &ctx.to_value(), true)
-        .map_err(|e| PluginError::permanent(format!("env.{e}")))?;
-    Ok(rendered
+    Ok(render_field(env, ctx, "env")?
         .into_iter()
         .map(|(k, v)| (k, v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string())))
         .collect())
