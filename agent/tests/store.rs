@@ -7,8 +7,10 @@
 //! a schema newer than the build is refused.
 
 use apollo_agent::bus::Bus;
-use apollo_agent::store::{postgres::Target, Location, NewInstance, QueuePolicy, Recover, Store, StoreError};
-use apollo_shared::state::TaskState;
+use apollo_agent::store::{
+    postgres::Target, Followed, Location, NewInstance, QueuePolicy, Recover, Store, StoreError, Then,
+};
+use apollo_shared::state::{StepState, TaskState};
 use serde_json::{json, Map};
 use std::collections::HashMap;
 
@@ -112,6 +114,7 @@ conformance!(
     a_schema_newer_than_the_build_is_refused,
     transitions_the_table_forbids_are_refused,
     dedicated_and_ordered_queues_shape_the_claims,
+    a_steps_success_starts_the_next_step_or_ends_the_instance_in_one_write,
 );
 
 fn new(id: &str, task: &str, queue: &str, priority: u8, max_active: Option<u32>, dedup: Option<&str>) -> NewInstance {
@@ -190,7 +193,7 @@ async fn claims_go_by_priority_then_age_within_queue_and_task_limits(db: TestDb)
     assert_eq!(claimed, ["C1", "B1", "A2", "A3", "A1"]);
     assert!(store.claim(10, lease(), limits.clone()).await.unwrap().is_empty());
     store.step_start("C1", 0, "1.0.0", &json!({})).await.unwrap();
-    store.step_success("C1", 0, &json!({}), &json!({})).await.unwrap();
+    store.step_success("C1", 0, &json!({}), &json!({}), Then::Nothing).await.unwrap();
     store.finish_success("C1").await.unwrap();
     let next: Vec<String> = store.claim(10, lease(), limits).await.unwrap().into_iter().map(|i| i.id).collect();
     assert_eq!(next, ["C2"]);
@@ -283,7 +286,7 @@ async fn transitions_the_table_forbids_are_refused(db: TestDb) {
     assert!(matches!(store.finish_rolled_back("T1").await, Err(StoreError::Illegal(_))));
     store.claim(1, lease(), QueuePolicy::default()).await.unwrap();
     store.step_start("T1", 0, "1.0.0", &json!({})).await.unwrap();
-    store.step_success("T1", 0, &json!({"n": 1}), &json!({"n": 1})).await.unwrap();
+    store.step_success("T1", 0, &json!({"n": 1}), &json!({"n": 1}), Then::Nothing).await.unwrap();
     store.finish_success("T1").await.unwrap();
     // SUCCESS is final.
     assert!(matches!(store.manual_retry("T1", "again", "op").await, Err(StoreError::Illegal(_))));
@@ -291,6 +294,54 @@ async fn transitions_the_table_forbids_are_refused(db: TestDb) {
     assert_eq!(inst.state, TaskState::Success);
     assert_eq!(inst.context, json!({"n": 1}));
     assert_eq!(inst.lease_owner, None, "a finished instance is held by nobody");
+    store.close();
+}
+
+async fn a_steps_success_starts_the_next_step_or_ends_the_instance_in_one_write(db: TestDb) {
+    let store = db.open();
+    store.put_def("h1", "t", "t.yaml", "task: t").await.unwrap();
+    let mut two = new("S1", "t", "q", 50, None, None);
+    two.steps.push(("b".into(), "sleep".into()));
+    store.create(two, "test").await.unwrap();
+    store.claim(1, lease(), QueuePolicy::default()).await.unwrap();
+    store.step_start("S1", 0, "1.0.0", &json!({})).await.unwrap();
+    let start = Then::Start { seq: 1, version: "1.0.0".into(), params: json!({"p": 1}) };
+    let followed = store.step_success("S1", 0, &json!({"n": 1}), &json!({"n": 1}), start).await.unwrap();
+    assert_eq!(followed, Followed::Started(1));
+    let inst = store.get("S1").await.unwrap();
+    let steps = inst.steps.clone().unwrap();
+    assert_eq!((steps[0].state, steps[1].state), (StepState::Success, StepState::Running));
+    assert_eq!(steps[1].params, Some(json!({"p": 1})));
+    assert_eq!(inst.context, json!({"n": 1}));
+    // A follow-up the table refuses (step 0 cannot start again: it is
+    // SUCCESS) leaves the step's SUCCESS recorded, and says nothing followed.
+    let again = Then::Start { seq: 0, version: "1.0.0".into(), params: json!({}) };
+    let followed = store.step_success("S1", 1, &json!({}), &json!({"n": 2}), again).await.unwrap();
+    assert_eq!(followed, Followed::Nothing);
+    let inst = store.get("S1").await.unwrap();
+    assert_eq!(inst.steps.as_ref().unwrap()[1].state, StepState::Success);
+    assert_eq!(inst.state, TaskState::Running);
+    // The history has each move once, in order.
+    let moves: Vec<(Option<u32>, String)> = inst.transitions.unwrap().into_iter().map(|h| (h.step, h.to)).collect();
+    let want = [
+        (None, "PENDING"),
+        (None, "RUNNING"),
+        (Some(0), "RUNNING"),
+        (Some(0), "SUCCESS"),
+        (Some(1), "RUNNING"),
+        (Some(1), "SUCCESS"),
+    ];
+    assert_eq!(moves, want.map(|(s, m)| (s, m.to_string())));
+
+    // The last step's SUCCESS ends the instance in the same write.
+    store.create(new("S2", "t", "q", 50, None, None), "test").await.unwrap();
+    store.claim(1, lease(), QueuePolicy::default()).await.unwrap();
+    store.step_start("S2", 0, "1.0.0", &json!({})).await.unwrap();
+    let followed = store.step_success("S2", 0, &json!({}), &json!({}), Then::Finish).await.unwrap();
+    assert_eq!(followed, Followed::Finished);
+    let inst = store.get("S2").await.unwrap();
+    assert_eq!(inst.state, TaskState::Success);
+    assert_eq!(inst.lease_owner, None);
     store.close();
 }
 
@@ -303,7 +354,7 @@ async fn finished_instances_past_retention_move_to_the_archive_and_stay_readable
     let first = store.list(apollo_agent::store::ListFilter { limit: 10, ..Default::default() }).await.unwrap();
     let running = first.iter().find(|i| i.state == TaskState::Running).unwrap().id.clone();
     store.step_start(&running, 0, "1.0.0", &json!({})).await.unwrap();
-    store.step_success(&running, 0, &json!({"ok": true}), &json!({})).await.unwrap();
+    store.step_success(&running, 0, &json!({"ok": true}), &json!({}), Then::Nothing).await.unwrap();
     store.finish_success(&running).await.unwrap();
     // Everything finished before "now + 1s" is past a zero retention window.
     let moved = store.archive(chrono::Utc::now() + chrono::Duration::seconds(1), 100).await.unwrap();
@@ -331,7 +382,7 @@ async fn dedicated_and_ordered_queues_shape_the_claims(db: TestDb) {
     assert_eq!(ids(store.claim(10, lease(), policy.clone()).await.unwrap()), ["O1"]);
     assert!(store.claim(10, lease(), policy.clone()).await.unwrap().is_empty(), "O2 waits for O1");
     store.step_start("O1", 0, "1.0.0", &json!({})).await.unwrap();
-    store.step_success("O1", 0, &json!({}), &json!({})).await.unwrap();
+    store.step_success("O1", 0, &json!({}), &json!({}), Then::Nothing).await.unwrap();
     store.finish_success("O1").await.unwrap();
     assert_eq!(ids(store.claim(10, lease(), policy.clone()).await.unwrap()), ["O2"]);
     // The agent the queue is dedicated to claims X1.

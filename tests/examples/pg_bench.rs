@@ -99,6 +99,21 @@ async fn idle_latency(via: &Client, n: u64, before: u64) -> Vec<f64> {
     out
 }
 
+/// The writers' group commits so far: their mean size in writes and mean
+/// time, from the agent's metrics (what limits a run shows here).
+async fn commits(c: &Client) -> String {
+    let text = c.request::<m::AgentMetrics>(NoParams {}).await.unwrap().text;
+    let get =
+        |name: &str| -> f64 { text.lines().find_map(|l| l.strip_prefix(name)?.trim().parse().ok()).unwrap_or(0.0) };
+    let n = get("apollo_store_commit_seconds_count").max(1.0);
+    format!(
+        "{:.0} commits, {:.1} writes each, {:.2} ms each",
+        n,
+        get("apollo_store_batch_writes_sum") / n,
+        get("apollo_store_commit_seconds_sum") / n * 1000.0
+    )
+}
+
 /// Eight connections to each agent, the agents' in turn.
 async fn clients(agents: &[Agent]) -> Vec<Arc<Client>> {
     let mut v = Vec::new();
@@ -131,6 +146,11 @@ async fn main() {
                 let mut idle = idle_latency(&cs[0], 200, 0).await;
                 let rate = throughput(&cs, "noop", n, 200).await;
                 let p99 = percentile(&mut idle, 0.99);
+                println!(
+                    "   round {round} {}: {rate:.0}/s; {}",
+                    if on_pg { "PostgreSQL" } else { "SQLite" },
+                    commits(&cs[0]).await
+                );
                 if on_pg {
                     pg.push(rate);
                     pg_p99.push(p99);

@@ -5,7 +5,7 @@
 use super::{backoff, Active, Scheduler, StopReason};
 use crate::logs::StepLog;
 use crate::plugins::{Call, PluginError, Registration};
-use crate::store::{Claimed, FailurePlan, StoreError};
+use crate::store::{Claimed, FailurePlan, Followed, StoreError, Then};
 use apollo_shared::context::{Context, Limits};
 use apollo_shared::def::{OnFailure, TaskDef};
 use apollo_shared::protocol::StepRun;
@@ -23,23 +23,23 @@ use tracing::Instrument;
 /// long as the executor runs; the result waits in memory meanwhile. A write
 /// whose commit was cut off may have landed: `landed` tells from the stored
 /// instance, before a repeat is refused as an illegal transition.
-async fn durably<F, Fut>(
+async fn durably<R, F, Fut>(
     s: &Arc<Scheduler>,
     active: &Active,
     id: &str,
     what: &str,
     write: F,
-    landed: impl Fn(&apollo_shared::protocol::Instance) -> bool,
-) -> Result<(), StoreError>
+    landed: impl Fn(&apollo_shared::protocol::Instance) -> Option<R>,
+) -> Result<R, StoreError>
 where
     F: Fn() -> Fut,
-    Fut: std::future::Future<Output = Result<(), StoreError>>,
+    Fut: std::future::Future<Output = Result<R, StoreError>>,
 {
     let mut pause = Duration::from_millis(100);
     let mut tried = false;
     loop {
         match write().await {
-            Ok(()) => return Ok(()),
+            Ok(r) => return Ok(r),
             Err(StoreError::Unwritable(_) | StoreError::Commit(_) | StoreError::Closed)
                 if active.token.is_cancelled() =>
             {
@@ -58,8 +58,8 @@ where
             }
             Err(e @ StoreError::Illegal(_)) if tried => {
                 // The earlier attempt committed after all?
-                return match s.store.get(id).await {
-                    Ok(i) if landed(&i) => Ok(()),
+                return match s.store.get(id).await.map(|i| landed(&i)) {
+                    Ok(Some(r)) => Ok(r),
                     _ => Err(e),
                 };
             }
@@ -70,9 +70,64 @@ where
 
 /// How one step attempt ended.
 enum Outcome {
-    Done,
+    /// Its SUCCESS is recorded, with the next step's start when there was
+    /// one to start.
+    Done(Option<Started>),
+    /// Its SUCCESS is recorded with the instance's.
+    Finished,
     /// The instance was handed on (retry scheduled, stopped, rolled back).
     Ended,
+}
+
+/// A step made ready to start: its plugin, and its params and env rendered
+/// over the context (or why they cannot be).
+struct Ready {
+    rendered: Result<(Registration, Map<String, Value>, Vec<(String, String)>), PluginError>,
+    version: String,
+    params_json: Value,
+}
+
+/// A step whose start is committed: its attempt, and its call validated (or
+/// why it cannot run).
+struct Started {
+    attempt: u32,
+    prepared: Result<(Registration, Map<String, Value>, Vec<(String, String)>), PluginError>,
+}
+
+fn ready(s: &Scheduler, def: &TaskDef, seq: u32, ctx: &Context) -> Ready {
+    let d = &def.steps[seq as usize];
+    let reg = registration(s, def, seq);
+    let version = reg.as_ref().map(|r| r.version().to_string()).unwrap_or_default();
+    let rendered = reg.and_then(|r| {
+        let params = render(&d.params, ctx)?;
+        Ok((r, params, step_env(&d.env, ctx)?))
+    });
+    let params_json = rendered.as_ref().map(|(_, p, _)| Value::Object(p.clone())).unwrap_or(Value::Null);
+    Ready { rendered, version, params_json }
+}
+
+/// The plugin's validate of a ready step (side-effect free by contract): it
+/// runs while the step's start is committed, so an external plugin's round
+/// trip is hidden behind the commit instead of added to it.
+async fn check(ready: &Ready) -> Result<(), PluginError> {
+    match &ready.rendered {
+        Ok((r, params, _)) => validate(r, params).await,
+        Err(_) => Ok(()),
+    }
+}
+
+impl Ready {
+    fn started(self, attempt: u32, checked: Result<(), PluginError>) -> Started {
+        Started { attempt, prepared: self.rendered.and_then(|p| checked.map(|()| p)) }
+    }
+}
+
+/// Starts step `seq` with a write of its own (the first step this executor
+/// runs; later ones start with their predecessor's SUCCESS).
+async fn start(s: &Arc<Scheduler>, id: &str, def: &TaskDef, seq: u32, ctx: &Context) -> Result<Started, StoreError> {
+    let r = ready(s, def, seq, ctx);
+    let (checked, attempt) = tokio::join!(check(&r), s.store.step_start(id, seq, &r.version, &r.params_json));
+    Ok(r.started(attempt?, checked))
 }
 
 /// Runs an instance; true when it stopped on a store error (the scheduler
@@ -140,24 +195,36 @@ async fn run_inner(s: &Arc<Scheduler>, inst: Claimed, active: &Active) -> Result
         return Ok(());
     }
     tracing::info!(attempt = inst.attempt, "instance running");
-    for step in &steps {
-        if step.state == StepState::Success {
-            continue; // Its SUCCESS is committed: it never runs again.
-        }
-        if s.is_shutting_down() {
-            tracing::info!(step = %step.name, "shutting down before this step; it resumes at the next start");
-            return Ok(());
-        }
-        match run_step(s, &inst.id, &def, step, &mut ctx, &work_dir, active).await? {
-            Outcome::Done => {}
+    // A step whose SUCCESS is committed never runs again.
+    let todo: Vec<&StepRun> = steps.iter().filter(|st| st.state != StepState::Success).collect();
+    let mut started = None;
+    for (i, step) in todo.iter().enumerate() {
+        let now = match started.take() {
+            Some(now) => now,
+            None => {
+                if s.is_shutting_down() {
+                    tracing::info!(step = %step.name, "shutting down before this step; it resumes at the next start");
+                    return Ok(());
+                }
+                start(s, &inst.id, &def, step.seq, &ctx).await?
+            }
+        };
+        let next = todo.get(i + 1).map(|n| n.seq);
+        match run_step(s, &inst.id, &def, step, now, next, &mut ctx, &work_dir, active).await? {
+            Outcome::Done(next) => started = next,
+            Outcome::Finished => return Ok(succeeded(&inst.task)),
             Outcome::Ended => return Ok(()),
         }
     }
-    let landed = |i: &apollo_shared::protocol::Instance| i.state == TaskState::Success;
+    let landed = |i: &apollo_shared::protocol::Instance| (i.state == TaskState::Success).then_some(());
     durably(s, active, &inst.id, "the instance's SUCCESS", || s.store.finish_success(&inst.id), landed).await?;
-    finished(&inst.task, "SUCCESS");
-    tracing::info!("instance succeeded");
+    succeeded(&inst.task);
     Ok(())
+}
+
+fn succeeded(task: &str) {
+    finished(task, "SUCCESS");
+    tracing::info!("instance succeeded");
 }
 
 /// Counts an instance that ended, for the metrics.
@@ -249,36 +316,23 @@ fn step_env(env: &Map<String, Value>, ctx: &Context) -> Result<Vec<(String, Stri
         .collect())
 }
 
+/// Runs a started step; `next` is the step to start with its SUCCESS (none
+/// after the last: the instance's SUCCESS goes with it).
 #[allow(clippy::too_many_arguments)]
 async fn run_step(
     s: &Arc<Scheduler>,
     id: &str,
     def: &TaskDef,
     step: &StepRun,
+    now: Started,
+    next: Option<u32>,
     ctx: &mut Context,
     work_dir: &std::path::Path,
     active: &Active,
 ) -> Result<Outcome, StoreError> {
     let d = &def.steps[step.seq as usize];
-    let reg = registration(s, def, step.seq);
-    let version = reg.as_ref().map(|r| r.version().to_string()).unwrap_or_default();
-    let rendered = reg.and_then(|r| {
-        let params = render(&d.params, ctx)?;
-        Ok((r, params, step_env(&d.env, ctx)?))
-    });
-    let params_json = rendered.as_ref().map(|(_, p, _)| Value::Object(p.clone())).unwrap_or(Value::Null);
-    // The plugin's validate (side-effect free by contract) runs while the
-    // step's start is committed: an external plugin's round trip is hidden
-    // behind the commit instead of added to it.
-    let checked = async {
-        match &rendered {
-            Ok((r, params, _)) => validate(r, params).await,
-            Err(_) => Ok(()),
-        }
-    };
-    let (checked, attempt) = tokio::join!(checked, s.store.step_start(id, step.seq, &version, &params_json));
-    let attempt = attempt?;
-    let prepared = rendered.and_then(|p| checked.map(|()| p));
+    let Started { attempt, prepared } = now;
+    let version = prepared.as_ref().map(|(r, _, _)| r.version().to_string()).unwrap_or_default();
     let span = tracing::info_span!("step", step = %d.name, seq = step.seq, attempt);
     let log = StepLog::new(StepLog::path_for(&s.data_dir, id, step.seq), s.config().logging.step_log_bytes);
     let result = async {
@@ -333,13 +387,43 @@ async fn run_step(
         match result {
             Ok(output) => {
                 let context = ctx.to_value();
-                let committed = |i: &apollo_shared::protocol::Instance| {
-                    i.steps.iter().flatten().any(|x| x.seq == step.seq && x.state == StepState::Success)
+                // The next step starts in the same write, unless the agent is
+                // shutting down: then it waits for the next start.
+                let following = next.filter(|_| !s.is_shutting_down()).map(|n| (n, ready(s, def, n, ctx)));
+                let then = match (&following, next) {
+                    (Some((n, r)), _) => {
+                        Then::Start { seq: *n, version: r.version.clone(), params: r.params_json.clone() }
+                    }
+                    (None, None) => Then::Finish,
+                    (None, Some(_)) => Then::Nothing,
                 };
-                let write = || s.store.step_success(id, step.seq, &output, &context);
-                durably(s, active, id, "the step's SUCCESS", write, committed).await?;
+                let landed = |i: &apollo_shared::protocol::Instance| {
+                    let steps = i.steps.as_deref().unwrap_or_default();
+                    let state = |seq| steps.iter().find(|x| x.seq == seq).map(|x| (x.state, x.attempts));
+                    if !matches!(state(step.seq), Some((StepState::Success, _))) {
+                        return None;
+                    }
+                    Some(match (&then, state(next.unwrap_or(u32::MAX))) {
+                        (Then::Start { .. }, Some((StepState::Running, attempts))) => Followed::Started(attempts),
+                        (Then::Finish, _) if i.state == TaskState::Success => Followed::Finished,
+                        _ => Followed::Nothing,
+                    })
+                };
+                let write = || s.store.step_success(id, step.seq, &output, &context, then.clone());
+                let checked = async {
+                    match &following {
+                        Some((_, r)) => check(r).await,
+                        None => Ok(()),
+                    }
+                };
+                let (checked, followed) =
+                    tokio::join!(checked, durably(s, active, id, "the step's SUCCESS", write, landed));
                 tracing::info!("step succeeded");
-                Ok(Outcome::Done)
+                Ok(match (followed?, following) {
+                    (Followed::Started(attempt), Some((_, r))) => Outcome::Done(Some(r.started(attempt, checked))),
+                    (Followed::Finished, _) => Outcome::Finished,
+                    _ => Outcome::Done(None),
+                })
             }
             Err(e) => {
                 let why = active.why.lock().expect("why").clone();

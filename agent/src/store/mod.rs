@@ -32,6 +32,7 @@ use apollo_shared::protocol::{EventKind, Topic};
 pub use leases::{QueuePolicy, Recover};
 pub use read::ListFilter;
 pub use records::Heartbeat;
+pub use ops::{Followed, Then};
 pub use write::{Claimed, Decide, FailurePlan, NewInstance};
 pub use writer::Conn;
 use writer::{writer_loop, FnJob, Job};

@@ -10,6 +10,26 @@ use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 use std::time::Duration;
 
+/// What a step's SUCCESS write does besides (see [`Store::step_success`]).
+#[derive(Debug, Clone)]
+pub enum Then {
+    /// Nothing: the instance's next move is a write of its own.
+    Nothing,
+    /// Starts step `seq` with `params` rendered for it.
+    Start { seq: u32, version: String, params: Value },
+    /// Ends the instance: it was the last step to run.
+    Finish,
+}
+
+/// What a step's SUCCESS write did besides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Followed {
+    Nothing,
+    /// The next step started: its attempt.
+    Started(u32),
+    Finished,
+}
+
 impl Store {
     fn changed(&self, id: &str, state: &str, step: Option<(u32, &str)>) {
         let mut data = json!({ "id": id, "state": state });
@@ -70,11 +90,50 @@ impl Store {
         Ok(attempt)
     }
 
-    pub async fn step_success(&self, id: &str, seq: u32, output: &Value, context: &Value) -> Result<()> {
+    /// Records a step's SUCCESS and, in the same transaction, what `then`
+    /// asks: the next step's start or the instance's end. One commit instead
+    /// of two; the SUCCESS is on disk before the next step runs all the same.
+    /// A follow-up the store refuses leaves the SUCCESS recorded and returns
+    /// [`Followed::Nothing`]: the caller then makes that move on its own, and
+    /// learns exactly why it is refused.
+    pub async fn step_success(
+        &self,
+        id: &str,
+        seq: u32,
+        output: &Value,
+        context: &Value,
+        then: Then,
+    ) -> Result<Followed> {
         let (i, o, x, a) = (id.to_string(), output.to_string(), context.to_string(), self.agent().to_string());
-        self.write(move |c| write::step_success(c, &i, seq, &o, &x, &a)).await?;
+        let next = match &then {
+            Then::Start { seq, version, params } => Some((*seq, version.clone(), params.to_string())),
+            _ => None,
+        };
+        let finish = matches!(then, Then::Finish);
+        let followed = self
+            .write(move |c| {
+                write::step_success(c, &i, seq, &o, &x, &a)?;
+                let followed = match (&next, finish) {
+                    (Some((n, v, p)), _) => write::step_start(c, &i, *n, v, p, &a).map(Followed::Started),
+                    (None, true) => write::finish_success(c, &i, &a).map(|()| Followed::Finished),
+                    (None, false) => Ok(Followed::Nothing),
+                };
+                match followed {
+                    Err(e @ (super::StoreError::Illegal(_) | super::StoreError::Invalid(_))) => {
+                        tracing::debug!(error = %e, "the move after the step's SUCCESS is left to its own write");
+                        Ok(Followed::Nothing)
+                    }
+                    other => other,
+                }
+            })
+            .await?;
         self.changed(id, "RUNNING", Some((seq, "SUCCESS")));
-        Ok(())
+        match (&followed, then) {
+            (Followed::Started(_), Then::Start { seq: n, .. }) => self.changed(id, "RUNNING", Some((n, "RUNNING"))),
+            (Followed::Finished, _) => self.changed(id, "SUCCESS", None),
+            _ => {}
+        }
+        Ok(followed)
     }
 
     /// Returns the step's failure count after this one.
