@@ -72,7 +72,7 @@ where
 enum Outcome {
     /// Its SUCCESS is recorded, with the next step's start when there was
     /// one to start.
-    Done(Option<Started>),
+    Done(Option<Box<Started>>),
     /// Its SUCCESS is recorded with the instance's.
     Finished,
     /// The instance was handed on (retry scheduled, stopped, rolled back).
@@ -197,10 +197,10 @@ async fn run_inner(s: &Arc<Scheduler>, inst: Claimed, active: &Active) -> Result
     tracing::info!(attempt = inst.attempt, "instance running");
     // A step whose SUCCESS is committed never runs again.
     let todo: Vec<&StepRun> = steps.iter().filter(|st| st.state != StepState::Success).collect();
-    let mut started = None;
+    let mut started: Option<Box<Started>> = None;
     for (i, step) in todo.iter().enumerate() {
         let now = match started.take() {
-            Some(now) => now,
+            Some(now) => *now,
             None => {
                 if s.is_shutting_down() {
                     tracing::info!(step = %step.name, "shutting down before this step; it resumes at the next start");
@@ -420,7 +420,9 @@ async fn run_step(
                     tokio::join!(checked, durably(s, active, id, "the step's SUCCESS", write, landed));
                 tracing::info!("step succeeded");
                 Ok(match (followed?, following) {
-                    (Followed::Started(attempt), Some((_, r))) => Outcome::Done(Some(r.started(attempt, checked))),
+                    (Followed::Started(attempt), Some((_, r))) => {
+                        Outcome::Done(Some(Box::new(r.started(attempt, checked))))
+                    }
                     (Followed::Finished, _) => Outcome::Finished,
                     _ => Outcome::Done(None),
                 })

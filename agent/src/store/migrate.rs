@@ -93,7 +93,7 @@ pub fn to_postgres(sqlite: &Path, target: &Target) -> anyhow::Result<Vec<Copied>
     let source = super::sqlite::open_writer(sqlite, true)
         .with_context(|| format!("{}: cannot open the store", sqlite.display()))?;
     let mut pg = target.connect().map_err(|e| anyhow::anyhow!("{}: cannot connect: {e}", target.shown))?;
-    super::schema::migrate_postgres(&mut pg.client(), &target.schema)?;
+    super::schema::migrate_postgres(&mut pg, &target.schema)?;
     refuse_non_empty(&pg, target)?;
     pg.begin()?;
     let result = copy_all(&source, &pg);

@@ -30,9 +30,9 @@ mod writer;
 
 use apollo_shared::protocol::{EventKind, Topic};
 pub use leases::{QueuePolicy, Recover};
+pub use ops::{Followed, Then};
 pub use read::ListFilter;
 pub use records::Heartbeat;
-pub use ops::{Followed, Then};
 pub use write::{Claimed, Decide, FailurePlan, NewInstance};
 pub use writer::Conn;
 use writer::{writer_loop, FnJob, Job};
@@ -49,7 +49,7 @@ pub enum StoreError {
     #[error("database error: {0}")]
     Sql(#[from] rusqlite::Error),
     #[error("database error: {}", postgres::describe(.0))]
-    Postgres(#[from] ::postgres::Error),
+    Postgres(#[from] tokio_postgres::Error),
     #[error("{0}")]
     Illegal(#[from] IllegalTransition),
     #[error("{0}")]
@@ -165,8 +165,8 @@ impl Store {
             }
             Location::Postgres { target, read, pool } => {
                 let connect = || target.connect().map_err(|e| anyhow::anyhow!("{}: cannot connect: {e}", target.shown));
-                let first = connect()?;
-                schema::migrate_postgres(&mut first.client(), &target.schema)
+                let mut first = connect()?;
+                schema::migrate_postgres(&mut first, &target.schema)
                     .map_err(|e| anyhow::anyhow!("{}: {e:#}", target.shown))?;
                 // Several writers, each with its own connection and batches:
                 // the round trips of one overlap with the others'.

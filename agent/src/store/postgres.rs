@@ -149,25 +149,44 @@ impl Target {
         Ok(Target { config, async_config, schema: schema.to_string(), shown, tls })
     }
 
-    /// A new connection with the schema on its search path.
+    /// A new connection with the schema on its search path. It is driven
+    /// by a runtime of its own on the thread that uses it, as the blocking
+    /// client is; unlike it, a statement and the simple SQL deferred before
+    /// it (BEGIN, a savepoint) go out together, in one round trip.
     pub fn connect(&self) -> Result<PgConn> {
-        let mut client = match &self.tls {
-            Some(tls) => self.config.connect(tls.clone())?,
-            None => self.config.connect(postgres::NoTls)?,
-        };
-        client.batch_execute(&format!("SET search_path TO {}", quote_ident(&self.schema)))?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| StoreError::Unwritable(format!("cannot start a PostgreSQL connection: {e}")))?;
+        let client = rt.block_on(async {
+            let client = match &self.tls {
+                Some(tls) => {
+                    let (client, connection) = self.async_config.connect(tls.clone()).await?;
+                    tokio::spawn(connection);
+                    client
+                }
+                None => {
+                    let (client, connection) = self.async_config.connect(tokio_postgres::NoTls).await?;
+                    tokio::spawn(connection);
+                    client
+                }
+            };
+            client.batch_execute(&format!("SET search_path TO {}", quote_ident(&self.schema))).await?;
+            Ok::<_, tokio_postgres::Error>(client)
+        })?;
         Ok(PgConn {
-            client: RefCell::new(client),
+            rt,
+            client,
             stmts: RefCell::new(HashMap::new()),
             changed: Cell::new(0),
-            begin: Cell::new(false),
+            deferred: RefCell::new(String::new()),
             target: self.clone(),
         })
     }
 }
 
 /// An error as PostgreSQL worded it (`db error` alone says nothing).
-pub fn describe(e: &postgres::Error) -> String {
+pub fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(d) => {
             let detail = d.detail().map(|x| format!(" ({x})")).unwrap_or_default();
@@ -193,37 +212,69 @@ pub fn quote_ident(name: &str) -> String {
 
 /// One connection, with the statements it has prepared.
 pub struct PgConn {
-    client: RefCell<postgres::Client>,
-    stmts: RefCell<HashMap<String, postgres::Statement>>,
+    rt: tokio::runtime::Runtime,
+    client: tokio_postgres::Client,
+    stmts: RefCell<HashMap<String, tokio_postgres::Statement>>,
     /// Rows changed by statements on this connection (as SQLite's
     /// `total_changes`, to tell a commit that changed something).
     changed: Cell<u64>,
-    /// A transaction was begun and BEGIN not sent yet: it goes with the
-    /// next statement (one round trip, not two).
-    begin: Cell<bool>,
+    /// Simple SQL (BEGIN, a savepoint) sent with the next statement: one
+    /// round trip, not two.
+    deferred: RefCell<String>,
     target: Target,
 }
 
 impl PgConn {
-    fn statement(&self, sql: &str) -> Result<postgres::Statement> {
-        if self.begin.replace(false) {
-            self.client.borrow_mut().batch_execute("BEGIN")?;
-        }
+    fn statement(&self, sql: &str) -> Result<tokio_postgres::Statement> {
         if let Some(s) = self.stmts.borrow().get(sql) {
             return Ok(s.clone());
         }
-        let prepared = self.client.borrow_mut().prepare(&to_postgres(sql)).map_err(|e| with_sql(e, sql))?;
+        self.flush()?;
+        let prepared = self.rt.block_on(self.client.prepare(&to_postgres(sql))).map_err(|e| with_sql(e, sql))?;
         self.stmts.borrow_mut().insert(sql.to_string(), prepared.clone());
         Ok(prepared)
     }
 
-    pub fn client(&self) -> std::cell::RefMut<'_, postgres::Client> {
-        self.client.borrow_mut()
+    /// Sends what was deferred, alone.
+    fn flush(&self) -> Result<()> {
+        let deferred = std::mem::take(&mut *self.deferred.borrow_mut());
+        if !deferred.is_empty() {
+            self.rt.block_on(self.client.batch_execute(&deferred))?;
+        }
+        Ok(())
+    }
+
+    /// Runs `st` with the deferred SQL sent just before it, in the same
+    /// round trip (the client pipelines requests made together).
+    fn run<T>(
+        &self,
+        sql: &str,
+        params: &[V],
+        call: impl for<'a> FnOnce(
+            &'a tokio_postgres::Client,
+            &'a tokio_postgres::Statement,
+            &'a [&'a (dyn ToSql + Sync)],
+        ) -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = std::result::Result<T, tokio_postgres::Error>> + 'a>,
+        >,
+    ) -> Result<T> {
+        let st = self.statement(sql)?;
+        let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
+        let deferred = std::mem::take(&mut *self.deferred.borrow_mut());
+        let client = &self.client;
+        self.rt.block_on(async {
+            if deferred.is_empty() {
+                return call(client, &st, &refs).await.map_err(|e| with_sql(e, sql));
+            }
+            let (before, result) = tokio::join!(client.batch_execute(&deferred), call(client, &st, &refs));
+            before?;
+            result.map_err(|e| with_sql(e, sql))
+        })
     }
 }
 
 /// A database error with the statement that caused it, for the log.
-fn with_sql(e: postgres::Error, sql: &str) -> StoreError {
+fn with_sql(e: tokio_postgres::Error, sql: &str) -> StoreError {
     if e.as_db_error().is_some() {
         tracing::debug!(error = %e, sql, "statement refused");
     }
@@ -232,17 +283,13 @@ fn with_sql(e: postgres::Error, sql: &str) -> StoreError {
 
 impl Db for PgConn {
     fn execute(&self, sql: &str, params: &[V]) -> Result<u64> {
-        let st = self.statement(sql)?;
-        let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
-        let n = self.client.borrow_mut().execute(&st, &refs).map_err(|e| with_sql(e, sql))?;
+        let n = self.run(sql, params, |c, st, refs| Box::pin(c.execute(st, refs)))?;
         self.changed.set(self.changed.get() + n);
         Ok(n)
     }
 
     fn query(&self, sql: &str, params: &[V]) -> Result<Vec<Row>> {
-        let st = self.statement(sql)?;
-        let refs: Vec<&(dyn ToSql + Sync)> = params.iter().map(|v| v as &(dyn ToSql + Sync)).collect();
-        let rows = self.client.borrow_mut().query(&st, &refs).map_err(|e| with_sql(e, sql))?;
+        let rows = self.run(sql, params, |c, st, refs| Box::pin(c.query(st, refs)))?;
         rows.iter()
             .map(|r| {
                 (0..r.len()).map(|i| r.try_get::<_, V>(i).map_err(StoreError::Postgres)).collect::<Result<_>>().map(Row)
@@ -255,8 +302,13 @@ impl Db for PgConn {
     }
 
     fn alive(&self) -> bool {
-        let mut client = self.client.borrow_mut();
-        !client.is_closed() && client.is_valid(std::time::Duration::from_secs(2)).is_ok()
+        !self.client.is_closed()
+            && self
+                .rt
+                .block_on(async {
+                    tokio::time::timeout(std::time::Duration::from_secs(2), self.client.simple_query("")).await
+                })
+                .is_ok_and(|r| r.is_ok())
     }
 }
 
@@ -266,20 +318,25 @@ impl Conn for PgConn {
     }
 
     fn begin(&mut self) -> Result<()> {
-        // Sent with what comes next (the first savepoint, or statement).
-        self.begin.set(true);
+        self.defer("BEGIN")
+    }
+
+    fn defer(&mut self, sql: &str) -> Result<()> {
+        let deferred = self.deferred.get_mut();
+        if !deferred.is_empty() {
+            deferred.push_str("; ");
+        }
+        deferred.push_str(sql);
         Ok(())
     }
 
     fn batch(&mut self, sql: &str) -> Result<()> {
-        if self.begin.replace(false) {
-            return Ok(self.client.get_mut().batch_execute(&format!("BEGIN; {sql}"))?);
-        }
-        Ok(self.client.get_mut().batch_execute(sql)?)
+        self.defer(sql)?;
+        self.flush()
     }
 
     fn in_transaction(&self) -> bool {
-        !self.client.borrow().is_closed()
+        !self.client.is_closed()
     }
 
     fn changes(&self) -> u64 {
@@ -287,7 +344,7 @@ impl Conn for PgConn {
     }
 
     fn reopen(&mut self) -> Result<()> {
-        if self.client.borrow().is_closed() {
+        if self.client.is_closed() {
             let fresh = self.target.connect()?;
             *self = fresh;
             tracing::info!(store = %self.target.shown, "reconnected to PostgreSQL");

@@ -366,26 +366,35 @@ pub const PG_VERSION: usize = PG_MIGRATIONS.len();
 
 /// Creates the schema if needed and applies what it lacks, one agent at a
 /// time (several may start together).
-pub fn migrate_postgres(client: &mut postgres::Client, schema: &str) -> anyhow::Result<()> {
+pub fn migrate_postgres(c: &mut super::postgres::PgConn, schema: &str) -> anyhow::Result<()> {
+    use super::writer::Conn as _;
+    c.batch("BEGIN")?;
+    let result = migrate_in(c, schema).and_then(|()| Ok(c.batch("COMMIT")?));
+    if result.is_err() {
+        let _ = c.batch("ROLLBACK");
+    }
+    result
+}
+
+fn migrate_in(c: &mut super::postgres::PgConn, schema: &str) -> anyhow::Result<()> {
+    use super::db::{p, Db};
+    use super::writer::Conn as _;
     let quoted = super::postgres::quote_ident(schema);
-    let mut tx = client.transaction()?;
-    tx.execute("SELECT pg_advisory_xact_lock(hashtext($1 || '.migrate'))", &[&schema])?;
-    tx.batch_execute(&format!(
+    (&*c as &dyn Db).query("SELECT pg_advisory_xact_lock(hashtext(?1 || '.migrate'))", p![schema])?;
+    c.batch(&format!(
         "CREATE SCHEMA IF NOT EXISTS {quoted}; SET LOCAL search_path TO {quoted}; \
          CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"
     ))?;
-    let current: Option<i32> = tx.query_opt("SELECT version FROM schema_version", &[])?.map(|r| r.get(0));
+    let current: Option<i64> = (&*c as &dyn Db).value("SELECT version FROM schema_version", &[])?;
     let current = current.unwrap_or(0) as usize;
     if current > PG_VERSION {
         return Err(newer(current, PG_VERSION));
     }
     for sql in PG_MIGRATIONS.iter().skip(current) {
-        tx.batch_execute(sql)?;
+        c.batch(sql)?;
     }
     if current < PG_VERSION {
-        tx.execute("DELETE FROM schema_version", &[])?;
-        tx.execute("INSERT INTO schema_version (version) VALUES ($1)", &[&(PG_VERSION as i32)])?;
+        c.batch(&format!("DELETE FROM schema_version; INSERT INTO schema_version (version) VALUES ({PG_VERSION})"))?;
     }
-    tx.commit()?;
     Ok(())
 }

@@ -15,6 +15,11 @@ pub trait Conn: Send {
     fn begin(&mut self) -> Result<()>;
     /// Runs statements without results (savepoints, commit, rollback).
     fn batch(&mut self, sql: &str) -> Result<()>;
+    /// As [`Conn::batch`], or later: with the next statement, in the same
+    /// round trip (PostgreSQL).
+    fn defer(&mut self, sql: &str) -> Result<()> {
+        self.batch(sql)
+    }
     /// Whether the batch transaction is still open (SQLite rolls the whole
     /// transaction back on disk full or I/O errors; a PostgreSQL connection
     /// can drop).
@@ -125,7 +130,7 @@ fn run_batch(conn: &mut dyn Conn, batch: Vec<Box<dyn Job>>, wrote: &std::sync::a
     let mut end = "";
     while let Some(job) = jobs.next() {
         if !alone {
-            if let Err(e) = conn.batch(&format!("{end}SAVEPOINT w")) {
+            if let Err(e) = conn.defer(&format!("{end}SAVEPOINT w")) {
                 tracing::error!(error = %e, "savepoint failed");
             }
         }
