@@ -79,10 +79,13 @@ enum Outcome {
     Ended,
 }
 
+/// A step's call: its plugin, params and env.
+type Prepared = (Registration, Map<String, Value>, Vec<(String, String)>);
+
 /// A step made ready to start: its plugin, and its params and env rendered
 /// over the context (or why they cannot be).
 struct Ready {
-    rendered: Result<(Registration, Map<String, Value>, Vec<(String, String)>), PluginError>,
+    rendered: Result<Prepared, PluginError>,
     version: String,
     params_json: Value,
 }
@@ -91,7 +94,7 @@ struct Ready {
 /// why it cannot run).
 struct Started {
     attempt: u32,
-    prepared: Result<(Registration, Map<String, Value>, Vec<(String, String)>), PluginError>,
+    prepared: Result<Prepared, PluginError>,
 }
 
 fn ready(s: &Scheduler, def: &TaskDef, seq: u32, ctx: &Context) -> Ready {
@@ -212,7 +215,10 @@ async fn run_inner(s: &Arc<Scheduler>, inst: Claimed, active: &Active) -> Result
         let next = todo.get(i + 1).map(|n| n.seq);
         match run_step(s, &inst.id, &def, step, now, next, &mut ctx, &work_dir, active).await? {
             Outcome::Done(next) => started = next,
-            Outcome::Finished => return Ok(succeeded(&inst.task)),
+            Outcome::Finished => {
+                succeeded(&inst.task);
+                return Ok(());
+            }
             Outcome::Ended => return Ok(()),
         }
     }
