@@ -47,20 +47,9 @@ pub fn claim(c: &dyn Db, agent: &str, n: usize, lease_secs: f64, policy: &QueueP
     take_turn(c)?;
     let queue_limits = &policy.limits;
     let now = Utc::now();
-    let mut per_queue: HashMap<String, u32> = HashMap::new();
-    let mut per_task: HashMap<String, u32> = HashMap::new();
-    for r in c.query(
-        // Two indexed lookups rather than an OR that scans the table.
-        "SELECT queue, task, COUNT(*) FROM task_instances WHERE state = 'RUNNING' GROUP BY queue, task \
-         UNION ALL \
-         SELECT queue, task, COUNT(*) FROM task_instances INDEXED BY task_instances_rolling_back \
-         WHERE state = 'FAILED' AND rollback_pending = 1 GROUP BY queue, task",
-        &[],
-    )? {
-        let count: u32 = r.get(2)?;
-        *per_queue.entry(r.get(0)?).or_default() += count;
-        *per_task.entry(r.get(1)?).or_default() += count;
-    }
+    // What runs per queue and task, read only when a limit or an ordered
+    // queue needs it (most claims have neither: one query fewer).
+    let mut running: Option<Running> = None;
     let tasks: Vec<String> = c.column(
         "WITH RECURSIVE t(task) AS (\
                SELECT MIN(task) FROM task_instances INDEXED BY task_instances_runnable_task \
@@ -95,6 +84,7 @@ pub fn claim(c: &dyn Db, agent: &str, n: usize, lease_secs: f64, policy: &QueueP
                 // start, and only when none of the task's is under way.
                 if !ordered_done {
                     ordered_done = true;
+                    let (_, per_task) = running_counts(c, &mut running)?;
                     if per_task.get(&task).copied().unwrap_or(0) == 0 {
                         if let Some(head) = ordered_head(c, &task, &queue)? {
                             candidates.push(head);
@@ -112,25 +102,56 @@ pub fn claim(c: &dyn Db, agent: &str, n: usize, lease_secs: f64, policy: &QueueP
         if claimed.len() >= n {
             break;
         }
-        let q_running = per_queue.get(&queue).copied().unwrap_or(0);
-        let t_running = per_task.get(&task).copied().unwrap_or(0);
-        let one_at_a_time = policy.ordered.contains(&queue) && t_running > 0;
-        if queue_limits.get(&queue).is_some_and(|&l| q_running >= l)
-            || max_active.is_some_and(|m| t_running >= m)
-            || one_at_a_time
-        {
-            continue;
+        let ordered = policy.ordered.contains(&queue);
+        let limit = queue_limits.get(&queue).copied();
+        if ordered || limit.is_some() || max_active.is_some() {
+            let (per_queue, per_task) = running_counts(c, &mut running)?;
+            let q_running = per_queue.get(&queue).copied().unwrap_or(0);
+            let t_running = per_task.get(&task).copied().unwrap_or(0);
+            if limit.is_some_and(|l| q_running >= l)
+                || max_active.is_some_and(|m| t_running >= m)
+                || (ordered && t_running > 0)
+            {
+                continue;
+            }
         }
         let reason = if state == "RETRYING" { "claimed for retry" } else { "claimed" };
         let also = "attempt = attempt + ?4, started_at = COALESCE(started_at, ?5), next_run_at = NULL, \
                     lease_owner = ?6, lease_expires_at = apollo_now_plus(?7), finished_at = NULL";
         let params = p![state == "RETRYING", ts(now), agent, lease_secs];
         move_task_and(c, &id, TaskState::Running, reason, agent, Also(also, params))?;
-        *per_queue.entry(queue).or_default() += 1;
-        *per_task.entry(task).or_default() += 1;
+        if let Some((per_queue, per_task)) = running.as_mut() {
+            *per_queue.entry(queue).or_default() += 1;
+            *per_task.entry(task).or_default() += 1;
+        }
         claimed.push(super::read::instance_with_steps(c, &id)?);
     }
     Ok(claimed)
+}
+
+/// Instances under way per queue and per task.
+type Running = (HashMap<String, u32>, HashMap<String, u32>);
+
+/// Instances under way (RUNNING, or FAILED with a rollback pending) per
+/// queue and per task, read once per claim when first needed.
+fn running_counts<'a>(c: &dyn Db, running: &'a mut Option<Running>) -> Result<&'a mut Running> {
+    if running.is_none() {
+        let (mut per_queue, mut per_task): Running = Default::default();
+        for r in c.query(
+            // Two indexed lookups rather than an OR that scans the table.
+            "SELECT queue, task, COUNT(*) FROM task_instances WHERE state = 'RUNNING' GROUP BY queue, task \
+             UNION ALL \
+             SELECT queue, task, COUNT(*) FROM task_instances INDEXED BY task_instances_rolling_back \
+             WHERE state = 'FAILED' AND rollback_pending = 1 GROUP BY queue, task",
+            &[],
+        )? {
+            let count: u32 = r.get(2)?;
+            *per_queue.entry(r.get(0)?).or_default() += count;
+            *per_task.entry(r.get(1)?).or_default() += count;
+        }
+        *running = Some((per_queue, per_task));
+    }
+    Ok(running.as_mut().expect("read above"))
 }
 
 /// The oldest instance of `task` in `queue` still to run (PENDING or
