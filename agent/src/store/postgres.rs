@@ -479,7 +479,7 @@ pub async fn listen(
                 let topic: Option<Topic> = e["topic"].as_str().and_then(|t| t.parse().ok());
                 let Some(topic) = topic else { continue };
                 let kind = e["kind"].as_str().and_then(|k| k.parse().ok()).unwrap_or(EventKind::Other);
-                if topic == Topic::Tasks && !woke {
+                if topic == Topic::Tasks && !woke && may_free_work(&e["data"]) {
                     wake();
                     woke = true;
                 }
@@ -489,6 +489,15 @@ pub async fn listen(
         pump.abort();
         drop(client);
     }
+}
+
+/// Whether another agent's change to an instance may let this agent claim
+/// something: new work, a retry, a rollback to run, or a slot freed by an
+/// instance that ended. A move to or within RUNNING (a claim, a step's
+/// progress) never does, and waking the scheduler for each would cost every
+/// agent a claim per step of every other agent.
+fn may_free_work(data: &serde_json::Value) -> bool {
+    data.get("state").and_then(|s| s.as_str()).is_some_and(|s| s != "RUNNING")
 }
 
 /// Whether an error means PostgreSQL cannot be reached (as opposed to a
@@ -509,6 +518,17 @@ pub fn storage_failure(e: &StoreError) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn only_changes_that_may_free_work_wake_the_other_agents() {
+        use serde_json::json;
+        assert!(super::may_free_work(&json!({"id": "a", "state": "PENDING"})));
+        assert!(super::may_free_work(&json!({"id": "a", "state": "SUCCESS"})));
+        assert!(super::may_free_work(&json!({"id": "a", "state": "RETRYING", "step": {"seq": 0, "state": "FAILED"}})));
+        assert!(!super::may_free_work(&json!({"id": "a", "state": "RUNNING"})));
+        assert!(!super::may_free_work(&json!({"id": "a", "state": "RUNNING", "step": {"seq": 1, "state": "SUCCESS"}})));
+        assert!(!super::may_free_work(&json!({"id": "a"})));
+    }
+
     #[test]
     fn the_channel_is_apollo_and_the_schemas_md5_as_postgresql_computes_it() {
         // PostgreSQL: SELECT 'apollo_' || left(md5('apollo'), 16)
