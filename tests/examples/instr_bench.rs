@@ -22,7 +22,10 @@ async fn count(n: usize) -> u64 {
     let out = tempfile::tempdir().unwrap();
     // INSTR_BENCH_OUT=DIR keeps the callgrind files, for callgrind_annotate.
     let file = match std::env::var_os("INSTR_BENCH_OUT") {
-        Some(dir) => std::path::PathBuf::from(dir).join(format!("callgrind.{n}.out")),
+        Some(dir) => {
+            std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("INSTR_BENCH_OUT {}: {e}", dir.display()));
+            std::path::PathBuf::from(dir).join(format!("callgrind.{n}.out"))
+        }
         None => out.path().join("callgrind.out"),
     };
     let wrap = format!("valgrind --tool=callgrind --callgrind-out-file={} --dump-instr=no", file.display());
