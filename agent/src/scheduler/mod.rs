@@ -7,6 +7,7 @@
 //! by the earliest retry falling due. There is no polling loop.
 
 pub mod backoff;
+mod calls;
 mod executor;
 
 use crate::catalog::Catalog;

@@ -1,0 +1,207 @@
+//! A step's call made ready (its plugin, and its params and env rendered
+//! over the context and validated), the watchdog every plugin call runs
+//! under, and `durably`, for the writes an executor must not lose.
+
+use super::{Active, Scheduler};
+use crate::plugins::{PluginError, Registration};
+use crate::store::StoreError;
+use apollo_shared::context::Context;
+use apollo_shared::def::TaskDef;
+use serde_json::{Map, Value};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Commits a result the agent must not lose: while the store cannot be
+/// reached or written, the write is tried again (with growing pauses) for as
+/// long as the executor runs; the result waits in memory meanwhile. A write
+/// whose commit was cut off may have landed: `landed` tells from the stored
+/// instance, before a repeat is refused as an illegal transition.
+pub(super) async fn durably<R, F, Fut>(
+    s: &Arc<Scheduler>,
+    active: &Active,
+    id: &str,
+    what: &str,
+    write: F,
+    landed: impl Fn(&apollo_shared::protocol::Instance) -> Option<R>,
+) -> Result<R, StoreError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<R, StoreError>>,
+{
+    let mut pause = Duration::from_millis(100);
+    let mut tried = false;
+    loop {
+        match write().await {
+            Ok(r) => return Ok(r),
+            Err(StoreError::Unwritable(_) | StoreError::Commit(_) | StoreError::Closed)
+                if active.token.is_cancelled() =>
+            {
+                return Err(StoreError::Closed)
+            }
+            Err(e @ (StoreError::Unwritable(_) | StoreError::Commit(_))) => {
+                if !tried {
+                    tracing::warn!(error = %e, "cannot record {what} now; it is kept and recorded when the store can be written");
+                }
+                tried = true;
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = active.token.cancelled() => {}
+                }
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+            Err(e @ StoreError::Illegal(_)) if tried => {
+                // The earlier attempt committed after all?
+                return match s.store.get(id).await.map(|i| landed(&i)) {
+                    Ok(Some(r)) => Ok(r),
+                    _ => Err(e),
+                };
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// A step's call: its plugin, params and env.
+pub(super) type Prepared = (Registration, Map<String, Value>, Vec<(String, String)>);
+
+/// A step made ready to start: its plugin, and its params and env rendered
+/// over the context (or why they cannot be).
+pub(super) struct Ready {
+    pub rendered: Result<Prepared, PluginError>,
+    pub version: String,
+    pub params_json: Value,
+}
+
+/// A step whose start is committed: its attempt, and its call validated (or
+/// why it cannot run).
+pub(super) struct Started {
+    pub attempt: u32,
+    pub prepared: Result<Prepared, PluginError>,
+}
+
+pub(super) fn ready(s: &Scheduler, def: &TaskDef, seq: u32, ctx: &Context) -> Ready {
+    let d = &def.steps[seq as usize];
+    let reg = registration(s, def, seq);
+    let version = reg.as_ref().map(|r| r.version().to_string()).unwrap_or_default();
+    let rendered = reg.and_then(|r| {
+        let params = render(&d.params, ctx)?;
+        Ok((r, params, step_env(&d.env, ctx)?))
+    });
+    let params_json = rendered.as_ref().map(|(_, p, _)| Value::Object(p.clone())).unwrap_or(Value::Null);
+    Ready { rendered, version, params_json }
+}
+
+/// The plugin's validate of a ready step (side-effect free by contract): it
+/// runs while the step's start is committed, so an external plugin's round
+/// trip is hidden behind the commit instead of added to it.
+pub(super) async fn check(ready: &Ready) -> Result<(), PluginError> {
+    match &ready.rendered {
+        Ok((r, params, _)) => validate(r, params).await,
+        Err(_) => Ok(()),
+    }
+}
+
+impl Ready {
+    pub(super) fn started(self, attempt: u32, checked: Result<(), PluginError>) -> Started {
+        Started { attempt, prepared: self.rendered.and_then(|p| checked.map(|()| p)) }
+    }
+}
+
+/// Starts step `seq` with a write of its own (the first step this executor
+/// runs; later ones start with their predecessor's SUCCESS).
+pub(super) async fn start(
+    s: &Arc<Scheduler>,
+    id: &str,
+    def: &TaskDef,
+    seq: u32,
+    ctx: &Context,
+) -> Result<Started, StoreError> {
+    let r = ready(s, def, seq, ctx);
+    let (checked, attempt) = tokio::join!(check(&r), s.store.step_start(id, seq, &r.version, &r.params_json));
+    Ok(r.started(attempt?, checked))
+}
+
+pub(super) fn registration(s: &Scheduler, def: &TaskDef, seq: u32) -> Result<Registration, PluginError> {
+    let d = &def.steps[seq as usize];
+    s.registry.get().resolve(&d.plugin, d.version.as_deref()).cloned().map_err(PluginError::permanent)
+}
+
+/// A step's `params` or `env` (named by `field` in errors), rendered over
+/// the context; without a template nothing is rendered and the context is
+/// not built.
+fn render_field(map: &Map<String, Value>, ctx: &Context, field: &str) -> Result<Map<String, Value>, PluginError> {
+    if !apollo_shared::template::has_templates(map) {
+        return Ok(map.clone());
+    }
+    let (rendered, _) = apollo_shared::template::render(map, &ctx.to_value(), true)
+        .map_err(|e| PluginError::permanent(format!("{field}.{e}")))?;
+    Ok(rendered)
+}
+
+/// The params of a step, rendered over the context.
+fn render(params: &Map<String, Value>, ctx: &Context) -> Result<Map<String, Value>, PluginError> {
+    render_field(params, ctx, "params")
+}
+
+/// The plugin's check of rendered params.
+async fn validate(reg: &Registration, params: &Map<String, Value>) -> Result<(), PluginError> {
+    reg.plugin.validate(params).await.map_err(|e| PluginError {
+        message: if e.permanent { format!("invalid params: {}", e.message) } else { e.message },
+        permanent: e.permanent,
+    })
+}
+
+/// The params of a step, rendered over the context and validated.
+pub(super) async fn prepare(
+    reg: &Registration,
+    params: &Map<String, Value>,
+    ctx: &Context,
+) -> Result<Map<String, Value>, PluginError> {
+    let rendered = render(params, ctx)?;
+    validate(reg, &rendered).await?;
+    Ok(rendered)
+}
+
+/// Runs one plugin call under the step's watchdog, for execute and rollback
+/// alike: at the timeout the call's token fires (a subprocess gets SIGTERM to
+/// its group, then SIGKILL after the grace) and the call has the grace to end
+/// before it is abandoned. `stop` (a cancel, the reaper, shutdown) does the same.
+pub(super) async fn watchdog<T>(
+    s: &Scheduler,
+    timeout: Duration,
+    token: &CancellationToken,
+    stop: Option<&CancellationToken>,
+    call: impl std::future::Future<Output = Result<T, PluginError>>,
+    what: &str,
+) -> Result<T, PluginError> {
+    let grace = s.config().scheduler.kill_grace + Duration::from_secs(1);
+    tokio::pin!(call);
+    let stopped = async {
+        match stop {
+            Some(t) => t.cancelled().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        r = &mut call => r,
+        _ = tokio::time::sleep(timeout) => {
+            token.cancel();
+            let _ = tokio::time::timeout(grace, call).await;
+            Err(PluginError::retryable(format!("{what}timed out after {}s (the step's timeout)", timeout.as_secs_f64())))
+        }
+        _ = stopped => {
+            token.cancel();
+            let _ = tokio::time::timeout(grace, call).await;
+            Err(PluginError::retryable(format!("{what}stopped")))
+        }
+    }
+}
+
+/// The step's declared environment, rendered over the context.
+pub(super) fn step_env(env: &Map<String, Value>, ctx: &Context) -> Result<Vec<(String, String)>, PluginError> {
+    Ok(render_field(env, ctx, "env")?
+        .into_iter()
+        .map(|(k, v)| (k, v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string())))
+        .collect())
+}
