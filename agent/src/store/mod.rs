@@ -16,6 +16,7 @@
 
 pub mod db;
 mod leases;
+mod listen;
 pub mod migrate;
 mod moves;
 mod ops;
@@ -238,13 +239,13 @@ impl Store {
 
     /// Publishes a committed change on this agent's bus and, on a shared
     /// database, to the other agents (a notification after this change's
-    /// commit; see [`postgres::listen`]).
+    /// commit; see [`listen::listen`]).
     pub fn announce(&self, topic: Topic, kind: EventKind, data: serde_json::Value) {
         if self.is_postgres() {
             let payload = serde_json::json!({ "topic": topic, "kind": kind, "data": &data }).to_string();
             // PostgreSQL carries at most 8000 bytes; a longer one (an alert
             // with a long message) is left to the others' next read.
-            if payload.len() < postgres::MAX_NOTIFY {
+            if payload.len() < listen::MAX_NOTIFY {
                 self.inner.notes.lock().expect("notes").push(payload);
                 // One write sends what has gathered by the time it runs.
                 if !self.inner.notes_queued.swap(true, std::sync::atomic::Ordering::SeqCst) {
@@ -253,7 +254,7 @@ impl Store {
                         move |c| {
                             store.inner.notes_queued.store(false, std::sync::atomic::Ordering::SeqCst);
                             let notes = std::mem::take(&mut *store.inner.notes.lock().expect("notes"));
-                            postgres::notify(c, store.agent(), &notes)
+                            listen::notify(c, store.agent(), &notes)
                         },
                         |_| {},
                     );
@@ -272,7 +273,7 @@ impl Store {
         shutdown: tokio_util::sync::CancellationToken,
     ) -> Option<tokio::task::JoinHandle<()>> {
         let Backend::Postgres { target, .. } = &self.inner.backend else { return None };
-        Some(tokio::spawn(postgres::listen(
+        Some(tokio::spawn(listen::listen(
             (**target).clone(),
             self.agent().to_string(),
             self.bus().clone(),

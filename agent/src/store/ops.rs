@@ -56,7 +56,7 @@ impl Store {
                 if created && c.postgres() {
                     let note = json!({ "topic": "tasks", "kind": "instance.created",
                                        "data": { "id": id, "task": n.task, "state": "PENDING" } });
-                    super::postgres::notify(c, &agent, &[note.to_string()])?;
+                    super::listen::notify(c, &agent, &[note.to_string()])?;
                 }
                 Ok((id, created))
             })

@@ -10,7 +10,6 @@
 
 use super::db::{to_postgres, Db, Row, V};
 use super::{Conn, Result, StoreError};
-use apollo_shared::protocol::{EventKind, Topic};
 use bytes::BytesMut;
 use postgres::types::{FromSql, IsNull, ToSql, Type};
 use std::cell::{Cell, RefCell};
@@ -77,7 +76,7 @@ pub struct Target {
     /// TLS (rustls), when the URL asks for it with `sslmode=require`; the
     /// server's certificate is checked against the web's roots and
     /// `database.ca_file`'s.
-    tls: Option<tokio_postgres_rustls::MakeRustlsConnect>,
+    pub(super) tls: Option<tokio_postgres_rustls::MakeRustlsConnect>,
 }
 
 /// A TLS connector trusting the web's roots and those in `ca_file`.
@@ -353,153 +352,6 @@ impl Conn for PgConn {
     }
 }
 
-/// The schema's notification channel: `apollo_` and 16 hex digits of the
-/// schema name's MD5 (a channel name is at most 63 bytes; a schema name may
-/// be 63 itself). The SQL side computes the same from `current_schema()`.
-pub fn channel(schema: &str) -> String {
-    use md5::Digest as _;
-    format!("apollo_{}", &hex::encode(md5::Md5::digest(schema.as_bytes()))[..16])
-}
-
-/// The longest notification payload PostgreSQL carries, less a margin.
-pub const MAX_NOTIFY: usize = 7900;
-
-/// Queues notifications to every agent on the schema, sent when the
-/// transaction commits: `{"agent": …, "events": [...]}`, as few as fit.
-pub fn notify(c: &dyn Db, agent: &str, events: &[String]) -> Result<()> {
-    let head = format!("{{\"agent\":{},\"events\":[", serde_json::Value::from(agent));
-    let mut payload = head.clone();
-    for (i, e) in events.iter().enumerate() {
-        if payload.len() + e.len() + 2 > MAX_NOTIFY && payload.len() > head.len() {
-            payload.push_str("]}");
-            c.query(
-                "SELECT pg_notify('apollo_' || left(md5(current_schema()), 16), ?1)",
-                super::db::p![payload.as_str()],
-            )?;
-            payload = head.clone();
-        } else if i > 0 && payload.len() > head.len() {
-            payload.push(',');
-        }
-        payload.push_str(e);
-    }
-    if payload.len() > head.len() {
-        payload.push_str("]}");
-        c.query("SELECT pg_notify('apollo_' || left(md5(current_schema()), 16), ?1)", super::db::p![payload.as_str()])?;
-    }
-    Ok(())
-}
-
-/// A listening connection, whichever its transport.
-type Pinned = std::pin::Pin<Box<dyn ConnectionLike + Send>>;
-
-/// What `listen` needs of a connection: its messages.
-trait ConnectionLike {
-    fn poll_message(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<std::result::Result<tokio_postgres::AsyncMessage, tokio_postgres::Error>>>;
-}
-
-impl<S, T> ConnectionLike for tokio_postgres::Connection<S, T>
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-{
-    fn poll_message(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<std::result::Result<tokio_postgres::AsyncMessage, tokio_postgres::Error>>> {
-        self.get_mut().poll_message(cx)
-    }
-}
-
-/// Listens for the other agents' notifications (see [`notify`]) on a
-/// connection of its own, reconnecting with backoff when it drops; each is
-/// published on `bus` as if it had happened here, and a change to an
-/// instance calls `wake`. After a reconnect `wake` is called too: what was
-/// missed meanwhile is found by the next claim.
-pub async fn listen(
-    target: Target,
-    agent: String,
-    bus: crate::bus::Bus,
-    wake: std::sync::Arc<dyn Fn() + Send + Sync>,
-    shutdown: tokio_util::sync::CancellationToken,
-) {
-    use futures::StreamExt as _;
-    let channel = channel(&target.schema);
-    let mut backoff = std::time::Duration::from_millis(100);
-    while !shutdown.is_cancelled() {
-        let connected = match &target.tls {
-            Some(tls) => target.async_config.connect(tls.clone()).await.map(|(c, conn)| (c, Box::pin(conn) as Pinned)),
-            None => {
-                target.async_config.connect(tokio_postgres::NoTls).await.map(|(c, conn)| (c, Box::pin(conn) as Pinned))
-            }
-        };
-        let (client, mut connection) = match connected {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(store = %target.shown, error = %e, "cannot listen for other agents' changes; retrying");
-                tokio::select! {
-                    _ = tokio::time::sleep(backoff) => {}
-                    _ = shutdown.cancelled() => return,
-                }
-                backoff = (backoff * 2).min(std::time::Duration::from_secs(5));
-                continue;
-            }
-        };
-        let mut messages = futures::stream::poll_fn(move |cx| connection.as_mut().poll_message(cx));
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let pump = tokio::spawn(async move {
-            while let Some(Ok(m)) = messages.next().await {
-                if tx.send(m).is_err() {
-                    break;
-                }
-            }
-        });
-        if let Err(e) = client.batch_execute(&format!("LISTEN {}", quote_ident(&channel))).await {
-            tracing::warn!(error = %e, "LISTEN failed; retrying");
-            pump.abort();
-            continue;
-        }
-        backoff = std::time::Duration::from_millis(100);
-        wake();
-        loop {
-            let message = tokio::select! {
-                m = rx.recv() => m,
-                _ = shutdown.cancelled() => None,
-            };
-            let Some(message) = message else { break };
-            let tokio_postgres::AsyncMessage::Notification(n) = message else { continue };
-            let Ok(v) = serde_json::from_str::<serde_json::Value>(n.payload()) else { continue };
-            if v["agent"] == agent.as_str() {
-                continue;
-            }
-            let mut woke = false;
-            for e in v["events"].as_array().into_iter().flatten() {
-                let topic: Option<Topic> = e["topic"].as_str().and_then(|t| t.parse().ok());
-                let Some(topic) = topic else { continue };
-                let kind = e["kind"].as_str().and_then(|k| k.parse().ok()).unwrap_or(EventKind::Other);
-                if topic == Topic::Tasks && !woke && may_free_work(&e["data"]) {
-                    wake();
-                    woke = true;
-                }
-                bus.publish(topic, kind, e["data"].clone());
-            }
-        }
-        pump.abort();
-        drop(client);
-    }
-}
-
-/// Whether another agent's change to an instance may let this agent claim
-/// something: new work, a retry, a rollback to run, or a slot freed by an
-/// instance that ended. A move to or within RUNNING (a claim, a step's
-/// progress) never does, and waking the scheduler for each would cost every
-/// agent a claim per step of every other agent.
-fn may_free_work(data: &serde_json::Value) -> bool {
-    data.get("state").and_then(|s| s.as_str()).is_some_and(|s| s != "RUNNING")
-}
-
 /// Whether an error means PostgreSQL cannot be reached (as opposed to a
 /// refused or malformed statement), and why.
 pub fn storage_failure(e: &StoreError) -> Option<String> {
@@ -513,26 +365,5 @@ pub fn storage_failure(e: &StoreError) -> Option<String> {
         }
         StoreError::Commit(m) => Some(m.clone()),
         _ => None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn only_changes_that_may_free_work_wake_the_other_agents() {
-        use serde_json::json;
-        assert!(super::may_free_work(&json!({"id": "a", "state": "PENDING"})));
-        assert!(super::may_free_work(&json!({"id": "a", "state": "SUCCESS"})));
-        assert!(super::may_free_work(&json!({"id": "a", "state": "RETRYING", "step": {"seq": 0, "state": "FAILED"}})));
-        assert!(!super::may_free_work(&json!({"id": "a", "state": "RUNNING"})));
-        assert!(!super::may_free_work(&json!({"id": "a", "state": "RUNNING", "step": {"seq": 1, "state": "SUCCESS"}})));
-        assert!(!super::may_free_work(&json!({"id": "a"})));
-    }
-
-    #[test]
-    fn the_channel_is_apollo_and_the_schemas_md5_as_postgresql_computes_it() {
-        // PostgreSQL: SELECT 'apollo_' || left(md5('apollo'), 16)
-        assert_eq!(super::channel("apollo"), "apollo_31f2385ba9cc65db");
-        assert!(super::channel(&"s".repeat(63)).len() <= 63);
     }
 }
