@@ -73,3 +73,37 @@ async fn killed_at_several_points_the_instance_resumes_and_no_recorded_success_r
     let recovered = inst.transitions.unwrap().iter().filter(|t| t.reason.contains("recovered")).count();
     assert_eq!(recovered, 3, "each restart recovers the instance once");
 }
+
+/// A step that ends while the agent shuts down (within the grace) has its
+/// SUCCESS recorded on its own: the next step is not started in the same
+/// write, so it waits for the next start instead of running during the drain.
+#[tokio::test]
+async fn a_step_ending_during_shutdown_is_recorded_and_the_next_waits_for_the_next_start() {
+    let def = "task: pair\nsteps:\n  - name: a\n    plugin: shell\n    params:\n      command: echo start a >> ../../witness; sleep 1\n  - name: b\n    plugin: shell\n    params:\n      command: echo start b >> ../../witness\n";
+    let mut agent = Agent::builder().config("scheduler:\n  shutdown_grace: 20s\n").task("pair.yaml", def).start();
+    let id = {
+        let c = agent.client().await;
+        c.subscribe(&[Topic::Tasks]).await.unwrap();
+        let mut events = c.take_events().unwrap();
+        let id = trigger(&c, "pair", json!({})).await;
+        wait_until(&c, &mut events, &id, "a RUNNING", |i| i.steps.as_ref().unwrap()[0].state == StepState::Running)
+            .await;
+        id
+    };
+    let status = agent.stop();
+    assert!(status.success(), "{status}\n{}", agent.log());
+    let counts = starts(&agent);
+    assert_eq!(counts.get("a"), Some(&1), "{counts:?}");
+    assert_eq!(counts.get("b"), None, "b ran while the agent shut down: {counts:?}");
+
+    agent.spawn();
+    let c = agent.client().await;
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    let inst = wait_until(&c, &mut events, &id, "the end", ended).await;
+    assert_eq!(inst.state, TaskState::Success, "{inst:#?}\n{}", agent.log());
+    let counts = starts(&agent);
+    assert_eq!((counts["a"], counts["b"]), (1, 1), "a's recorded SUCCESS is not run again: {counts:?}");
+    let steps = inst.steps.unwrap();
+    assert_eq!((steps[0].attempts, steps[1].attempts), (1, 1), "b started once, after the restart");
+}
