@@ -305,7 +305,7 @@ async fn a_steps_success_starts_the_next_step_or_ends_the_instance_in_one_write(
     store.create(two, "test").await.unwrap();
     store.claim(1, lease(), QueuePolicy::default()).await.unwrap();
     store.step_start("S1", 0, "1.0.0", &json!({})).await.unwrap();
-    let start = Then::Start { seq: 1, version: "1.0.0".into(), params: json!({"p": 1}) };
+    let start = Then::Start { seq: 1, version: "1.0.0", params: &json!({"p": 1}) };
     let followed = store.step_success("S1", 0, &json!({"n": 1}), &json!({"n": 1}), start).await.unwrap();
     assert_eq!(followed, Followed::Started(1));
     let inst = store.get("S1").await.unwrap();
@@ -315,7 +315,7 @@ async fn a_steps_success_starts_the_next_step_or_ends_the_instance_in_one_write(
     assert_eq!(inst.context, json!({"n": 1}));
     // A follow-up the table refuses (step 0 cannot start again: it is
     // SUCCESS) leaves the step's SUCCESS recorded, and says nothing followed.
-    let again = Then::Start { seq: 0, version: "1.0.0".into(), params: json!({}) };
+    let again = Then::Start { seq: 0, version: "1.0.0", params: &json!({}) };
     let followed = store.step_success("S1", 1, &json!({}), &json!({"n": 2}), again).await.unwrap();
     assert_eq!(followed, Followed::Nothing);
     let inst = store.get("S1").await.unwrap();

@@ -210,9 +210,7 @@ async fn run_step(
                 // shutting down: then it waits for the next start.
                 let following = next.filter(|_| !s.is_shutting_down()).map(|n| (n, ready(s, def, n, ctx)));
                 let then = match (&following, next) {
-                    (Some((n, r)), _) => {
-                        Then::Start { seq: *n, version: r.version.clone(), params: r.params_json.clone() }
-                    }
+                    (Some((n, r)), _) => Then::Start { seq: *n, version: &r.version, params: &r.params_json },
                     (None, None) => Then::Finish,
                     (None, Some(_)) => Then::Nothing,
                 };
@@ -228,7 +226,7 @@ async fn run_step(
                         _ => Followed::Nothing,
                     })
                 };
-                let write = || s.store.step_success(id, step.seq, &output, &context, then.clone());
+                let write = || s.store.step_success(id, step.seq, &output, &context, then);
                 let checked = async {
                     match &following {
                         Some((_, r)) => check(r).await,

@@ -11,12 +11,12 @@ use serde_json::{json, Value};
 use std::time::Duration;
 
 /// What a step's SUCCESS write does besides (see [`Store::step_success`]).
-#[derive(Debug, Clone)]
-pub enum Then {
+#[derive(Debug, Clone, Copy)]
+pub enum Then<'a> {
     /// Nothing: the instance's next move is a write of its own.
     Nothing,
     /// Starts step `seq` with `params` rendered for it.
-    Start { seq: u32, version: String, params: Value },
+    Start { seq: u32, version: &'a str, params: &'a Value },
     /// Ends the instance: it was the last step to run.
     Finish,
 }
@@ -102,11 +102,11 @@ impl Store {
         seq: u32,
         output: &Value,
         context: &Value,
-        then: Then,
+        then: Then<'_>,
     ) -> Result<Followed> {
         let (i, o, x, a) = (id.to_string(), output.to_string(), context.to_string(), self.agent().to_string());
         let next = match &then {
-            Then::Start { seq, version, params } => Some((*seq, version.clone(), params.to_string())),
+            Then::Start { seq, version, params } => Some((*seq, version.to_string(), params.to_string())),
             _ => None,
         };
         let finish = matches!(then, Then::Finish);
@@ -128,7 +128,7 @@ impl Store {
             })
             .await?;
         self.changed(id, "RUNNING", Some((seq, "SUCCESS")));
-        match (&followed, then) {
+        match (followed, then) {
             (Followed::Started(_), Then::Start { seq: n, .. }) => self.changed(id, "RUNNING", Some((n, "RUNNING"))),
             (Followed::Finished, _) => self.changed(id, "SUCCESS", None),
             _ => {}
