@@ -6,9 +6,10 @@
 use crate::catalog::Catalog;
 use crate::config::Config;
 use crate::plugins::Plugins;
+use crate::scheduler::calls::Started;
 use crate::scheduler::StopReason;
 use crate::settings::Settings;
-use crate::store::{Claimed, Store};
+use crate::store::{ClaimTerms, Claimed, Store};
 use apollo_shared::def::TaskDef;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
@@ -18,8 +19,10 @@ use tokio::sync::{watch, Notify};
 pub trait Control: Send + Sync {
     /// Look for work now (a trigger, a retry request).
     fn wake(&self);
-    /// Run an instance this agent holds (a rollback it took on).
-    fn adopt(&self, inst: Claimed);
+    /// Run an instance this agent holds (a rollback it took on, what a
+    /// trigger's write claimed); `first`, when its first step's start was
+    /// committed with the claim.
+    fn adopt(&self, inst: Claimed, first: Option<Started>);
     /// Stop an instance this agent runs; `None` when it runs none such.
     /// The receiver turns true when its executor has finished.
     fn cancel(&self, id: &str, why: StopReason) -> Option<watch::Receiver<bool>>;
@@ -28,6 +31,35 @@ pub trait Control: Send + Sync {
     fn is_shutting_down(&self) -> bool;
     /// The sum of a definition's step timeouts, in seconds.
     fn expected_secs(&self, def: &TaskDef) -> f64;
+    /// Holds a free slot for an instance a trigger's write claims (`None`
+    /// when this agent is full or stopping), with the terms of that claim.
+    fn reserve(&self) -> Option<ClaimTerms>;
+    /// Frees a slot [`Control::reserve`] held.
+    fn release(&self);
+}
+
+/// A slot held for what a trigger's write claims: freed when dropped, after
+/// [`Slot::fill`] has handed the claimed instances to the scheduler (or the
+/// write failed).
+pub struct Slot {
+    control: Arc<dyn Control>,
+}
+
+impl Slot {
+    /// Runs what the write claimed (`first`: the started first step of the
+    /// instance with that id); the slot is freed after.
+    pub fn fill(self, claimed: Vec<Claimed>, mut first: Option<(String, Started)>) {
+        for i in claimed {
+            let started = first.take_if(|(id, _)| *id == i.id).map(|(_, s)| s);
+            self.control.adopt(i, started);
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.control.release();
+    }
 }
 
 #[derive(Clone)]
@@ -46,5 +78,12 @@ impl Handles {
     /// The settings in force now.
     pub fn config(&self) -> Arc<Config> {
         self.settings.get()
+    }
+
+    /// A free slot on this agent for what a trigger creates, and the terms
+    /// its claim follows.
+    pub fn reserve(&self) -> Option<(Slot, ClaimTerms)> {
+        let terms = self.control.reserve()?;
+        Some((Slot { control: self.control.clone() }, terms))
     }
 }

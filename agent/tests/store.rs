@@ -8,7 +8,7 @@
 
 use apollo_agent::bus::Bus;
 use apollo_agent::store::{
-    postgres::Target, Followed, Location, NewInstance, QueuePolicy, Recover, Store, StoreError, Then,
+    postgres::Target, ClaimTerms, Followed, Location, NewInstance, QueuePolicy, Recover, Store, StoreError, Then,
 };
 use apollo_shared::state::{StepState, TaskState};
 use serde_json::{json, Map};
@@ -115,6 +115,7 @@ conformance!(
     transitions_the_table_forbids_are_refused,
     dedicated_and_ordered_queues_shape_the_claims,
     a_steps_success_starts_the_next_step_or_ends_the_instance_in_one_write,
+    a_create_claims_and_starts_its_first_step_in_one_write_when_nothing_comes_first,
 );
 
 fn new(id: &str, task: &str, queue: &str, priority: u8, max_active: Option<u32>, dedup: Option<&str>) -> NewInstance {
@@ -342,6 +343,50 @@ async fn a_steps_success_starts_the_next_step_or_ends_the_instance_in_one_write(
     let inst = store.get("S2").await.unwrap();
     assert_eq!(inst.state, TaskState::Success);
     assert_eq!(inst.lease_owner, None);
+    store.close();
+}
+
+async fn a_create_claims_and_starts_its_first_step_in_one_write_when_nothing_comes_first(db: TestDb) {
+    let store = db.open();
+    store.put_def("h1", "t", "t.yaml", "task: t").await.unwrap();
+    let terms = |limits: &[(&str, u32)]| {
+        let limits = limits.iter().map(|(q, l)| (q.to_string(), *l)).collect();
+        Some(ClaimTerms { lease: lease(), policy: QueuePolicy { limits, ..Default::default() } })
+    };
+    let params = json!({"p": 1});
+    let first = Then::Start { seq: 0, version: "1.0.0", params: &params };
+    // Nothing waits: the new instance is claimed and its first step started.
+    let done = store.create_claiming(new("N1", "t", "q", 50, None, None), "test", terms(&[]), first).await.unwrap();
+    assert!(done.created);
+    assert_eq!(done.claimed.iter().map(|i| i.id.as_str()).collect::<Vec<_>>(), ["N1"]);
+    assert_eq!(done.followed, Followed::Started(1));
+    let inst = store.get("N1").await.unwrap();
+    assert_eq!(inst.state, TaskState::Running);
+    assert_eq!(inst.lease_owner.as_deref(), Some("agent:test"));
+    let step = &inst.steps.as_ref().unwrap()[0];
+    assert_eq!((step.state, step.attempts, step.params.clone()), (StepState::Running, 1, Some(params.clone())));
+    let moves: Vec<(Option<u32>, String)> = inst.transitions.unwrap().into_iter().map(|h| (h.step, h.to)).collect();
+    let want = [(None, "PENDING"), (None, "RUNNING"), (Some(0), "RUNNING")];
+    assert_eq!(moves, want.map(|(s, m)| (s, m.to_string())));
+
+    // Something of higher priority waits: that is what the write claims, and
+    // the new instance waits its turn with its first step not started.
+    store.create(new("W1", "t", "q", 90, None, None), "test").await.unwrap();
+    let done = store.create_claiming(new("N2", "t", "q", 50, None, None), "test", terms(&[]), first).await.unwrap();
+    assert_eq!(done.claimed.iter().map(|i| i.id.as_str()).collect::<Vec<_>>(), ["W1"]);
+    assert_eq!(done.followed, Followed::Nothing);
+    let inst = store.get("N2").await.unwrap();
+    assert_eq!((inst.state, inst.steps.unwrap()[0].state), (TaskState::Pending, StepState::Pending));
+    assert_eq!(store.get("W1").await.unwrap().steps.unwrap()[0].state, StepState::Pending);
+
+    // A full queue: nothing is claimed (N2 is the oldest waiting there).
+    let done = store.create_claiming(new("N3", "t", "q", 99, None, None), "test", terms(&[("q", 2)]), first).await;
+    let done = done.unwrap();
+    assert!(done.created && done.claimed.is_empty() && done.followed == Followed::Nothing, "{done:?}");
+    // A duplicate dedup key creates nothing and claims nothing.
+    store.create(new("K1", "t", "other", 1, None, Some("k")), "test").await.unwrap();
+    let done = store.create_claiming(new("K2", "t", "r", 1, None, Some("k")), "test", terms(&[]), first).await.unwrap();
+    assert_eq!((done.id.as_str(), done.created, done.claimed.len()), ("K1", false, 0));
     store.close();
 }
 

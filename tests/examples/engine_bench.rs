@@ -81,10 +81,29 @@ async fn main() {
     };
     let c0 = clients[0].clone();
 
-    // Idle latency: one instance at a time.
+    // Idle latency: one instance at a time. Measured twice: inside the agent
+    // (the stored creation time to the first step's stored start), and as a
+    // client sees it (sending the trigger to receiving the event that the
+    // first step's start is committed).
+    let watcher = agent.client().await;
+    watcher.subscribe(&[Topic::Tasks]).await.unwrap();
+    let mut events = watcher.take_events().unwrap();
     let mut idle_ids = Vec::new();
+    let mut seen = Vec::new();
     for i in 0..200u64 {
-        idle_ids.push(trigger(&c0, "noop", json!({})).await);
+        while events.try_recv().is_ok() {}
+        let sent = Instant::now();
+        let started = async {
+            loop {
+                let e = events.recv().await.expect("event stream");
+                if e.data["step"]["seq"] == 0 && e.data["step"]["state"] == "RUNNING" {
+                    return sent.elapsed();
+                }
+            }
+        };
+        let (id, started) = tokio::join!(trigger(&c0, "noop", json!({})), started);
+        idle_ids.push(id);
+        seen.push(started.as_secs_f64() * 1000.0);
         wait_done(&c0, i + 1).await;
     }
     let mut idle = latencies(&c0, &idle_ids).await;
@@ -143,6 +162,8 @@ async fn main() {
     println!("  trigger→first step p99  {:.2} ms (under load)", percentile(&mut loaded, 0.99));
     println!("  trigger→first step p50  {:.2} ms (idle)", percentile(&mut idle, 0.5));
     println!("  trigger→first step p99  {:.2} ms (idle)", percentile(&mut idle, 0.99));
+    println!("  trigger→start seen p50  {:.2} ms (idle, by a client)", percentile(&mut seen, 0.5));
+    println!("  trigger→start seen p99  {:.2} ms (idle, by a client)", percentile(&mut seen, 0.99));
     println!("  agent peak RSS          {:.1} MB", peak_rss as f64 / 1024.0);
     println!("  agent idle CPU          {idle_cpu:.2}% over 5 s");
     println!("  agent RSS, {} queued  {:.1} MB", held.pending, queued_rss as f64 / 1024.0);

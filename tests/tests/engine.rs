@@ -142,3 +142,59 @@ steps:
         "{err}"
     );
 }
+
+/// On an agent with a free slot, a trigger's one write records the instance,
+/// its claim and its first step's start: the step is RUNNING when the
+/// trigger answers. Triggers racing the scheduler's own claims for the slots
+/// never run more than `scheduler.concurrency` instances at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trigger_takes_a_free_slot_at_once_and_never_more_than_the_concurrency() {
+    const LONG: &str = "task: long\nsteps:\n  - {name: wait, plugin: sleep, params: {seconds: 60}}\n";
+    const SHORT: &str = "task: short\nsteps:\n  - {plugin: sleep, params: {seconds: 0.005}}\n  - {plugin: sleep, params: {seconds: 0.005}}\n";
+    let agent = Agent::builder()
+        .config("scheduler:\n  concurrency: 3\n")
+        .task("long.yaml", LONG)
+        .task("short.yaml", SHORT)
+        .start();
+    let c = agent.client().await;
+    let id = trigger(&c, "long", json!({})).await;
+    let i = get(&c, &id).await;
+    assert_eq!(i.state, apollo_shared::TaskState::Running, "{i:?}");
+    let first = &i.steps.as_ref().unwrap()[0];
+    assert_eq!((first.state, first.attempts), (apollo_shared::state::StepState::Running, 1), "{i:?}");
+    let moves: Vec<(Option<u32>, &str, &str)> =
+        i.transitions.as_ref().unwrap().iter().map(|t| (t.step, t.to.as_str(), t.reason.as_str())).collect();
+    assert_eq!(moves[1..], [(None, "RUNNING", "claimed"), (Some(0), "RUNNING", "attempt 1")], "{moves:?}");
+
+    // 160 short instances from 8 connections at once, while the slots free
+    // and fill: the long one holds a slot throughout.
+    let clients: Vec<_> = futures::future::join_all((0..8).map(|_| agent.client())).await;
+    let ids: Vec<String> = futures::future::join_all(clients.iter().map(|c| async move {
+        let mut ids = Vec::new();
+        for _ in 0..20 {
+            ids.push(trigger(c, "short", json!({})).await);
+        }
+        ids
+    }))
+    .await
+    .concat();
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    let mut spans = Vec::new();
+    for id in &ids {
+        let i = wait_until(&c, &mut events, id, "SUCCESS", ended).await;
+        assert_eq!(i.state, apollo_shared::TaskState::Success, "{i:?}");
+        spans.push((i.started_at.unwrap(), i.finished_at.unwrap()));
+    }
+    // The most instances under way at one moment, the long one included.
+    let mut edges: Vec<(chrono::DateTime<chrono::Utc>, i32)> =
+        spans.iter().flat_map(|(s, f)| [(*s, 1), (*f, -1)]).collect();
+    edges.sort();
+    let (mut now, mut most) = (1, 1);
+    for (_, d) in edges {
+        now += d;
+        most = most.max(now);
+    }
+    assert!(most <= 3, "{most} instances ran at once with scheduler.concurrency 3");
+    assert_eq!(get(&c, &id).await.state, apollo_shared::TaskState::Running, "the long one still runs");
+}

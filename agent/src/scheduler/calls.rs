@@ -3,7 +3,7 @@
 //! under, and `durably`, for the writes an executor must not lose.
 
 use super::{Active, Scheduler};
-use crate::plugins::{PluginError, Registration};
+use crate::plugins::{PluginError, Plugins, Registration};
 use crate::store::StoreError;
 use apollo_shared::context::Context;
 use apollo_shared::def::TaskDef;
@@ -63,11 +63,11 @@ where
 }
 
 /// A step's call: its plugin, params and env.
-pub(super) type Prepared = (Registration, Map<String, Value>, Vec<(String, String)>);
+pub type Prepared = (Registration, Map<String, Value>, Vec<(String, String)>);
 
 /// A step made ready to start: its plugin, and its params and env rendered
 /// over the context (or why they cannot be).
-pub(super) struct Ready {
+pub struct Ready {
     pub rendered: Result<Prepared, PluginError>,
     pub version: String,
     pub params_json: Value,
@@ -75,14 +75,14 @@ pub(super) struct Ready {
 
 /// A step whose start is committed: its attempt, and its call validated (or
 /// why it cannot run).
-pub(super) struct Started {
+pub struct Started {
     pub attempt: u32,
     pub prepared: Result<Prepared, PluginError>,
 }
 
-pub(super) fn ready(s: &Scheduler, def: &TaskDef, seq: u32, ctx: &Context) -> Ready {
+pub fn ready(plugins: &Plugins, def: &TaskDef, seq: u32, ctx: &Context) -> Ready {
     let d = &def.steps[seq as usize];
-    let reg = registration(s, def, seq);
+    let reg = registration(plugins, def, seq);
     let version = reg.as_ref().map(|r| r.version().to_string()).unwrap_or_default();
     let rendered = reg.and_then(|r| {
         let params = render(&d.params, ctx)?;
@@ -95,7 +95,7 @@ pub(super) fn ready(s: &Scheduler, def: &TaskDef, seq: u32, ctx: &Context) -> Re
 /// The plugin's validate of a ready step (side-effect free by contract): it
 /// runs while the step's start is committed, so an external plugin's round
 /// trip is hidden behind the commit instead of added to it.
-pub(super) async fn check(ready: &Ready) -> Result<(), PluginError> {
+pub async fn check(ready: &Ready) -> Result<(), PluginError> {
     match &ready.rendered {
         Ok((r, params, _)) => validate(r, params).await,
         Err(_) => Ok(()),
@@ -103,7 +103,7 @@ pub(super) async fn check(ready: &Ready) -> Result<(), PluginError> {
 }
 
 impl Ready {
-    pub(super) fn started(self, attempt: u32, checked: Result<(), PluginError>) -> Started {
+    pub fn started(self, attempt: u32, checked: Result<(), PluginError>) -> Started {
         Started { attempt, prepared: self.rendered.and_then(|p| checked.map(|()| p)) }
     }
 }
@@ -117,14 +117,14 @@ pub(super) async fn start(
     seq: u32,
     ctx: &Context,
 ) -> Result<Started, StoreError> {
-    let r = ready(s, def, seq, ctx);
+    let r = ready(&s.registry, def, seq, ctx);
     let (checked, attempt) = tokio::join!(check(&r), s.store.step_start(id, seq, &r.version, &r.params_json));
     Ok(r.started(attempt?, checked))
 }
 
-pub(super) fn registration(s: &Scheduler, def: &TaskDef, seq: u32) -> Result<Registration, PluginError> {
+pub(super) fn registration(plugins: &Plugins, def: &TaskDef, seq: u32) -> Result<Registration, PluginError> {
     let d = &def.steps[seq as usize];
-    s.registry.get().resolve(&d.plugin, d.version.as_deref()).cloned().map_err(PluginError::permanent)
+    plugins.get().resolve(&d.plugin, d.version.as_deref()).cloned().map_err(PluginError::permanent)
 }
 
 /// A step's `params` or `env` (named by `field` in errors), rendered over

@@ -32,11 +32,11 @@ enum Outcome {
 
 /// Runs an instance; true when it stopped on a store error (the scheduler
 /// takes it up again once the store can be written).
-pub async fn run(s: &Arc<Scheduler>, inst: Claimed, active: &Active) -> bool {
+pub async fn run(s: &Arc<Scheduler>, inst: Claimed, first: Option<Started>, active: &Active) -> bool {
     let span = tracing::info_span!("instance", task_id = %inst.id, trace_id = %inst.trace_id, task = %inst.task);
     let id = inst.id.clone();
     async {
-        match run_inner(s, inst, active).await {
+        match run_inner(s, inst, first, active).await {
             Ok(()) => false,
             Err(e @ (StoreError::Illegal(_) | StoreError::Invalid(_))) => {
                 // The instance cannot go on as the store holds it: it ends FAILED
@@ -68,7 +68,12 @@ pub async fn run(s: &Arc<Scheduler>, inst: Claimed, active: &Active) -> bool {
     .await
 }
 
-async fn run_inner(s: &Arc<Scheduler>, inst: Claimed, active: &Active) -> Result<(), StoreError> {
+async fn run_inner(
+    s: &Arc<Scheduler>,
+    inst: Claimed,
+    first: Option<Started>,
+    active: &Active,
+) -> Result<(), StoreError> {
     let def = match s.def_for(&inst.def_hash).await {
         Ok(d) => d,
         Err(e) => {
@@ -89,15 +94,22 @@ async fn run_inner(s: &Arc<Scheduler>, inst: Claimed, active: &Active) -> Result
     if rolling_back {
         return rollback(s, &inst.id, &def, &ctx, &work_dir).await;
     }
+    // A step whose SUCCESS is committed never runs again.
+    let todo: Vec<&StepRun> = steps.iter().filter(|st| st.state != StepState::Success).collect();
+    // The first step started with the claim (a new instance's first).
+    let mut started: Option<Box<Started>> = first.filter(|_| todo.first().is_some_and(|t| t.seq == 0)).map(Box::new);
     if let Err(e) = std::fs::create_dir_all(&work_dir) {
         let msg = format!("cannot create the work dir {}: {e}", work_dir.display());
-        s.store.fail(&inst.id, &msg, FailurePlan::Stop, s.store.agent()).await?;
+        match started {
+            Some(_) => {
+                let stop = msg.clone();
+                s.store.fail_step(&inst.id, 0, &msg, false, Box::new(move |_| (FailurePlan::Stop, stop))).await?;
+            }
+            None => s.store.fail(&inst.id, &msg, FailurePlan::Stop, s.store.agent()).await?,
+        }
         return Ok(());
     }
     tracing::info!(attempt = inst.attempt, "instance running");
-    // A step whose SUCCESS is committed never runs again.
-    let todo: Vec<&StepRun> = steps.iter().filter(|st| st.state != StepState::Success).collect();
-    let mut started: Option<Box<Started>> = None;
     for (i, step) in todo.iter().enumerate() {
         let now = match started.take() {
             Some(now) => *now,
@@ -208,7 +220,7 @@ async fn run_step(
                 let context = ctx.to_value();
                 // The next step starts in the same write, unless the agent is
                 // shutting down: then it waits for the next start.
-                let following = next.filter(|_| !s.is_shutting_down()).map(|n| (n, ready(s, def, n, ctx)));
+                let following = next.filter(|_| !s.is_shutting_down()).map(|n| (n, ready(&s.registry, def, n, ctx)));
                 let then = match (&following, next) {
                     (Some((n, r)), _) => Then::Start { seq: *n, version: &r.version, params: &r.params_json },
                     (None, None) => Then::Finish,
@@ -289,8 +301,9 @@ async fn failed(
         Some(StopReason::Zombie(m)) => m.clone(),
         _ => e.message.clone(),
     };
-    let retries =
-        def.steps[seq as usize].retry.unwrap_or_else(|| registration(s, def, seq).map(|r| r.retry).unwrap_or(0));
+    let retries = def.steps[seq as usize]
+        .retry
+        .unwrap_or_else(|| registration(&s.registry, def, seq).map(|r| r.retry).unwrap_or(0));
     let located = format!("step {name:?} (#{seq}) failed: {message}");
     let (base, max) = (s.config().scheduler.backoff_base, s.config().scheduler.backoff_max);
     let (permanent, on_failure, jitter) = (e.permanent, def.on_failure, rand::random::<f64>());
@@ -350,7 +363,7 @@ async fn rollback(
         let d = &def.steps[step.seq as usize];
         let log = StepLog::new(StepLog::path_for(&s.data_dir, id, step.seq), s.config().logging.step_log_bytes);
         log.line("[apollo: rollback]");
-        let result = match registration(s, def, step.seq) {
+        let result = match registration(&s.registry, def, step.seq) {
             Err(e) => Err(e),
             Ok(reg) => {
                 let params = match &step.params {

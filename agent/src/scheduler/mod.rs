@@ -7,7 +7,7 @@
 //! by the earliest retry falling due. There is no polling loop.
 
 pub mod backoff;
-mod calls;
+pub(crate) mod calls;
 mod executor;
 
 use crate::catalog::Catalog;
@@ -62,6 +62,15 @@ pub struct Scheduler {
     /// set when a retry is scheduled, re-read from the store when it passes.
     retry_due: Mutex<Option<chrono::DateTime<Utc>>>,
     active: Mutex<HashMap<String, Arc<Active>>>,
+    /// Slots held by claims in flight (the loop's, a trigger's): what runs
+    /// plus these never exceeds `scheduler.concurrency`.
+    reserved: Mutex<usize>,
+    /// Whether work may be waiting for a slot here: the loop was woken and
+    /// has not looked yet, or its last claim filled every free slot. Then a
+    /// trigger leaves its claim to the loop (which claims in batches); once
+    /// the loop has caught up, a trigger with a free slot claims in its own
+    /// write.
+    backlog: std::sync::atomic::AtomicBool,
     /// Parsed definition versions by hash, so an instance runs the version it
     /// was created with.
     defs: Mutex<HashMap<String, Arc<TaskDef>>>,
@@ -100,6 +109,8 @@ impl Scheduler {
             wake: Notify::new(),
             retry_due: Mutex::new(None),
             active: Mutex::new(HashMap::new()),
+            reserved: Mutex::new(0),
+            backlog: std::sync::atomic::AtomicBool::new(true),
             defs: Mutex::new(HashMap::new()),
             tracker: TaskTracker::new(),
             shutdown,
@@ -132,13 +143,37 @@ impl Scheduler {
         }
     }
 
-    /// Asks the loop to look for work now.
+    /// Asks the loop to look for work now; until it has, triggers leave
+    /// their claims to it.
     pub fn wake(&self) {
+        self.backlog.store(true, std::sync::atomic::Ordering::Relaxed);
         self.wake.notify_one();
     }
 
     pub fn running(&self) -> usize {
         self.active.lock().expect("active").len()
+    }
+
+    /// Holds up to `want` free slots for a claim about to run; returns how
+    /// many. A claimed instance takes its slot in `active` before the claim
+    /// frees its hold, so two claims never fill one slot twice.
+    fn reserve_slots(&self, want: usize) -> usize {
+        if self.shutdown.is_cancelled() {
+            return 0;
+        }
+        let mut reserved = self.reserved.lock().expect("reserved");
+        let free = (self.config().scheduler.concurrency as usize).saturating_sub(self.running() + *reserved);
+        let k = want.min(free);
+        *reserved += k;
+        k
+    }
+
+    fn release_slots(&self, k: usize) {
+        *self.reserved.lock().expect("reserved") -= k;
+    }
+
+    fn claim_terms(&self) -> crate::store::ClaimTerms {
+        crate::store::ClaimTerms { lease: self.lease(), policy: self.queue_policy() }
     }
 
     /// How long a claim holds an instance without renewal (measured by the
@@ -172,7 +207,7 @@ impl Scheduler {
         match self.store.recover(self.lease(), Recover::Stalled(ids.clone())).await {
             Ok(found) => {
                 tracing::info!(count = found.len(), "the store can be written again; resuming stalled instances");
-                found.into_iter().for_each(|i| self.adopt(i));
+                found.into_iter().for_each(|i| self.adopt(i, None));
             }
             Err(_) => *self.stalled.lock().expect("stalled") = ids,
         }
@@ -215,7 +250,7 @@ impl Scheduler {
                 }
                 self.stop_leftovers(&found).await;
                 crate::crash_point!("recovery.before_resume");
-                found.into_iter().for_each(|i| self.adopt(i));
+                found.into_iter().for_each(|i| self.adopt(i, None));
             }
             Err(e) => tracing::error!(error = %e, "recovery failed"),
         }
@@ -246,12 +281,16 @@ impl Scheduler {
                 maintenance.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             }
             self.resume_stalled().await;
-            let free = (self.config().scheduler.concurrency as usize).saturating_sub(self.running());
-            if free > 0 && !self.shutdown.is_cancelled() {
+            let free = self.reserve_slots(usize::MAX);
+            if free > 0 {
                 match self.store.claim(free, self.lease(), self.queue_policy()).await {
-                    Ok(claimed) => claimed.into_iter().for_each(|i| self.adopt(i)),
+                    Ok(claimed) => {
+                        self.backlog.store(claimed.len() >= free, std::sync::atomic::Ordering::Relaxed);
+                        claimed.into_iter().for_each(|i| self.adopt(i, None))
+                    }
                     Err(e) => tracing::error!(error = %e, "claim failed"),
                 }
+                self.release_slots(free);
             }
             let due = *self.retry_due.lock().expect("retry due");
             let sleep_for =
@@ -353,7 +392,7 @@ impl Scheduler {
                         format!("instance {} was RUNNING with an expired lease and no holder; resumed here", i.id);
                     tracing::warn!(task_id = %i.id, "{msg}");
                     let _ = self.store.alert("lease_expired", &msg, Some(&i.id)).await;
-                    self.adopt(i);
+                    self.adopt(i, None);
                 }
             }
             Err(e) => tracing::error!(error = %e, "lease check failed"),
@@ -467,8 +506,9 @@ impl Scheduler {
         }
     }
 
-    /// Starts an executor for an instance this agent now holds.
-    pub fn adopt(self: &Arc<Self>, inst: Claimed) {
+    /// Starts an executor for an instance this agent now holds; `first`, when
+    /// its first step's start was committed with its claim.
+    pub fn adopt(self: &Arc<Self>, inst: Claimed, first: Option<calls::Started>) {
         let (done, _) = watch::channel(false);
         let active = Arc::new(Active {
             token: CancellationToken::new(),
@@ -487,7 +527,7 @@ impl Scheduler {
         let me = self.clone();
         self.tracker.spawn(async move {
             let id = inst.id.clone();
-            let stalled = executor::run(&me, inst, &active).await;
+            let stalled = executor::run(&me, inst, first, &active).await;
             me.active.lock().expect("active").remove(&id);
             if stalled {
                 me.stalled.lock().expect("stalled").push(id.clone());
@@ -552,8 +592,8 @@ impl crate::handles::Control for Arc<Scheduler> {
     fn wake(&self) {
         Scheduler::wake(self)
     }
-    fn adopt(&self, inst: Claimed) {
-        Scheduler::adopt(self, inst)
+    fn adopt(&self, inst: Claimed, first: Option<calls::Started>) {
+        Scheduler::adopt(self, inst, first)
     }
     fn cancel(&self, id: &str, why: StopReason) -> Option<watch::Receiver<bool>> {
         Scheduler::cancel(self, id, why)
@@ -566,6 +606,15 @@ impl crate::handles::Control for Arc<Scheduler> {
     }
     fn expected_secs(&self, def: &TaskDef) -> f64 {
         self.expected_for(def)
+    }
+    fn reserve(&self) -> Option<crate::store::ClaimTerms> {
+        if self.backlog.load(std::sync::atomic::Ordering::Relaxed) {
+            return None;
+        }
+        (self.reserve_slots(1) == 1).then(|| self.claim_terms())
+    }
+    fn release(&self) {
+        self.release_slots(1)
     }
 }
 

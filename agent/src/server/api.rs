@@ -127,7 +127,7 @@ impl Api {
         let lease = self.h.config().scheduler.lease;
         self.h.store.manual_rollback(&p.id, lease, &format!("by {actor}: {reason}"), actor).await.map_err(store_err)?;
         let inst = self.h.store.get(&p.id).await.map_err(store_err)?;
-        self.h.control.adopt(inst);
+        self.h.control.adopt(inst, None);
         self.h.store.get(&p.id).await.map_err(store_err)
     }
 

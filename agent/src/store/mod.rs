@@ -31,7 +31,7 @@ mod writer;
 
 use apollo_shared::protocol::{EventKind, Topic};
 pub use leases::{QueuePolicy, Recover};
-pub use ops::{Followed, Then};
+pub use ops::{ClaimTerms, Created, Followed, Then};
 pub use read::ListFilter;
 pub use records::Heartbeat;
 pub use write::{Claimed, Decide, FailurePlan, NewInstance};

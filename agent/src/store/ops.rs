@@ -10,6 +10,26 @@ use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 use std::time::Duration;
 
+/// What a claim needs besides how many: the lease and the queues' rules.
+#[derive(Debug, Clone)]
+pub struct ClaimTerms {
+    pub lease: Duration,
+    pub policy: leases::QueuePolicy,
+}
+
+/// What [`Store::create_claiming`] did.
+#[derive(Debug)]
+pub struct Created {
+    /// The new instance's id, or the existing one's with the same dedup key.
+    pub id: String,
+    pub created: bool,
+    /// What the write claimed for this agent (maybe another instance, one
+    /// that came first).
+    pub claimed: Vec<Claimed>,
+    /// `Started(attempt)` when the new instance's first step started too.
+    pub followed: Followed,
+}
+
 /// What a step's SUCCESS write does besides (see [`Store::step_success`]).
 #[derive(Debug, Clone, Copy)]
 pub enum Then<'a> {
@@ -30,6 +50,27 @@ pub enum Followed {
     Finished,
 }
 
+/// A step start `then` asks for, owned for the writer thread: seq,
+/// version, params as JSON text.
+fn owned_start(then: &Then<'_>) -> Option<(u32, String, String)> {
+    match then {
+        Then::Start { seq, version, params } => Some((*seq, version.to_string(), params.to_string())),
+        _ => None,
+    }
+}
+
+/// A follow-up move the table refuses is left to a write of its own (whose
+/// caller learns exactly why); what came before it in the write stands.
+fn unless_refused(followed: Result<Followed>) -> Result<Followed> {
+    match followed {
+        Err(e @ (super::StoreError::Illegal(_) | super::StoreError::Invalid(_))) => {
+            tracing::debug!(error = %e, "the follow-up move is left to a write of its own");
+            Ok(Followed::Nothing)
+        }
+        other => other,
+    }
+}
+
 impl Store {
     fn changed(&self, id: &str, state: &str, step: Option<(u32, &str)>) {
         let mut data = json!({ "id": id, "state": state });
@@ -45,30 +86,63 @@ impl Store {
     }
 
     pub async fn create(&self, n: NewInstance, actor: &str) -> Result<(String, bool)> {
+        self.create_claiming(n, actor, None, Then::Nothing).await.map(|c| (c.id, c.created))
+    }
+
+    /// Creates an instance and, with `claim`, claims one instance in the same
+    /// write — by priority then age within every limit, exactly as
+    /// [`Store::claim`] does, so it is the new one only when nothing comes
+    /// before it. When it is, `then` may start its first step in that write
+    /// too. A trigger on an agent with a free slot thus records the instance,
+    /// its claim and its first step's start in one commit instead of three.
+    pub async fn create_claiming(
+        &self,
+        n: NewInstance,
+        actor: &str,
+        claim: Option<ClaimTerms>,
+        then: Then<'_>,
+    ) -> Result<Created> {
         let actor = actor.to_string();
         let task = n.task.clone();
         let agent = self.agent().to_string();
-        let (id, created) = self
-            .write(move |c| {
-                let (id, created) = write::create(c, &n, &actor)?;
-                // New work wakes the other agents with this very commit (not
-                // a notification of its own after it): the fastest pickup.
-                if created && c.postgres() {
-                    let note = json!({ "topic": "tasks", "kind": "instance.created",
-                                       "data": { "id": id, "task": n.task, "state": "PENDING" } });
-                    super::listen::notify(c, &agent, &[note.to_string()])?;
+        let turn = claim.is_some();
+        let first = owned_start(&then);
+        let job = move |c: &dyn super::db::Db| {
+            let (id, created) = write::create(c, &n, &actor)?;
+            // New work wakes the other agents with this very commit (not
+            // a notification of its own after it): the fastest pickup.
+            if created && c.postgres() {
+                let note = json!({ "topic": "tasks", "kind": "instance.created",
+                                   "data": { "id": id, "task": n.task, "state": "PENDING" } });
+                super::listen::notify(c, &agent, &[note.to_string()])?;
+            }
+            let claimed = match (&claim, created) {
+                (Some(t), true) => leases::claim(c, &agent, 1, t.lease.as_secs_f64(), &t.policy)?,
+                _ => Vec::new(),
+            };
+            let followed = match &first {
+                Some((seq, v, p)) if claimed.iter().any(|i| i.id == id) => {
+                    unless_refused(write::step_start(c, &id, *seq, v, p, &agent).map(Followed::Started))?
                 }
-                Ok((id, created))
-            })
-            .await?;
-        if created {
+                _ => Followed::Nothing,
+            };
+            Ok(Created { id, created, claimed, followed })
+        };
+        let done = if turn { self.write_in_turn(job).await? } else { self.write(job).await? };
+        if done.created {
             self.bus().publish(
                 Topic::Tasks,
                 EventKind::InstanceCreated,
-                json!({ "id": id, "task": task, "state": "PENDING" }),
+                json!({ "id": done.id, "task": task, "state": "PENDING" }),
             );
         }
-        Ok((id, created))
+        for i in &done.claimed {
+            self.changed(&i.id, "RUNNING", None);
+        }
+        if let (Followed::Started(_), Then::Start { seq, .. }) = (done.followed, then) {
+            self.changed(&done.id, "RUNNING", Some((seq, "RUNNING")));
+        }
+        Ok(done)
     }
 
     /// Claims up to `n` runnable instances for `lease` (measured by the
@@ -105,26 +179,16 @@ impl Store {
         then: Then<'_>,
     ) -> Result<Followed> {
         let (i, o, x, a) = (id.to_string(), output.to_string(), context.to_string(), self.agent().to_string());
-        let next = match &then {
-            Then::Start { seq, version, params } => Some((*seq, version.to_string(), params.to_string())),
-            _ => None,
-        };
+        let next = owned_start(&then);
         let finish = matches!(then, Then::Finish);
         let followed = self
             .write(move |c| {
                 write::step_success(c, &i, seq, &o, &x, &a)?;
-                let followed = match (&next, finish) {
+                unless_refused(match (&next, finish) {
                     (Some((n, v, p)), _) => write::step_start(c, &i, *n, v, p, &a).map(Followed::Started),
                     (None, true) => write::finish_success(c, &i, &a).map(|()| Followed::Finished),
                     (None, false) => Ok(Followed::Nothing),
-                };
-                match followed {
-                    Err(e @ (super::StoreError::Illegal(_) | super::StoreError::Invalid(_))) => {
-                        tracing::debug!(error = %e, "the move after the step's SUCCESS is left to its own write");
-                        Ok(Followed::Nothing)
-                    }
-                    other => other,
-                }
+                })
             })
             .await?;
         self.changed(id, "RUNNING", Some((seq, "SUCCESS")));
