@@ -7,6 +7,7 @@
 
 use apollo_shared::protocol::{Event, EventKind, Topic};
 use serde_json::Value;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::broadcast;
 
@@ -14,7 +15,11 @@ const BACKLOG: usize = 4096;
 
 #[derive(Clone)]
 pub struct Bus {
+    /// Every event, for clients and waits.
     tx: broadcast::Sender<Arc<Event>>,
+    /// One topic's events, for the agent's own listeners ([`Bus::each`]):
+    /// a listener for alerts does not wake for every step that moves.
+    topics: Arc<Mutex<HashMap<Topic, broadcast::Sender<Arc<Event>>>>>,
     /// The last sequence number; held while an event is numbered and sent,
     /// so events reach every subscriber in sequence order.
     seq: Arc<Mutex<u64>>,
@@ -22,7 +27,7 @@ pub struct Bus {
 
 impl Default for Bus {
     fn default() -> Self {
-        Bus { tx: broadcast::channel(BACKLOG).0, seq: Arc::new(Mutex::new(0)) }
+        Bus { tx: broadcast::channel(BACKLOG).0, topics: Default::default(), seq: Arc::new(Mutex::new(0)) }
     }
 }
 
@@ -30,7 +35,18 @@ impl Bus {
     pub fn publish(&self, topic: Topic, kind: EventKind, data: Value) {
         let mut seq = self.seq.lock().expect("bus seq");
         *seq += 1;
-        let _ = self.tx.send(Arc::new(Event { seq: *seq, topic, kind, data }));
+        let ev = Arc::new(Event { seq: *seq, topic, kind, data });
+        if let Some(tx) = self.topics.lock().expect("bus topics").get(&topic) {
+            let _ = tx.send(ev.clone());
+        }
+        let _ = self.tx.send(ev);
+    }
+
+    /// Whether anyone listens to `topic` now (an event nobody would read
+    /// need not be built).
+    pub fn wants(&self, topic: Topic) -> bool {
+        self.tx.receiver_count() > 0
+            || self.topics.lock().expect("bus topics").get(&topic).is_some_and(|tx| tx.receiver_count() > 0)
     }
 
     pub fn subscribe(&self) -> broadcast::Receiver<Arc<Event>> {
@@ -55,7 +71,13 @@ impl Bus {
         stop: tokio_util::sync::CancellationToken,
         mut f: impl FnMut(&Event) + Send + 'static,
     ) -> tokio::task::JoinHandle<()> {
-        let mut rx = self.subscribe();
+        let mut rx = self
+            .topics
+            .lock()
+            .expect("bus topics")
+            .entry(topic)
+            .or_insert_with(|| broadcast::channel(BACKLOG).0)
+            .subscribe();
         tokio::spawn(async move {
             loop {
                 let ev = tokio::select! {

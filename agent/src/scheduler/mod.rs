@@ -66,7 +66,8 @@ pub struct Scheduler {
     /// plus these never exceeds `scheduler.concurrency`.
     reserved: Mutex<usize>,
     /// Whether work may be waiting for a slot here: the loop was woken and
-    /// has not looked yet, or its last claim filled every free slot. Then a
+    /// has not looked yet, or its last claim filled every free slot or left
+    /// work a limit held back. Then an ending instance wakes the loop; and a
     /// trigger leaves its claim to the loop (which claims in batches); once
     /// the loop has caught up, a trigger with a free slot claims in its own
     /// write.
@@ -283,9 +284,9 @@ impl Scheduler {
             self.resume_stalled().await;
             let free = self.reserve_slots(usize::MAX);
             if free > 0 {
-                match self.store.claim(free, self.lease(), self.queue_policy()).await {
-                    Ok(claimed) => {
-                        self.backlog.store(claimed.len() >= free, std::sync::atomic::Ordering::Relaxed);
+                match self.store.claim_noting(free, self.lease(), self.queue_policy()).await {
+                    Ok((claimed, waiting)) => {
+                        self.backlog.store(waiting || claimed.len() >= free, std::sync::atomic::Ordering::Relaxed);
                         claimed.into_iter().for_each(|i| self.adopt(i, None))
                     }
                     Err(e) => tracing::error!(error = %e, "claim failed"),
@@ -533,7 +534,11 @@ impl Scheduler {
                 me.stalled.lock().expect("stalled").push(id.clone());
             }
             let _ = active.done.send(true);
-            me.wake();
+            // The freed slot is for what waits here; with nothing waiting
+            // (the loop's last look found all it could run) no claim is made.
+            if stalled || me.backlog.load(std::sync::atomic::Ordering::Relaxed) {
+                me.wake();
+            }
         });
     }
 

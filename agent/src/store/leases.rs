@@ -5,7 +5,7 @@
 
 use super::db::{p, Db};
 use super::rows::ts;
-use super::write::{history, move_task_and, step_fail, task_state, Also, Claimed};
+use super::write::{history, move_task_from, step_fail, task_state, Also, Claimed};
 use super::Result;
 use apollo_shared::state::TaskState;
 use chrono::Utc;
@@ -44,6 +44,19 @@ pub struct QueuePolicy {
 /// `max_active` or of a full queue never hides the work behind it: the cost
 /// is one index seek per task with runnable work, not a walk of the backlog.
 pub fn claim(c: &dyn Db, agent: &str, n: usize, lease_secs: f64, policy: &QueuePolicy) -> Result<Vec<Claimed>> {
+    claim_noting(c, agent, n, lease_secs, policy).map(|(claimed, _)| claimed)
+}
+
+/// [`claim`], and whether work was left waiting: runnable instances a limit
+/// or an ordered queue held back, or more than `n` to claim.
+pub fn claim_noting(
+    c: &dyn Db,
+    agent: &str,
+    n: usize,
+    lease_secs: f64,
+    policy: &QueuePolicy,
+) -> Result<(Vec<Claimed>, bool)> {
+    let mut held_back = false;
     take_turn(c)?;
     let queue_limits = &policy.limits;
     let now = Utc::now();
@@ -91,6 +104,8 @@ pub fn claim(c: &dyn Db, agent: &str, n: usize, lease_secs: f64, policy: &QueueP
                         }
                     }
                 }
+                // The rest of the task's waiting instances wait their turn.
+                held_back = true;
                 continue;
             }
             candidates.push((r.get(0)?, r.get(1)?, r.get(2)?, queue, r.get(4)?, r.get(5)?));
@@ -100,6 +115,7 @@ pub fn claim(c: &dyn Db, agent: &str, n: usize, lease_secs: f64, policy: &QueueP
     let mut claimed = Vec::new();
     for (_, id, task, queue, max_active, state) in candidates {
         if claimed.len() >= n {
+            held_back = true;
             break;
         }
         let ordered = policy.ordered.contains(&queue);
@@ -112,6 +128,7 @@ pub fn claim(c: &dyn Db, agent: &str, n: usize, lease_secs: f64, policy: &QueueP
                 || max_active.is_some_and(|m| t_running >= m)
                 || (ordered && t_running > 0)
             {
+                held_back = true;
                 continue;
             }
         }
@@ -119,14 +136,15 @@ pub fn claim(c: &dyn Db, agent: &str, n: usize, lease_secs: f64, policy: &QueueP
         let also = "attempt = attempt + ?4, started_at = COALESCE(started_at, ?5), next_run_at = NULL, \
                     lease_owner = ?6, lease_expires_at = apollo_now_plus(?7), finished_at = NULL";
         let params = p![state == "RETRYING", ts(now), agent, lease_secs];
-        move_task_and(c, &id, TaskState::Running, reason, agent, Also(also, params))?;
+        let from = state.parse::<TaskState>().map_err(super::StoreError::Invalid)?;
+        move_task_from(c, &id, from, TaskState::Running, reason, agent, Also(also, params))?;
         if let Some((per_queue, per_task)) = running.as_mut() {
             *per_queue.entry(queue).or_default() += 1;
             *per_task.entry(task).or_default() += 1;
         }
         claimed.push(super::read::instance_with_steps(c, &id)?);
     }
-    Ok(claimed)
+    Ok((claimed, held_back))
 }
 
 /// Instances under way per queue and per task.

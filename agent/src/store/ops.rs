@@ -73,6 +73,10 @@ fn unless_refused(followed: Result<Followed>) -> Result<Followed> {
 
 impl Store {
     fn changed(&self, id: &str, state: &str, step: Option<(u32, &str)>) {
+        // Nobody to tell (no client, no other agent): nothing to build.
+        if !self.is_postgres() && !self.bus().wants(Topic::Tasks) {
+            return;
+        }
         let mut data = json!({ "id": id, "state": state });
         if let Some((seq, s)) = step {
             data["step"] = json!({ "seq": seq, "state": s });
@@ -148,13 +152,24 @@ impl Store {
     /// Claims up to `n` runnable instances for `lease` (measured by the
     /// database's clock).
     pub async fn claim(&self, n: usize, lease: Duration, policy: leases::QueuePolicy) -> Result<Vec<Claimed>> {
+        self.claim_noting(n, lease, policy).await.map(|(claimed, _)| claimed)
+    }
+
+    /// [`Store::claim`], and whether work was left waiting (a limit held
+    /// some back, or there was more than `n`).
+    pub async fn claim_noting(
+        &self,
+        n: usize,
+        lease: Duration,
+        policy: leases::QueuePolicy,
+    ) -> Result<(Vec<Claimed>, bool)> {
         let agent = self.agent().to_string();
         let secs = lease.as_secs_f64();
-        let claimed = self.write_in_turn(move |c| leases::claim(c, &agent, n, secs, &policy)).await?;
+        let (claimed, waiting) = self.write_in_turn(move |c| leases::claim_noting(c, &agent, n, secs, &policy)).await?;
         for i in &claimed {
             self.changed(&i.id, "RUNNING", None);
         }
-        Ok(claimed)
+        Ok((claimed, waiting))
     }
 
     pub async fn step_start(&self, id: &str, seq: u32, version: &str, params: &Value) -> Result<u32> {
@@ -183,11 +198,15 @@ impl Store {
         let finish = matches!(then, Then::Finish);
         let followed = self
             .write(move |c| {
-                write::step_success(c, &i, seq, &o, &x, &a)?;
-                unless_refused(match (&next, finish) {
-                    (Some((n, v, p)), _) => write::step_start(c, &i, *n, v, p, &a).map(Followed::Started),
-                    (None, true) => write::finish_success(c, &i, &a).map(|()| Followed::Finished),
-                    (None, false) => Ok(Followed::Nothing),
+                let after = match (&next, finish) {
+                    (Some((n, v, p)), _) => write::After::Start(*n, v, p),
+                    (None, true) => write::After::Finish,
+                    (None, false) => write::After::Nothing,
+                };
+                Ok(match (write::step_success_and(c, &i, seq, &o, &x, after, &a)?, &next, finish) {
+                    ((true, attempt), Some(_), _) => Followed::Started(attempt),
+                    ((true, _), None, true) => Followed::Finished,
+                    _ => Followed::Nothing,
                 })
             })
             .await?;

@@ -9,6 +9,7 @@ use apollo_shared::protocol::Instance;
 use apollo_shared::state::{check_step, check_task, StepState, TaskState};
 use chrono::{DateTime, Utc};
 use serde_json::{Map, Value};
+use std::collections::HashMap;
 
 /// What a trigger asks the store to create.
 #[derive(Debug, Clone)]
@@ -101,6 +102,36 @@ pub(super) fn move_task_and(
         }
     }
     let from = task_state(c, id)?;
+    apply_move(c, id, from, to, reason, actor, also)
+}
+
+/// [`move_task_and`] from a state this transaction has read already (on
+/// SQLite, whose one writer holds the database; PostgreSQL reads and locks
+/// the row as [`move_task_and`] does).
+pub(super) fn move_task_from(
+    c: &dyn Db,
+    id: &str,
+    from: TaskState,
+    to: TaskState,
+    reason: &str,
+    actor: &str,
+    also: Also,
+) -> Result<TaskState> {
+    if c.postgres() {
+        return move_task_and(c, id, to, reason, actor, also);
+    }
+    apply_move(c, id, from, to, reason, actor, also)
+}
+
+fn apply_move(
+    c: &dyn Db,
+    id: &str,
+    from: TaskState,
+    to: TaskState,
+    reason: &str,
+    actor: &str,
+    also: Also,
+) -> Result<TaskState> {
     check_task(from, to)?;
     let mut params = vec![V::from(id), V::from(to.as_str()), V::from(ts(Utc::now()))];
     params.extend_from_slice(also.1);
@@ -196,11 +227,22 @@ pub fn create(c: &dyn Db, n: &NewInstance, actor: &str) -> Result<(String, bool)
             None => Err(StoreError::Invalid(format!("instance {} exists already", n.id))),
         };
     }
+    // Every step row in one statement.
+    let mut sql = String::from("INSERT INTO step_runs (instance_id, seq, name, plugin, state) VALUES ");
+    let mut params = vec![V::from(n.id.as_str())];
     for (seq, (name, plugin)) in n.steps.iter().enumerate() {
-        c.execute(
-            "INSERT INTO step_runs (instance_id, seq, name, plugin, state) VALUES (?1, ?2, ?3, ?4, 'PENDING')",
-            p![n.id.as_str(), seq as u32, name, plugin],
-        )?;
+        let k = params.len();
+        sql.push_str(&format!(
+            "{}(?1, ?{}, ?{}, ?{}, 'PENDING')",
+            if seq > 0 { ", " } else { "" },
+            k + 1,
+            k + 2,
+            k + 3
+        ));
+        params.extend([V::from(seq as u32), V::from(name), V::from(plugin)]);
+    }
+    if !n.steps.is_empty() {
+        c.execute(&sql, &params)?;
     }
     history(c, &n.id, None, None, "PENDING", &format!("created by {}", n.trigger), actor)?;
     Ok((n.id.clone(), true))
@@ -284,6 +326,130 @@ pub fn step_success(c: &dyn Db, id: &str, seq: u32, output: &str, context: &str,
     history(c, id, Some(seq), Some(from.as_str()), "SUCCESS", "succeeded", actor)?;
     c.execute("UPDATE task_instances SET context = ?2, updated_at = ?3 WHERE id = ?1", p![id, context, now])?;
     Ok(())
+}
+
+/// What follows a step's SUCCESS in the same write (see
+/// [`step_success_and`]).
+pub enum After<'a> {
+    Nothing,
+    /// Starts step `seq`: its plugin version and params (JSON).
+    Start(u32, &'a str, &'a str),
+    /// Ends the instance SUCCESS.
+    Finish,
+}
+
+/// A step's SUCCESS and what follows it, in the fewest statements: one read
+/// of the instance and both steps, one insert for both history rows. Returns
+/// the started step's attempt (0 when nothing started), and whether the
+/// follow-up was done: one the table refuses is left out, the SUCCESS
+/// stands. The moves and their checks are those of [`step_success`],
+/// [`step_start`] and [`finish_success`], which PostgreSQL runs as they are.
+pub fn step_success_and(
+    c: &dyn Db,
+    id: &str,
+    seq: u32,
+    output: &str,
+    context: &str,
+    after: After<'_>,
+    actor: &str,
+) -> Result<(bool, u32)> {
+    if c.postgres() {
+        step_success(c, id, seq, output, context, actor)?;
+        let followed = match after {
+            After::Nothing => return Ok((false, 0)),
+            After::Start(n, v, p) => step_start(c, id, n, v, p, actor).map(|a| (true, a)),
+            After::Finish => finish_success(c, id, actor).map(|()| (true, 0)),
+        };
+        return match followed {
+            Err(StoreError::Illegal(_) | StoreError::Invalid(_)) => Ok((false, 0)),
+            other => other,
+        };
+    }
+    let next = match after {
+        After::Start(n, ..) => i64::from(n),
+        _ => -1,
+    };
+    let rows = c.query(
+        "SELECT i.state, i.lease_owner, s.seq, s.state, s.attempts FROM task_instances i \
+         LEFT JOIN step_runs s ON s.instance_id = i.id AND s.seq IN (?2, ?3) WHERE i.id = ?1",
+        p![id, seq, next],
+    )?;
+    let Some(first) = rows.first() else { return Err(StoreError::NotFound(format!("no instance {id}"))) };
+    let (state, owner): (String, Option<String>) = (first.get(0)?, first.get(1)?);
+    if state != "RUNNING" || owner.as_deref() != Some(actor) {
+        return Err(StoreError::Invalid(format!(
+            "instance {id} is {state}, held by {}; {actor} may not run its steps",
+            owner.as_deref().unwrap_or("nobody")
+        )));
+    }
+    let mut steps = HashMap::new();
+    for r in &rows {
+        if let Some(s) = r.get::<Option<u32>>(2)? {
+            let st: String = r.get(3)?;
+            steps.insert(s, (st.parse::<StepState>().map_err(StoreError::Invalid)?, r.get::<u32>(4)?));
+        }
+    }
+    let step =
+        |s: u32| steps.get(&s).copied().ok_or_else(|| StoreError::NotFound(format!("no step {s} in instance {id}")));
+    let (from, _) = step(seq)?;
+    check_step(from, StepState::Success)?;
+    // The follow-up, when the table allows it.
+    let after = match after {
+        After::Start(n, v, p) => {
+            match step(n).and_then(|(f, a)| Ok(check_step(f, StepState::Running).map(|()| (f, a))?)) {
+                Ok((f, a)) => Some((Some(n), f.as_str(), a + 1, v, p)),
+                Err(StoreError::Illegal(_) | StoreError::Invalid(_) | StoreError::NotFound(_)) => None,
+                Err(e) => return Err(e),
+            }
+        }
+        After::Finish => Some((None, "RUNNING", 0, "", "")),
+        After::Nothing => None,
+    };
+    let now = ts(Utc::now());
+    c.execute(
+        "UPDATE step_runs SET state = 'SUCCESS', output = ?3, finished_at = ?4 WHERE instance_id = ?1 AND seq = ?2",
+        p![id, seq, output, now.as_str()],
+    )?;
+    let mut moves = vec![V::from(id), V::from(actor), V::from(now.as_str()), V::from(seq), V::from(from.as_str())];
+    let mut sql = String::from(
+        "INSERT INTO transitions (instance_id, step_seq, from_state, to_state, reason, actor, at) \
+         VALUES (?1, ?4, ?5, 'SUCCESS', 'succeeded', ?2, ?3)",
+    );
+    match after {
+        Some((Some(n), nfrom, attempt, version, params)) => {
+            c.execute(
+                "UPDATE step_runs SET state = 'RUNNING', attempts = ?3, plugin_version = ?4, params = ?5, started_at = ?6, \
+                 finished_at = NULL, error = NULL WHERE instance_id = ?1 AND seq = ?2",
+                p![id, n, attempt, version, params, now.as_str()],
+            )?;
+            c.execute(
+                "UPDATE task_instances SET context = ?2, updated_at = ?3 WHERE id = ?1",
+                p![id, context, now.as_str()],
+            )?;
+            sql.push_str(", (?1, ?6, ?7, 'RUNNING', ?8, ?2, ?3)");
+            moves.extend([V::from(n), V::from(nfrom), V::from(format!("attempt {attempt}"))]);
+            c.execute(&sql, &moves)?;
+            Ok((true, attempt))
+        }
+        Some((None, ..)) => {
+            c.execute(
+                "UPDATE task_instances SET context = ?2, updated_at = ?3, state = 'SUCCESS', finished_at = ?3, error = NULL, \
+                 lease_owner = NULL, lease_expires_at = NULL WHERE id = ?1",
+                p![id, context, now.as_str()],
+            )?;
+            sql.push_str(", (?1, NULL, 'RUNNING', 'SUCCESS', 'all steps succeeded', ?2, ?3)");
+            c.execute(&sql, &moves)?;
+            Ok((true, 0))
+        }
+        None => {
+            c.execute(
+                "UPDATE task_instances SET context = ?2, updated_at = ?3 WHERE id = ?1",
+                p![id, context, now.as_str()],
+            )?;
+            c.execute(&sql, &moves)?;
+            Ok((false, 0))
+        }
+    }
 }
 
 /// Records a failed attempt; `counts` is false when the attempt was
