@@ -198,3 +198,26 @@ async fn a_trigger_takes_a_free_slot_at_once_and_never_more_than_the_concurrency
     assert!(most <= 3, "{most} instances ran at once with scheduler.concurrency 3");
     assert_eq!(get(&c, &id).await.state, apollo_shared::TaskState::Running, "the long one still runs");
 }
+
+/// Work a limit holds back starts as soon as the instance ahead of it ends:
+/// the end wakes the scheduler (its periodic look, a third of the 60 s
+/// lease, would come far too late for this test).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_held_back_by_a_limit_starts_when_the_one_ahead_ends() {
+    const ONE: &str = "task: one\nmax_active: 1\nsteps:\n  - {plugin: sleep, params: {seconds: 0.05}}\n";
+    let agent = Agent::builder().config("scheduler:\n  lease: 60s\n").task("one.yaml", ONE).start();
+    let c = agent.client().await;
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    let began = std::time::Instant::now();
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        ids.push(trigger(&c, "one", json!({})).await);
+    }
+    for id in &ids {
+        let i = wait_until(&c, &mut events, id, "SUCCESS", ended).await;
+        assert_eq!(i.state, apollo_shared::TaskState::Success, "{i:?}");
+    }
+    let took = began.elapsed();
+    assert!(took < std::time::Duration::from_secs(10), "five 50 ms instances, one at a time, took {took:?}");
+}
