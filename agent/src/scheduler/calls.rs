@@ -102,6 +102,49 @@ pub async fn check(ready: &Ready) -> Result<(), PluginError> {
     }
 }
 
+/// A step started with its instance's claim (its first): validated already
+/// (a trigger's, while its write committed) or not yet (the scheduler's).
+pub struct FirstStart {
+    pub ready: Ready,
+    pub attempt: u32,
+    pub checked: Option<Result<(), PluginError>>,
+}
+
+impl FirstStart {
+    /// The started step, validated.
+    pub async fn started(self) -> Started {
+        let checked = match self.checked {
+            Some(c) => c,
+            None => check(&self.ready).await,
+        };
+        self.ready.started(self.attempt, checked)
+    }
+}
+
+/// A claimed instance's first step made ready in the claim's write, when
+/// the instance is new (attempt 1, nothing run) and its definition version
+/// is the one in force: its version and params for the start.
+pub(super) fn ready_first(
+    plugins: &Plugins,
+    catalog: &std::sync::RwLock<crate::catalog::Catalog>,
+    i: &crate::store::Claimed,
+) -> Option<(Ready, String, String)> {
+    let fresh =
+        i.attempt == 1 && i.steps.as_ref().and_then(|s| s.first()).is_some_and(|s| s.seq == 0 && s.attempts == 0);
+    if !fresh {
+        return None;
+    }
+    let def = catalog.read().ok()?.defs.get(&i.task).filter(|l| l.hash == i.def_hash)?.def.clone();
+    if def.steps.is_empty() {
+        return None;
+    }
+    let mut ctx: Context = serde_json::from_value(i.context.clone()).ok()?;
+    ctx.attempt = i.attempt;
+    let r = ready(plugins, &def, 0, &ctx);
+    let (version, params) = (r.version.clone(), r.params_json.to_string());
+    Some((r, version, params))
+}
+
 impl Ready {
     pub fn started(self, attempt: u32, checked: Result<(), PluginError>) -> Started {
         Started { attempt, prepared: self.rendered.and_then(|p| checked.map(|()| p)) }

@@ -2,7 +2,7 @@
 //! SUCCESS with its output and the context before the next step starts, and
 //! decides what a failure leads to (retry, rollback, stop).
 
-use super::calls::{check, durably, prepare, ready, registration, start, step_env, watchdog, Started};
+use super::calls::{check, durably, prepare, ready, registration, start, step_env, watchdog, FirstStart, Started};
 use super::{backoff, Active, Scheduler, StopReason};
 use crate::logs::StepLog;
 use crate::plugins::{Call, PluginError};
@@ -32,7 +32,7 @@ enum Outcome {
 
 /// Runs an instance; true when it stopped on a store error (the scheduler
 /// takes it up again once the store can be written).
-pub async fn run(s: &Arc<Scheduler>, inst: Claimed, first: Option<Started>, active: &Active) -> bool {
+pub async fn run(s: &Arc<Scheduler>, inst: Claimed, first: Option<FirstStart>, active: &Active) -> bool {
     let span = tracing::info_span!("instance", task_id = %inst.id, trace_id = %inst.trace_id, task = %inst.task);
     let id = inst.id.clone();
     async {
@@ -71,7 +71,7 @@ pub async fn run(s: &Arc<Scheduler>, inst: Claimed, first: Option<Started>, acti
 async fn run_inner(
     s: &Arc<Scheduler>,
     inst: Claimed,
-    first: Option<Started>,
+    first: Option<FirstStart>,
     active: &Active,
 ) -> Result<(), StoreError> {
     let def = match s.def_for(&inst.def_hash).await {
@@ -97,7 +97,10 @@ async fn run_inner(
     // A step whose SUCCESS is committed never runs again.
     let todo: Vec<&StepRun> = steps.iter().filter(|st| st.state != StepState::Success).collect();
     // The first step started with the claim (a new instance's first).
-    let mut started: Option<Box<Started>> = first.filter(|_| todo.first().is_some_and(|t| t.seq == 0)).map(Box::new);
+    let mut started: Option<Box<Started>> = match first.filter(|_| todo.first().is_some_and(|t| t.seq == 0)) {
+        Some(f) => Some(Box::new(f.started().await)),
+        None => None,
+    };
     if let Err(e) = std::fs::create_dir_all(&work_dir) {
         let msg = format!("cannot create the work dir {}: {e}", work_dir.display());
         match started {

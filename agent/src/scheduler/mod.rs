@@ -284,10 +284,17 @@ impl Scheduler {
             self.resume_stalled().await;
             let free = self.reserve_slots(usize::MAX);
             if free > 0 {
-                match self.store.claim_noting(free, self.lease(), self.queue_policy()).await {
+                // New instances start their first step in the claim's write.
+                let (plugins, catalog) = (self.registry.clone(), self.catalog.clone());
+                let ready = move |i: &Claimed| calls::ready_first(&plugins, &catalog, i);
+                match self.store.claim_starting(free, self.lease(), self.queue_policy(), ready).await {
                     Ok((claimed, waiting)) => {
                         self.backlog.store(waiting || claimed.len() >= free, std::sync::atomic::Ordering::Relaxed);
-                        claimed.into_iter().for_each(|i| self.adopt(i, None))
+                        for (i, started) in claimed {
+                            let first =
+                                started.map(|(ready, attempt)| calls::FirstStart { ready, attempt, checked: None });
+                            self.adopt(i, first);
+                        }
                     }
                     Err(e) => tracing::error!(error = %e, "claim failed"),
                 }
@@ -509,7 +516,7 @@ impl Scheduler {
 
     /// Starts an executor for an instance this agent now holds; `first`, when
     /// its first step's start was committed with its claim.
-    pub fn adopt(self: &Arc<Self>, inst: Claimed, first: Option<calls::Started>) {
+    pub fn adopt(self: &Arc<Self>, inst: Claimed, first: Option<calls::FirstStart>) {
         let (done, _) = watch::channel(false);
         let active = Arc::new(Active {
             token: CancellationToken::new(),
@@ -597,7 +604,7 @@ impl crate::handles::Control for Arc<Scheduler> {
     fn wake(&self) {
         Scheduler::wake(self)
     }
-    fn adopt(&self, inst: Claimed, first: Option<calls::Started>) {
+    fn adopt(&self, inst: Claimed, first: Option<calls::FirstStart>) {
         Scheduler::adopt(self, inst, first)
     }
     fn cancel(&self, id: &str, why: StopReason) -> Option<watch::Receiver<bool>> {

@@ -47,8 +47,9 @@ pub fn claim(c: &dyn Db, agent: &str, n: usize, lease_secs: f64, policy: &QueueP
     claim_noting(c, agent, n, lease_secs, policy).map(|(claimed, _)| claimed)
 }
 
-/// [`claim`], and whether work was left waiting: runnable instances a limit
-/// or an ordered queue held back, or more than `n` to claim.
+/// [`claim`], and whether a limit or an ordered queue held runnable work
+/// back (a claim that took all `n` may have left more: its caller counts
+/// that too).
 pub fn claim_noting(
     c: &dyn Db,
     agent: &str,

@@ -152,22 +152,51 @@ impl Store {
     /// Claims up to `n` runnable instances for `lease` (measured by the
     /// database's clock).
     pub async fn claim(&self, n: usize, lease: Duration, policy: leases::QueuePolicy) -> Result<Vec<Claimed>> {
-        self.claim_noting(n, lease, policy).await.map(|(claimed, _)| claimed)
+        let (claimed, _) = self.claim_starting(n, lease, policy, |_| None::<((), String, String)>).await?;
+        Ok(claimed.into_iter().map(|(i, _)| i).collect())
     }
 
-    /// [`Store::claim`], and whether work was left waiting (a limit held
-    /// some back, or there was more than `n`).
-    pub async fn claim_noting(
+    /// [`Store::claim`], and in the same write the start of each claimed
+    /// instance's step 0 that `ready` makes ready (its version and params as
+    /// JSON, with what the caller keeps of it): one commit less before a
+    /// claimed instance's first step runs. A start the table refuses is left
+    /// to the executor. Also says whether a limit or an ordered queue held
+    /// runnable work back.
+    #[allow(clippy::type_complexity)]
+    pub async fn claim_starting<R: Send + 'static>(
         &self,
         n: usize,
         lease: Duration,
         policy: leases::QueuePolicy,
-    ) -> Result<(Vec<Claimed>, bool)> {
+        ready: impl Fn(&Claimed) -> Option<(R, String, String)> + Send + 'static,
+    ) -> Result<(Vec<(Claimed, Option<(R, u32)>)>, bool)> {
         let agent = self.agent().to_string();
         let secs = lease.as_secs_f64();
-        let (claimed, waiting) = self.write_in_turn(move |c| leases::claim_noting(c, &agent, n, secs, &policy)).await?;
-        for i in &claimed {
+        let (claimed, waiting) = self
+            .write_in_turn(move |c| {
+                let (claimed, waiting) = leases::claim_noting(c, &agent, n, secs, &policy)?;
+                let mut out = Vec::with_capacity(claimed.len());
+                for i in claimed {
+                    let started = match ready(&i) {
+                        Some((r, v, p)) => {
+                            match unless_refused(write::step_start(c, &i.id, 0, &v, &p, &agent).map(Followed::Started))?
+                            {
+                                Followed::Started(attempt) => Some((r, attempt)),
+                                _ => None,
+                            }
+                        }
+                        None => None,
+                    };
+                    out.push((i, started));
+                }
+                Ok((out, waiting))
+            })
+            .await?;
+        for (i, started) in &claimed {
             self.changed(&i.id, "RUNNING", None);
+            if started.is_some() {
+                self.changed(&i.id, "RUNNING", Some((0, "RUNNING")));
+            }
         }
         Ok((claimed, waiting))
     }

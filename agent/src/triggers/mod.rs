@@ -186,7 +186,9 @@ impl Triggers {
         let claimed_it = done.claimed.iter().any(|i| i.id == id);
         if let Some(slot) = slot {
             let started = match (done.followed, first) {
-                (Followed::Started(attempt), Some(r)) => Some((id.clone(), r.started(attempt, checked))),
+                (Followed::Started(attempt), Some(ready)) => {
+                    Some((id.clone(), calls::FirstStart { ready, attempt, checked: Some(checked) }))
+                }
                 _ => None,
             };
             slot.fill(done.claimed, started);
