@@ -22,7 +22,7 @@ pub trait Control: Send + Sync {
     /// Run an instance this agent holds (a rollback it took on, what a
     /// trigger's write claimed); `first`, when its first step's start was
     /// committed with the claim.
-    fn adopt(&self, inst: Claimed, first: Option<FirstStart>);
+    fn adopt(&self, inst: Claimed, first: Option<Box<FirstStart>>);
     /// Stop an instance this agent runs; `None` when it runs none such.
     /// The receiver turns true when its executor has finished.
     fn cancel(&self, id: &str, why: StopReason) -> Option<watch::Receiver<bool>>;
@@ -48,7 +48,7 @@ pub struct Slot {
 impl Slot {
     /// Runs what the write claimed (`first`: the started first step of the
     /// instance with that id); the slot is freed after.
-    pub fn fill(self, claimed: Vec<Claimed>, mut first: Option<(String, FirstStart)>) {
+    pub fn fill(self, claimed: Vec<Claimed>, mut first: Option<(String, Box<FirstStart>)>) {
         for i in claimed {
             let started = first.take_if(|(id, _)| *id == i.id).map(|(_, s)| s);
             self.control.adopt(i, started);

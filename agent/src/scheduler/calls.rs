@@ -112,12 +112,13 @@ pub struct FirstStart {
 
 impl FirstStart {
     /// The started step, validated.
-    pub async fn started(self) -> Started {
-        let checked = match self.checked {
-            Some(c) => c,
+    pub async fn started(self: Box<Self>) -> Started {
+        let checked = match &self.checked {
+            Some(c) => c.clone(),
             None => check(&self.ready).await,
         };
-        self.ready.started(self.attempt, checked)
+        let FirstStart { ready, attempt, .. } = *self;
+        ready.started(attempt, checked)
     }
 }
 

@@ -32,7 +32,7 @@ enum Outcome {
 
 /// Runs an instance; true when it stopped on a store error (the scheduler
 /// takes it up again once the store can be written).
-pub async fn run(s: &Arc<Scheduler>, inst: Claimed, first: Option<FirstStart>, active: &Active) -> bool {
+pub async fn run(s: &Arc<Scheduler>, inst: Claimed, first: Option<Box<FirstStart>>, active: &Active) -> bool {
     let span = tracing::info_span!("instance", task_id = %inst.id, trace_id = %inst.trace_id, task = %inst.task);
     let id = inst.id.clone();
     async {
@@ -71,7 +71,7 @@ pub async fn run(s: &Arc<Scheduler>, inst: Claimed, first: Option<FirstStart>, a
 async fn run_inner(
     s: &Arc<Scheduler>,
     inst: Claimed,
-    first: Option<FirstStart>,
+    first: Option<Box<FirstStart>>,
     active: &Active,
 ) -> Result<(), StoreError> {
     let def = match s.def_for(&inst.def_hash).await {

@@ -291,8 +291,8 @@ impl Scheduler {
                     Ok((claimed, waiting)) => {
                         self.backlog.store(waiting || claimed.len() >= free, std::sync::atomic::Ordering::Relaxed);
                         for (i, started) in claimed {
-                            let first =
-                                started.map(|(ready, attempt)| calls::FirstStart { ready, attempt, checked: None });
+                            let first = started
+                                .map(|(ready, attempt)| Box::new(calls::FirstStart { ready, attempt, checked: None }));
                             self.adopt(i, first);
                         }
                     }
@@ -516,7 +516,7 @@ impl Scheduler {
 
     /// Starts an executor for an instance this agent now holds; `first`, when
     /// its first step's start was committed with its claim.
-    pub fn adopt(self: &Arc<Self>, inst: Claimed, first: Option<calls::FirstStart>) {
+    pub fn adopt(self: &Arc<Self>, inst: Claimed, first: Option<Box<calls::FirstStart>>) {
         let (done, _) = watch::channel(false);
         let active = Arc::new(Active {
             token: CancellationToken::new(),
@@ -604,7 +604,7 @@ impl crate::handles::Control for Arc<Scheduler> {
     fn wake(&self) {
         Scheduler::wake(self)
     }
-    fn adopt(&self, inst: Claimed, first: Option<calls::FirstStart>) {
+    fn adopt(&self, inst: Claimed, first: Option<Box<calls::FirstStart>>) {
         Scheduler::adopt(self, inst, first)
     }
     fn cancel(&self, id: &str, why: StopReason) -> Option<watch::Receiver<bool>> {

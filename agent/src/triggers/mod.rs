@@ -187,7 +187,7 @@ impl Triggers {
         if let Some(slot) = slot {
             let started = match (done.followed, first) {
                 (Followed::Started(attempt), Some(ready)) => {
-                    Some((id.clone(), calls::FirstStart { ready, attempt, checked: Some(checked) }))
+                    Some((id.clone(), Box::new(calls::FirstStart { ready, attempt, checked: Some(checked) })))
                 }
                 _ => None,
             };
