@@ -138,7 +138,7 @@ pub fn claim_noting(
                     lease_owner = ?6, lease_expires_at = apollo_now_plus(?7), finished_at = NULL";
         let params = p![state == "RETRYING", ts(now), agent, lease_secs];
         let from = state.parse::<TaskState>().map_err(super::StoreError::Invalid)?;
-        move_task_from(c, &id, from, TaskState::Running, reason, agent, Also(also, params))?;
+        move_task_from(c, &id, Some(from), TaskState::Running, reason, agent, Also(also, params))?;
         if let Some((per_queue, per_task)) = running.as_mut() {
             *per_queue.entry(queue).or_default() += 1;
             *per_task.entry(task).or_default() += 1;

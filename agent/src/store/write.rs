@@ -96,42 +96,30 @@ pub(super) fn move_task_and(
     actor: &str,
     also: Also,
 ) -> Result<TaskState> {
+    move_task_from(c, id, None, to, reason, actor, also)
+}
+
+/// [`move_task_and`]; `known`, the state this transaction has read already,
+/// saves reading it again on SQLite (whose one writer holds the database;
+/// PostgreSQL reads and locks the row as it moves it).
+pub(super) fn move_task_from(
+    c: &dyn Db,
+    id: &str,
+    known: Option<TaskState>,
+    to: TaskState,
+    reason: &str,
+    actor: &str,
+    also: Also,
+) -> Result<TaskState> {
     if c.postgres() {
         if let Some(from) = super::moves::task(c, id, to, reason, actor, &also)? {
             return Ok(from);
         }
     }
-    let from = task_state(c, id)?;
-    apply_move(c, id, from, to, reason, actor, also)
-}
-
-/// [`move_task_and`] from a state this transaction has read already (on
-/// SQLite, whose one writer holds the database; PostgreSQL reads and locks
-/// the row as [`move_task_and`] does).
-pub(super) fn move_task_from(
-    c: &dyn Db,
-    id: &str,
-    from: TaskState,
-    to: TaskState,
-    reason: &str,
-    actor: &str,
-    also: Also,
-) -> Result<TaskState> {
-    if c.postgres() {
-        return move_task_and(c, id, to, reason, actor, also);
-    }
-    apply_move(c, id, from, to, reason, actor, also)
-}
-
-fn apply_move(
-    c: &dyn Db,
-    id: &str,
-    from: TaskState,
-    to: TaskState,
-    reason: &str,
-    actor: &str,
-    also: Also,
-) -> Result<TaskState> {
+    let from = match known {
+        Some(from) if !c.postgres() => from,
+        _ => task_state(c, id)?,
+    };
     check_task(from, to)?;
     let mut params = vec![V::from(id), V::from(to.as_str()), V::from(ts(Utc::now()))];
     params.extend_from_slice(also.1);
@@ -293,6 +281,13 @@ fn held_step(c: &dyn Db, id: &str, seq: u32, agent: &str) -> Result<(StepState, 
     Ok((step.parse().map_err(StoreError::Invalid)?, r.get(3)?, r.get(4)?))
 }
 
+/// A step's start: attempt, version, params, time.
+const STEP_RUNNING: &str = "UPDATE step_runs SET state = 'RUNNING', attempts = ?3, plugin_version = ?4, params = ?5, \
+     started_at = ?6, finished_at = NULL, error = NULL WHERE instance_id = ?1 AND seq = ?2";
+/// A step's SUCCESS: output, time.
+const STEP_SUCCESS: &str =
+    "UPDATE step_runs SET state = 'SUCCESS', output = ?3, finished_at = ?4 WHERE instance_id = ?1 AND seq = ?2";
+
 pub fn step_start(c: &dyn Db, id: &str, seq: u32, version: &str, params_json: &str, actor: &str) -> Result<u32> {
     if c.postgres() {
         if let Some(attempt) = super::moves::step_start(c, id, seq, version, params_json, actor)? {
@@ -302,11 +297,7 @@ pub fn step_start(c: &dyn Db, id: &str, seq: u32, version: &str, params_json: &s
     let (from, attempts, _) = held_step(c, id, seq, actor)?;
     check_step(from, StepState::Running)?;
     let attempt = attempts + 1;
-    c.execute(
-        "UPDATE step_runs SET state = 'RUNNING', attempts = ?3, plugin_version = ?4, params = ?5, started_at = ?6, \
-         finished_at = NULL, error = NULL WHERE instance_id = ?1 AND seq = ?2",
-        p![id, seq, attempt, version, params_json, ts(Utc::now())],
-    )?;
+    c.execute(STEP_RUNNING, p![id, seq, attempt, version, params_json, ts(Utc::now())])?;
     history(c, id, Some(seq), Some(from.as_str()), "RUNNING", &format!("attempt {attempt}"), actor)?;
     Ok(attempt)
 }
@@ -319,10 +310,7 @@ pub fn step_success(c: &dyn Db, id: &str, seq: u32, output: &str, context: &str,
     let (from, _, _) = held_step(c, id, seq, actor)?;
     check_step(from, StepState::Success)?;
     let now = ts(Utc::now());
-    c.execute(
-        "UPDATE step_runs SET state = 'SUCCESS', output = ?3, finished_at = ?4 WHERE instance_id = ?1 AND seq = ?2",
-        p![id, seq, output, now.as_str()],
-    )?;
+    c.execute(STEP_SUCCESS, p![id, seq, output, now.as_str()])?;
     history(c, id, Some(seq), Some(from.as_str()), "SUCCESS", "succeeded", actor)?;
     c.execute("UPDATE task_instances SET context = ?2, updated_at = ?3 WHERE id = ?1", p![id, context, now])?;
     Ok(())
@@ -406,10 +394,7 @@ pub fn step_success_and(
         After::Nothing => None,
     };
     let now = ts(Utc::now());
-    c.execute(
-        "UPDATE step_runs SET state = 'SUCCESS', output = ?3, finished_at = ?4 WHERE instance_id = ?1 AND seq = ?2",
-        p![id, seq, output, now.as_str()],
-    )?;
+    c.execute(STEP_SUCCESS, p![id, seq, output, now.as_str()])?;
     let mut moves = vec![V::from(id), V::from(actor), V::from(now.as_str()), V::from(seq), V::from(from.as_str())];
     let mut sql = String::from(
         "INSERT INTO transitions (instance_id, step_seq, from_state, to_state, reason, actor, at) \
@@ -417,11 +402,7 @@ pub fn step_success_and(
     );
     match after {
         Some((Some(n), nfrom, attempt, version, params)) => {
-            c.execute(
-                "UPDATE step_runs SET state = 'RUNNING', attempts = ?3, plugin_version = ?4, params = ?5, started_at = ?6, \
-                 finished_at = NULL, error = NULL WHERE instance_id = ?1 AND seq = ?2",
-                p![id, n, attempt, version, params, now.as_str()],
-            )?;
+            c.execute(STEP_RUNNING, p![id, n, attempt, version, params, now.as_str()])?;
             c.execute(
                 "UPDATE task_instances SET context = ?2, updated_at = ?3 WHERE id = ?1",
                 p![id, context, now.as_str()],
