@@ -14,9 +14,12 @@ use std::collections::HashMap;
 /// On PostgreSQL, claims and takeovers of every agent on the schema take
 /// turns (a lock held until the transaction ends), so the counts each one
 /// reads are the counts it acts on: every limit holds across the cluster.
-pub(super) fn take_turn(c: &dyn Db) -> Result<()> {
-    if c.postgres() {
-        c.query("SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.claim'))", &[])?;
+/// The writer takes the turn first in a batch holding a claim or a takeover
+/// (`Store::write_in_turn`), sent with the batch's first statement: [`claim`]
+/// and [`recover`] run only in such batches.
+pub(super) fn take_turn(conn: &mut dyn super::Conn) -> Result<()> {
+    if conn.db().postgres() {
+        conn.defer("SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.claim'))")?;
     }
     Ok(())
 }
@@ -58,7 +61,6 @@ pub fn claim_noting(
     policy: &QueuePolicy,
 ) -> Result<(Vec<Claimed>, bool)> {
     let mut held_back = false;
-    take_turn(c)?;
     let queue_limits = &policy.limits;
     let now = Utc::now();
     // What runs per queue and task, read only when a limit or an ordered
@@ -250,7 +252,6 @@ pub enum Recover {
 }
 
 pub fn recover(c: &dyn Db, agent: &str, lease_secs: f64, which: &Recover) -> Result<Vec<Claimed>> {
-    take_turn(c)?;
     let only_expired = matches!(which, Recover::Expired { .. });
     let rows = c.query(
         // Each branch uses the state index; an OR across them would scan the table.

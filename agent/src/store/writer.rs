@@ -112,7 +112,7 @@ fn run_batch(conn: &mut dyn Conn, batch: Vec<Box<dyn Job>>, wrote: &std::sync::a
         return;
     }
     if batch.iter().any(|j| j.in_turn()) {
-        if let Err(e) = leases::take_turn(conn.db()) {
+        if let Err(e) = leases::take_turn(conn) {
             let msg = e.to_string();
             let _ = conn.batch("ROLLBACK");
             batch.into_iter().for_each(|job| job.abort(&msg));
