@@ -9,6 +9,7 @@
 pub mod backoff;
 pub(crate) mod calls;
 mod executor;
+mod slots;
 
 use crate::catalog::Catalog;
 use crate::config::Config;
@@ -62,16 +63,7 @@ pub struct Scheduler {
     /// set when a retry is scheduled, re-read from the store when it passes.
     retry_due: Mutex<Option<chrono::DateTime<Utc>>>,
     active: Mutex<HashMap<String, Arc<Active>>>,
-    /// Slots held by claims in flight (the loop's, a trigger's): what runs
-    /// plus these never exceeds `scheduler.concurrency`.
-    reserved: Mutex<usize>,
-    /// Whether work may be waiting for a slot here: the loop was woken and
-    /// has not looked yet, or its last claim filled every free slot or left
-    /// work a limit held back. Then an ending instance wakes the loop; and a
-    /// trigger leaves its claim to the loop (which claims in batches); once
-    /// the loop has caught up, a trigger with a free slot claims in its own
-    /// write.
-    backlog: std::sync::atomic::AtomicBool,
+    slots: slots::Slots,
     /// Parsed definition versions by hash, so an instance runs the version it
     /// was created with.
     defs: Mutex<HashMap<String, Arc<TaskDef>>>,
@@ -110,8 +102,7 @@ impl Scheduler {
             wake: Notify::new(),
             retry_due: Mutex::new(None),
             active: Mutex::new(HashMap::new()),
-            reserved: Mutex::new(0),
-            backlog: std::sync::atomic::AtomicBool::new(true),
+            slots: slots::Slots::new(),
             defs: Mutex::new(HashMap::new()),
             tracker: TaskTracker::new(),
             shutdown,
@@ -147,34 +138,12 @@ impl Scheduler {
     /// Asks the loop to look for work now; until it has, triggers leave
     /// their claims to it.
     pub fn wake(&self) {
-        self.backlog.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.slots.note_backlog();
         self.wake.notify_one();
     }
 
     pub fn running(&self) -> usize {
         self.active.lock().expect("active").len()
-    }
-
-    /// Holds up to `want` free slots for a claim about to run; returns how
-    /// many. A claimed instance takes its slot in `active` before the claim
-    /// frees its hold, so two claims never fill one slot twice.
-    fn reserve_slots(&self, want: usize) -> usize {
-        if self.shutdown.is_cancelled() {
-            return 0;
-        }
-        let mut reserved = self.reserved.lock().expect("reserved");
-        let free = (self.config().scheduler.concurrency as usize).saturating_sub(self.running() + *reserved);
-        let k = want.min(free);
-        *reserved += k;
-        k
-    }
-
-    fn release_slots(&self, k: usize) {
-        *self.reserved.lock().expect("reserved") -= k;
-    }
-
-    fn claim_terms(&self) -> crate::store::ClaimTerms {
-        crate::store::ClaimTerms { lease: self.lease(), policy: self.queue_policy() }
     }
 
     /// How long a claim holds an instance without renewal (measured by the
@@ -282,24 +251,7 @@ impl Scheduler {
                 maintenance.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             }
             self.resume_stalled().await;
-            let free = self.reserve_slots(usize::MAX);
-            if free > 0 {
-                // New instances start their first step in the claim's write.
-                let (plugins, catalog) = (self.registry.clone(), self.catalog.clone());
-                let ready = move |i: &Claimed| calls::ready_first(&plugins, &catalog, i);
-                match self.store.claim_starting(free, self.lease(), self.queue_policy(), ready).await {
-                    Ok((claimed, waiting)) => {
-                        self.backlog.store(waiting || claimed.len() >= free, std::sync::atomic::Ordering::Relaxed);
-                        for (i, started) in claimed {
-                            let first = started
-                                .map(|(ready, attempt)| Box::new(calls::FirstStart { ready, attempt, checked: None }));
-                            self.adopt(i, first);
-                        }
-                    }
-                    Err(e) => tracing::error!(error = %e, "claim failed"),
-                }
-                self.release_slots(free);
-            }
+            self.claim_free().await;
             let due = *self.retry_due.lock().expect("retry due");
             let sleep_for =
                 due.map(|t| (t - Utc::now()).to_std().unwrap_or(Duration::ZERO)).unwrap_or(Duration::from_secs(3600));
@@ -543,7 +495,7 @@ impl Scheduler {
             let _ = active.done.send(true);
             // The freed slot is for what waits here; with nothing waiting
             // (the loop's last look found all it could run) no claim is made.
-            if stalled || me.backlog.load(std::sync::atomic::Ordering::Relaxed) {
+            if stalled || me.slots.backlog() {
                 me.wake();
             }
         });
@@ -620,13 +572,10 @@ impl crate::handles::Control for Arc<Scheduler> {
         self.expected_for(def)
     }
     fn reserve(&self) -> Option<crate::store::ClaimTerms> {
-        if self.backlog.load(std::sync::atomic::Ordering::Relaxed) {
-            return None;
-        }
-        (self.reserve_slots(1) == 1).then(|| self.claim_terms())
+        self.reserve_for_trigger()
     }
     fn release(&self) {
-        self.release_slots(1)
+        self.release_for_trigger()
     }
 }
 

@@ -1,0 +1,93 @@
+//! The slots `scheduler.concurrency` allows, and who fills them: the loop's
+//! claims (in batches, starting new instances' first steps in the same
+//! write) and, on an agent that has caught up with its work, a trigger's own
+//! write (see `Store::create_claiming`). Every claim reserves its slots
+//! first and frees them only once what it claimed is in `active`, so two
+//! claims never fill one slot twice.
+
+use super::{calls, Scheduler};
+use crate::store::{ClaimTerms, Claimed};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+pub(super) struct Slots {
+    /// Slots held by claims in flight: what runs plus these never exceeds
+    /// `scheduler.concurrency`.
+    reserved: Mutex<usize>,
+    /// Whether work may be waiting for a slot here: the loop was woken and
+    /// has not looked yet, or its last claim filled every free slot or left
+    /// work a limit held back. Then an ending instance wakes the loop, and a
+    /// trigger leaves its claim to the loop (which claims in batches).
+    backlog: AtomicBool,
+}
+
+impl Slots {
+    pub(super) fn new() -> Slots {
+        Slots { reserved: Mutex::new(0), backlog: AtomicBool::new(true) }
+    }
+
+    /// Work may be waiting (the loop is to look).
+    pub(super) fn note_backlog(&self) {
+        self.backlog.store(true, Ordering::Relaxed);
+    }
+
+    pub(super) fn backlog(&self) -> bool {
+        self.backlog.load(Ordering::Relaxed)
+    }
+}
+
+impl Scheduler {
+    /// Holds up to `want` free slots for a claim about to run; returns how
+    /// many.
+    fn reserve_slots(&self, want: usize) -> usize {
+        if self.is_shutting_down() {
+            return 0;
+        }
+        let mut reserved = self.slots.reserved.lock().expect("reserved");
+        let free = (self.config().scheduler.concurrency as usize).saturating_sub(self.running() + *reserved);
+        let k = want.min(free);
+        *reserved += k;
+        k
+    }
+
+    fn release_slots(&self, k: usize) {
+        *self.slots.reserved.lock().expect("reserved") -= k;
+    }
+
+    /// The loop's claim: fills every free slot, new instances starting their
+    /// first step in the claim's write.
+    pub(super) async fn claim_free(self: &Arc<Self>) {
+        let free = self.reserve_slots(usize::MAX);
+        if free == 0 {
+            return;
+        }
+        let (plugins, catalog) = (self.registry.clone(), self.catalog.clone());
+        let ready = move |i: &Claimed| calls::ready_first(&plugins, &catalog, i);
+        match self.store.claim_starting(free, self.lease(), self.queue_policy(), ready).await {
+            Ok((claimed, waiting)) => {
+                self.slots.backlog.store(waiting || claimed.len() >= free, Ordering::Relaxed);
+                for (i, started) in claimed {
+                    let first =
+                        started.map(|(ready, attempt)| Box::new(calls::FirstStart { ready, attempt, checked: None }));
+                    self.adopt(i, first);
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "claim failed"),
+        }
+        self.release_slots(free);
+    }
+
+    /// A free slot for what a trigger's write claims, with the terms of that
+    /// claim; `None` while work may be waiting (the loop claims it) or when
+    /// every slot is taken.
+    pub(super) fn reserve_for_trigger(&self) -> Option<ClaimTerms> {
+        if self.slots.backlog() {
+            return None;
+        }
+        (self.reserve_slots(1) == 1).then(|| ClaimTerms { lease: self.lease(), policy: self.queue_policy() })
+    }
+
+    pub(super) fn release_for_trigger(&self) {
+        self.release_slots(1)
+    }
+}
