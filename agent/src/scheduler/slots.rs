@@ -23,7 +23,10 @@ pub(super) struct Slots {
 
 impl Slots {
     pub(super) fn new() -> Slots {
-        Slots { reserved: Mutex::new(0), backlog: AtomicBool::new(true) }
+        // Down at the start: the loop's first turn claims whatever waits
+        // from before, and a trigger's claim takes what comes first anyway.
+        // (Up, a trigger right after the start would wait for that turn.)
+        Slots { reserved: Mutex::new(0), backlog: AtomicBool::new(false) }
     }
 
     /// Work may be waiting (the loop is to look).
