@@ -309,6 +309,15 @@ impl Agent {
         c.hello("tests").await.unwrap_or_else(|e| panic!("hello: {e}\n{}", self.log()));
         c
     }
+
+    /// A client subscribed to instance changes, and those changes (for
+    /// [`wait_until`]).
+    pub async fn watch(&self) -> (Client, tokio::sync::mpsc::Receiver<apollo_shared::protocol::Event>) {
+        let c = self.client().await;
+        c.subscribe(&[apollo_shared::protocol::Topic::Tasks]).await.unwrap();
+        let events = c.take_events().unwrap();
+        (c, events)
+    }
 }
 
 impl Drop for Agent {

@@ -41,9 +41,7 @@ async fn killed_at_several_points_the_instance_resumes_and_no_recorded_success_r
     let points: [(usize, StepState); 3] = [(0, StepState::Success), (2, StepState::Success), (3, StepState::Running)];
     let mut frozen: BTreeMap<String, usize> = BTreeMap::new();
     for (seq, state) in points {
-        let c = agent.client().await;
-        c.subscribe(&[Topic::Tasks]).await.unwrap();
-        let mut events = c.take_events().unwrap();
+        let (c, mut events) = agent.watch().await;
         let what = format!("s{seq} {state}");
         let inst = wait_until(&c, &mut events, &id, &what, |i| i.steps.as_ref().unwrap()[seq].state == state).await;
         agent.kill9();
@@ -54,9 +52,7 @@ async fn killed_at_several_points_the_instance_resumes_and_no_recorded_success_r
         }
         agent.spawn();
     }
-    let c = agent.client().await;
-    c.subscribe(&[Topic::Tasks]).await.unwrap();
-    let mut events = c.take_events().unwrap();
+    let (c, mut events) = agent.watch().await;
     let inst = wait_until(&c, &mut events, &id, "the end", ended).await;
     assert_eq!(inst.state, TaskState::Success, "{inst:#?}\n{}", agent.log());
     let counts = starts(&agent);
@@ -82,9 +78,7 @@ async fn a_step_ending_during_shutdown_is_recorded_and_the_next_waits_for_the_ne
     let def = "task: pair\nsteps:\n  - name: a\n    plugin: shell\n    params:\n      command: echo start a >> ../../witness; sleep 1\n  - name: b\n    plugin: shell\n    params:\n      command: echo start b >> ../../witness\n";
     let mut agent = Agent::builder().config("scheduler:\n  shutdown_grace: 20s\n").task("pair.yaml", def).start();
     let id = {
-        let c = agent.client().await;
-        c.subscribe(&[Topic::Tasks]).await.unwrap();
-        let mut events = c.take_events().unwrap();
+        let (c, mut events) = agent.watch().await;
         let id = trigger(&c, "pair", json!({})).await;
         wait_until(&c, &mut events, &id, "a RUNNING", |i| i.steps.as_ref().unwrap()[0].state == StepState::Running)
             .await;
@@ -97,9 +91,7 @@ async fn a_step_ending_during_shutdown_is_recorded_and_the_next_waits_for_the_ne
     assert_eq!(counts.get("b"), None, "b ran while the agent shut down: {counts:?}");
 
     agent.spawn();
-    let c = agent.client().await;
-    c.subscribe(&[Topic::Tasks]).await.unwrap();
-    let mut events = c.take_events().unwrap();
+    let (c, mut events) = agent.watch().await;
     let inst = wait_until(&c, &mut events, &id, "the end", ended).await;
     assert_eq!(inst.state, TaskState::Success, "{inst:#?}\n{}", agent.log());
     let counts = starts(&agent);

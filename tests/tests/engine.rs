@@ -95,9 +95,7 @@ fn dry_run_executes_nothing_and_reports_each_step() {
 #[tokio::test]
 async fn an_illegal_transition_is_refused_and_leaves_the_instance_as_it_was() {
     let agent = Agent::builder().task("ok.yaml", "task: ok\nsteps:\n  - plugin: sleep\n").start();
-    let c = agent.client().await;
-    c.subscribe(&[Topic::Tasks]).await.unwrap();
-    let mut events = c.take_events().unwrap();
+    let (c, mut events) = agent.watch().await;
     let id = trigger(&c, "ok", json!({})).await;
     let before = wait_until(&c, &mut events, &id, "SUCCESS", |i| i.state == apollo_shared::TaskState::Success).await;
     let err = operate(&c, OperatorAction::Retry, &id).await.unwrap_err();
@@ -206,9 +204,7 @@ async fn a_trigger_takes_a_free_slot_at_once_and_never_more_than_the_concurrency
 async fn an_instance_held_back_by_a_limit_starts_when_the_one_ahead_ends() {
     const ONE: &str = "task: one\nmax_active: 1\nsteps:\n  - {plugin: sleep, params: {seconds: 0.05}}\n";
     let agent = Agent::builder().config("scheduler:\n  lease: 60s\n").task("one.yaml", ONE).start();
-    let c = agent.client().await;
-    c.subscribe(&[Topic::Tasks]).await.unwrap();
-    let mut events = c.take_events().unwrap();
+    let (c, mut events) = agent.watch().await;
     let began = std::time::Instant::now();
     let mut ids = Vec::new();
     for _ in 0..5 {
