@@ -31,7 +31,10 @@ pub enum ClientError {
     Decode(String),
 }
 
-type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Response>>>>;
+/// The calls waiting for their answer, by id; `None` once the reader has
+/// seen the connection end, so a call made after that fails at once instead
+/// of waiting for an answer nobody will deliver.
+type Pending = Arc<Mutex<Option<HashMap<u64, oneshot::Sender<Response>>>>>;
 
 /// A connection to one agent. Calls may be made concurrently.
 pub struct Client {
@@ -100,7 +103,7 @@ impl Client {
                 }
             }
         });
-        let pending: Pending = Arc::new(Mutex::new(HashMap::new()));
+        let pending: Pending = Arc::new(Mutex::new(Some(HashMap::new())));
         let refused: Arc<Mutex<Option<RpcError>>> = Arc::default();
         let (ev_tx, ev_rx) = mpsc::channel(4096);
         let p = pending.clone();
@@ -117,20 +120,21 @@ impl Client {
                 }
                 let Ok(resp) = serde_json::from_value::<Response>(v) else { continue };
                 if let Some(id) = resp.id.as_u64() {
-                    if let Some(tx) = p.lock().expect("pending").remove(&id) {
+                    if let Some(tx) = p.lock().expect("pending").as_mut().and_then(|w| w.remove(&id)) {
                         let _ = tx.send(resp);
                     }
                 } else if let Some(e) = &resp.error {
                     // An error not tied to a request (a refused connection): every
                     // call gets the agent's words rather than "closed".
                     *r2.lock().expect("refused") = Some(e.clone());
-                    for (_, tx) in p.lock().expect("pending").drain() {
+                    for (_, tx) in p.lock().expect("pending").iter_mut().flat_map(|w| w.drain()) {
                         let _ = tx.send(resp.clone());
                     }
                 }
             }
-            // Dropping the senders tells every waiting call the connection closed.
-            p.lock().expect("pending").clear();
+            // Dropping the senders tells every waiting call the connection
+            // closed; a later call finds `None` and fails without waiting.
+            p.lock().expect("pending").take();
         });
         Client {
             out,
@@ -159,13 +163,16 @@ impl Client {
     async fn send(&self, method: &str, params: Value) -> Result<Value, ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        self.pending.lock().expect("pending").insert(id, tx);
-        let line =
-            serde_json::to_string(&Request::new(id, method, params)).map_err(|e| ClientError::Decode(e.to_string()))?;
         let closed = || match self.refused.lock().expect("refused").clone() {
             Some(e) => ClientError::Rpc(e),
             None => ClientError::Closed,
         };
+        match self.pending.lock().expect("pending").as_mut() {
+            Some(waiting) => waiting.insert(id, tx),
+            None => return Err(closed()),
+        };
+        let line =
+            serde_json::to_string(&Request::new(id, method, params)).map_err(|e| ClientError::Decode(e.to_string()))?;
         self.out.send(line).await.map_err(|_| closed())?;
         let resp = rx.await.map_err(|_| closed())?;
         match (resp.result, resp.error) {
@@ -225,4 +232,28 @@ pub async fn connect_default(flag: Option<&Path>) -> Result<Client, ClientError>
         }
     }
     Err(last.unwrap_or(ClientError::Closed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A call made after the reader saw the connection end fails at once: the
+    /// console's refresh raced the agent's death this way and waited forever,
+    /// never showing "disconnected".
+    #[tokio::test]
+    async fn a_call_after_the_connection_ended_fails_instead_of_waiting() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let client = Client::connect_unix(&path).await.unwrap();
+        let mut events = client.take_events().unwrap();
+        drop(listener.accept().await.unwrap());
+        // The event stream ends when the reader has seen the end.
+        assert!(events.recv().await.is_none());
+        let call = client.call_raw("agent.status", Value::Null);
+        let answer = tokio::time::timeout(Duration::from_secs(10), call).await;
+        assert!(matches!(answer, Ok(Err(ClientError::Closed))), "{answer:?}");
+    }
 }
