@@ -331,7 +331,9 @@ pub enum After<'a> {
 /// the started step's attempt (0 when nothing started), and whether the
 /// follow-up was done: one the table refuses is left out, the SUCCESS
 /// stands. The moves and their checks are those of [`step_success`],
-/// [`step_start`] and [`finish_success`], which PostgreSQL runs as they are.
+/// [`step_start`] and [`finish_success`]; PostgreSQL makes all of it in one
+/// statement ([`super::moves::step_success_and`]) and, when that refuses
+/// the SUCCESS, runs those three to say why.
 pub fn step_success_and(
     c: &dyn Db,
     id: &str,
@@ -342,6 +344,10 @@ pub fn step_success_and(
     actor: &str,
 ) -> Result<(bool, u32)> {
     if c.postgres() {
+        if let Some(done) = super::moves::step_success_and(c, id, seq, output, context, &after, actor)? {
+            return Ok(done);
+        }
+        // Refused: the portable moves say why.
         step_success(c, id, seq, output, context, actor)?;
         let followed = match after {
             After::Nothing => return Ok((false, 0)),
