@@ -189,8 +189,18 @@ async fn claims_go_by_priority_then_age_within_queue_and_task_limits(db: TestDb)
     store.create(new("C1", "c", "limited", 100, None, None), "test").await.unwrap();
     store.create(new("C2", "c", "limited", 100, None, None), "test").await.unwrap();
     let limits = QueuePolicy { limits: HashMap::from([("limited".to_string(), 1)]), ..Default::default() };
-    let claimed: Vec<String> =
-        store.claim(10, lease(), limits.clone()).await.unwrap().into_iter().map(|i| i.id).collect();
+    let claimed = store.claim(10, lease(), limits.clone()).await.unwrap();
+    // Each comes as the claim left it, with its steps.
+    for i in &claimed {
+        let steps: Vec<(String, StepState)> = i.steps.iter().flatten().map(|s| (s.name.clone(), s.state)).collect();
+        assert_eq!(
+            (i.state, i.lease_owner.is_some(), steps),
+            (TaskState::Running, true, vec![("a".into(), StepState::Pending)]),
+            "{}",
+            i.id
+        );
+    }
+    let claimed: Vec<String> = claimed.into_iter().map(|i| i.id).collect();
     // C2 waits for the queue limit, B2 for max_active; the rest by priority, then age.
     assert_eq!(claimed, ["C1", "B1", "A2", "A3", "A1"]);
     assert!(store.claim(10, lease(), limits.clone()).await.unwrap().is_empty());

@@ -4,7 +4,7 @@
 //! batch transaction, like the rest of `write`.
 
 use super::db::{p, Db};
-use super::rows::ts;
+use super::rows::{ts, INSTANCE_COLS};
 use super::write::{history, move_task_from, step_fail, task_state, Also, Claimed};
 use super::Result;
 use apollo_shared::state::TaskState;
@@ -140,13 +140,29 @@ pub fn claim_noting(
                     lease_owner = ?6, lease_expires_at = apollo_now_plus(?7), finished_at = NULL";
         let params = p![state == "RETRYING", ts(now), agent, lease_secs];
         let from = state.parse::<TaskState>().map_err(super::StoreError::Invalid)?;
-        move_task_from(c, &id, Some(from), TaskState::Running, reason, agent, Also(also, params))?;
+        // PostgreSQL returns the row as moved with the move (a round trip
+        // fewer); its steps are read for all claimed together below.
+        let moved = match c.postgres() {
+            true => {
+                let cols = format!(", {INSTANCE_COLS}");
+                super::moves::task_returning(c, &id, TaskState::Running, reason, agent, &Also(also, params), &cols)?
+            }
+            false => None,
+        };
+        let inst = match moved {
+            Some(row) => super::rows::instance(&super::db::Row(row.0[1..].to_vec()))?,
+            None => {
+                move_task_from(c, &id, Some(from), TaskState::Running, reason, agent, Also(also, params))?;
+                super::read::instance_with_steps(c, &id)?
+            }
+        };
         if let Some((per_queue, per_task)) = running.as_mut() {
             *per_queue.entry(queue).or_default() += 1;
             *per_task.entry(task).or_default() += 1;
         }
-        claimed.push(super::read::instance_with_steps(c, &id)?);
+        claimed.push(inst);
     }
+    super::read::add_steps(c, &mut claimed)?;
     Ok((claimed, held_back))
 }
 

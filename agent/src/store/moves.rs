@@ -56,14 +56,30 @@ pub(super) fn task(
     actor: &str,
     also: &Also,
 ) -> Result<Option<TaskState>> {
+    let Some(row) = task_returning(c, id, to, reason, actor, also, "")? else { return Ok(None) };
+    let from: String = row.get(0)?;
+    Ok(Some(from.parse().map_err(super::StoreError::Invalid)?))
+}
+
+/// [`task`], returning the state it left and then `cols` of the row as the
+/// move left it (`, a, b`; empty for none).
+pub(super) fn task_returning(
+    c: &dyn Db,
+    id: &str,
+    to: TaskState,
+    reason: &str,
+    actor: &str,
+    also: &Also,
+    cols: &str,
+) -> Result<Option<super::db::Row>> {
     let n = 3 + also.1.len();
     let set = if also.0.is_empty() { String::new() } else { format!(", {}", also.0) };
     let sql = format!(
         "WITH t AS (SELECT state AS from_state FROM task_instances WHERE id = ?1 FOR UPDATE), \
          u AS (UPDATE task_instances SET state = ?2, updated_at = ?3{set} FROM t \
-               WHERE id = ?1 AND t.from_state IN ({from}) RETURNING t.from_state), \
+               WHERE id = ?1 AND t.from_state IN ({from}) RETURNING t.from_state{cols}), \
          h AS ({HISTORY} SELECT ?1, CAST(NULL AS INTEGER), from_state, ?2, ?{r}, ?{a}, ?3 FROM u) \
-         SELECT from_state FROM u",
+         SELECT from_state{cols} FROM u",
         from = task_sources(to),
         r = n + 1,
         a = n + 2
@@ -73,8 +89,7 @@ pub(super) fn task(
     params.extend_from_slice(also.1);
     params.push(V::from(reason));
     params.push(V::from(actor));
-    let from: Option<String> = c.value(&sql, &params)?;
-    from.map(|f| f.parse().map_err(super::StoreError::Invalid)).transpose()
+    c.query_opt(&sql, &params)
 }
 
 /// The step move of an instance `actor` holds RUNNING: `set` are the step
