@@ -472,3 +472,47 @@ async fn dedicated_and_ordered_queues_shape_the_claims(db: TestDb) {
     assert_eq!(ids(store.claim(10, lease(), mine).await.unwrap()), ["X1"]);
     store.close();
 }
+
+/// PostgreSQL only: what one agent announces reaches another agent on the
+/// schema, whatever its text holds — quotes, or the tag that quotes the
+/// notification when it rides with the commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn announcements_reach_the_other_agents_whatever_their_text() {
+    use apollo_shared::protocol::{EventKind, Topic};
+    let db = TestDb::postgres("announcements");
+    let a = db.open();
+    let location = db.location();
+    let b =
+        std::thread::spawn(move || Store::open_at(location, Bus::default(), "agent:b".into())).join().unwrap().unwrap();
+    let mut heard = b.bus().subscribe();
+    let (listening_tx, mut listening) = tokio::sync::mpsc::unbounded_channel();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let wake = std::sync::Arc::new(move || {
+        let _ = listening_tx.send(());
+    });
+    let _listener = b.listen(wake, stop.clone()).expect("a PostgreSQL store listens");
+    // B listens (it wakes its scheduler once LISTEN is in place).
+    tokio::time::timeout(std::time::Duration::from_secs(10), listening.recv()).await.expect("B listens");
+    let texts = ["it's a plain one", "holds $apollo_note$ and ends with $apollo_note$", "a \\ back'slash"];
+    for t in texts {
+        a.announce(Topic::Alerts, EventKind::Other, json!({ "message": t }));
+    }
+    let mut got = Vec::new();
+    while got.len() < texts.len() {
+        let ev = tokio::time::timeout(std::time::Duration::from_secs(10), heard.recv())
+            .await
+            .unwrap_or_else(|_| panic!("B heard only {got:?}"))
+            .unwrap();
+        if ev.topic == Topic::Alerts {
+            got.push(ev.data["message"].as_str().unwrap().to_string());
+        }
+    }
+    // Each in its own write: the writers may commit them in any order.
+    got.sort();
+    let mut want = texts.map(str::to_string).to_vec();
+    want.sort();
+    assert_eq!(got, want);
+    stop.cancel();
+    a.close();
+    b.close();
+}

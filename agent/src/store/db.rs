@@ -147,6 +147,13 @@ pub trait Db {
     /// Whether this is PostgreSQL (for the few statements that differ).
     fn postgres(&self) -> bool;
 
+    /// Runs a statement with neither placeholders nor result; PostgreSQL
+    /// sends it with the next statement or the commit, in that round trip,
+    /// where its error (if any) is that statement's or the commit's.
+    fn execute_later(&self, sql: &str) -> Result<()> {
+        self.execute(sql, &[]).map(|_| ())
+    }
+
     /// Whether a connection that sat idle still works (a PostgreSQL
     /// connection may have been cut meanwhile).
     fn alive(&self) -> bool {

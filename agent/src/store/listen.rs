@@ -21,16 +21,15 @@ pub const MAX_NOTIFY: usize = 7900;
 
 /// Queues notifications to every agent on the schema, sent when the
 /// transaction commits: `{"agent": …, "events": [...]}`, as few as fit.
+/// They go with the write's next statement or its commit: no round trip of
+/// their own.
 pub fn notify(c: &dyn Db, agent: &str, events: &[String]) -> Result<()> {
     let head = format!("{{\"agent\":{},\"events\":[", serde_json::Value::from(agent));
     let mut payload = head.clone();
     for (i, e) in events.iter().enumerate() {
         if payload.len() + e.len() + 2 > MAX_NOTIFY && payload.len() > head.len() {
             payload.push_str("]}");
-            c.query(
-                "SELECT pg_notify('apollo_' || left(md5(current_schema()), 16), ?1)",
-                super::db::p![payload.as_str()],
-            )?;
+            send(c, &payload)?;
             payload = head.clone();
         } else if i > 0 && payload.len() > head.len() {
             payload.push(',');
@@ -39,9 +38,24 @@ pub fn notify(c: &dyn Db, agent: &str, events: &[String]) -> Result<()> {
     }
     if payload.len() > head.len() {
         payload.push_str("]}");
-        c.query("SELECT pg_notify('apollo_' || left(md5(current_schema()), 16), ?1)", super::db::p![payload.as_str()])?;
+        send(c, &payload)?;
     }
     Ok(())
+}
+
+/// The SQL that sends one notification.
+const NOTIFY: &str = "SELECT pg_notify('apollo_' || left(md5(current_schema()), 16), ";
+
+/// Sends `payload` later, as a dollar-quoted literal (independent of
+/// `standard_conforming_strings`); one that holds the quote's tag goes as
+/// a bound value, at once.
+fn send(c: &dyn Db, payload: &str) -> Result<()> {
+    const TAG: &str = "$apollo_note$";
+    if payload.contains(TAG) {
+        c.query(&format!("{NOTIFY}?1)"), super::db::p![payload])?;
+        return Ok(());
+    }
+    c.execute_later(&format!("{NOTIFY}{TAG}{payload}{TAG})"))
 }
 
 /// A listening connection, whichever its transport.

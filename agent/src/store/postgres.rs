@@ -300,6 +300,15 @@ impl Db for PgConn {
         true
     }
 
+    fn execute_later(&self, sql: &str) -> Result<()> {
+        let mut deferred = self.deferred.borrow_mut();
+        if !deferred.is_empty() {
+            deferred.push_str("; ");
+        }
+        deferred.push_str(sql);
+        Ok(())
+    }
+
     fn alive(&self) -> bool {
         !self.client.is_closed()
             && self
@@ -321,12 +330,7 @@ impl Conn for PgConn {
     }
 
     fn defer(&mut self, sql: &str) -> Result<()> {
-        let deferred = self.deferred.get_mut();
-        if !deferred.is_empty() {
-            deferred.push_str("; ");
-        }
-        deferred.push_str(sql);
-        Ok(())
+        self.execute_later(sql)
     }
 
     fn batch(&mut self, sql: &str) -> Result<()> {
