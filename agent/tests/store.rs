@@ -404,26 +404,29 @@ async fn a_create_claims_and_starts_its_first_step_in_one_write_when_nothing_com
 async fn a_claim_starts_the_first_steps_it_is_handed_in_the_same_write(db: TestDb) {
     let store = db.open();
     store.put_def("h1", "t", "t.yaml", "task: t").await.unwrap();
-    for id in ["C1", "C2", "C3"] {
+    for id in ["C1", "C2", "C3", "C4"] {
         store.create(new(id, "t", "q", 50, None, None), "test").await.unwrap();
     }
     // C2's first step is left to its executor; the others start with the claim.
     let ready = |i: &apollo_agent::store::Claimed| {
         (i.id != "C2").then(|| (i.id.clone(), "1.0.0".to_string(), json!({"for": i.id}).to_string()))
     };
-    let (claimed, _) = store.claim_starting(2, lease(), QueuePolicy::default(), ready).await.unwrap();
+    let (claimed, _) = store.claim_starting(3, lease(), QueuePolicy::default(), ready).await.unwrap();
     let got: Vec<(String, Option<(String, u32)>)> = claimed.into_iter().map(|(i, s)| (i.id, s)).collect();
-    assert_eq!(got, [("C1".to_string(), Some(("C1".to_string(), 1))), ("C2".to_string(), None)]);
-    let c1 = store.get("C1").await.unwrap();
-    let step = &c1.steps.as_ref().unwrap()[0];
-    assert_eq!((step.state, step.attempts, step.params.clone()), (StepState::Running, 1, Some(json!({"for": "C1"}))));
-    let moves: Vec<(Option<u32>, String)> = c1.transitions.unwrap().into_iter().map(|h| (h.step, h.to)).collect();
-    let want = [(None, "PENDING"), (None, "RUNNING"), (Some(0), "RUNNING")];
-    assert_eq!(moves, want.map(|(s, m)| (s, m.to_string())));
+    let started = |id: &str| (id.to_string(), Some((id.to_string(), 1)));
+    assert_eq!(got, [started("C1"), ("C2".to_string(), None), started("C3")]);
+    for id in ["C1", "C3"] {
+        let inst = store.get(id).await.unwrap();
+        let step = &inst.steps.as_ref().unwrap()[0];
+        assert_eq!((step.state, step.attempts, step.params.clone()), (StepState::Running, 1, Some(json!({"for": id}))));
+        let moves: Vec<(Option<u32>, String)> = inst.transitions.unwrap().into_iter().map(|h| (h.step, h.to)).collect();
+        let want = [(None, "PENDING"), (None, "RUNNING"), (Some(0), "RUNNING")];
+        assert_eq!(moves, want.map(|(s, m)| (s, m.to_string())), "{id}");
+    }
     let c2 = store.get("C2").await.unwrap();
     assert_eq!((c2.state, c2.steps.unwrap()[0].state), (TaskState::Running, StepState::Pending));
     let (rest, waiting) = store.claim_starting(5, lease(), QueuePolicy::default(), ready).await.unwrap();
-    assert_eq!((rest.len(), waiting), (1, false), "C3 claimed, nothing left");
+    assert_eq!((rest.len(), waiting), (1, false), "C4 claimed, nothing left");
     store.close();
 }
 

@@ -147,6 +147,12 @@ pub trait Db {
     /// Whether this is PostgreSQL (for the few statements that differ).
     fn postgres(&self) -> bool;
 
+    /// Runs one query once per set of `params`, in order; the rows of each.
+    /// PostgreSQL sends them all at once (one round trip, not one each).
+    fn query_each(&self, sql: &str, params: &[Vec<V>]) -> Result<Vec<Vec<Row>>> {
+        params.iter().map(|p| self.query(sql, p)).collect()
+    }
+
     /// Runs a statement with neither placeholders nor result; PostgreSQL
     /// sends it with the next statement or the commit, in that round trip,
     /// where its error (if any) is that statement's or the commit's.

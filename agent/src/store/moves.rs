@@ -95,24 +95,13 @@ pub(super) fn task_returning(
 /// The step move of an instance `actor` holds RUNNING: `set` are the step
 /// row's other changes (placeholders from ?5 on; `s.` names the row as it
 /// was), `instance_set` a change of the instance row in the same statement.
-/// Returns the state it left and the step's attempts after the move.
-#[allow(clippy::too_many_arguments)]
-fn held_step(
-    c: &dyn Db,
-    id: &str,
-    seq: u32,
-    to: StepState,
-    set: &str,
-    reason_sql: &str,
-    instance_set: Option<&str>,
-    actor: &str,
-    params: &[V],
-) -> Result<Option<(StepState, u32)>> {
+/// It returns the state it left and the step's attempts after the move.
+fn held_step_sql(to: StepState, set: &str, reason_sql: &str, instance_set: Option<&str>) -> String {
     let instance = match instance_set {
         Some(s) => format!("x AS (UPDATE task_instances SET {s} FROM u WHERE id = ?1), "),
         None => String::new(),
     };
-    let sql = format!(
+    format!(
         "WITH i AS (SELECT id FROM task_instances WHERE id = ?1 AND state = 'RUNNING' AND lease_owner = ?3 FOR UPDATE), \
          s AS (SELECT st.state AS from_state, st.attempts FROM step_runs st JOIN i ON i.id = st.instance_id \
                WHERE st.instance_id = ?1 AND st.seq = ?2 FOR UPDATE OF st), \
@@ -124,14 +113,26 @@ fn held_step(
          SELECT from_state, attempts FROM u",
         to = to.as_str(),
         from = step_sources(to),
-    );
-    let now = super::rows::ts(chrono::Utc::now());
+    )
+}
+
+/// The placeholders of [`held_step_sql`]: the move's four, then `params`.
+fn held_step_params(id: &str, seq: u32, actor: &str, now: &str, params: &[V]) -> Vec<V> {
     let mut all = vec![V::from(id), V::from(seq), V::from(actor), V::from(now)];
     all.extend_from_slice(params);
-    let Some(row) = c.query_opt(&sql, &all)? else { return Ok(None) };
-    let from: String = row.get(0)?;
-    Ok(Some((from.parse().map_err(super::StoreError::Invalid)?, row.get(1)?)))
+    all
 }
+
+/// The state a held step's move left, and the step's attempts after it.
+fn moved(row: &super::db::Row) -> Result<(StepState, u32)> {
+    let from: String = row.get(0)?;
+    Ok((from.parse().map_err(super::StoreError::Invalid)?, row.get(1)?))
+}
+
+/// A step's start: what it sets besides the state, and the history's reason.
+const START_SET: &str =
+    "attempts = s.attempts + 1, plugin_version = ?5, params = ?6, started_at = ?4, finished_at = NULL, error = NULL";
+const START_REASON: &str = "'attempt ' || attempts";
 
 /// A step's start: its attempt count after it, or `None` (see the module).
 pub(super) fn step_start(
@@ -142,19 +143,23 @@ pub(super) fn step_start(
     params_json: &str,
     actor: &str,
 ) -> Result<Option<u32>> {
-    let set = "attempts = s.attempts + 1, plugin_version = ?5, params = ?6, started_at = ?4, finished_at = NULL, error = NULL";
-    let moved = held_step(
-        c,
-        id,
-        seq,
-        StepState::Running,
-        set,
-        "'attempt ' || attempts",
-        None,
-        actor,
-        &[V::from(version), V::from(params_json)],
-    )?;
-    Ok(moved.map(|(_, attempts)| attempts))
+    Ok(step_starts(c, &[(id, seq, version, params_json)], actor)?.pop().flatten())
+}
+
+/// Several steps' starts (of instances `actor` holds), sent together: one
+/// round trip. Each start's attempt count after it, or `None` for one that
+/// was not made (see the module).
+pub(super) fn step_starts(c: &dyn Db, starts: &[(&str, u32, &str, &str)], actor: &str) -> Result<Vec<Option<u32>>> {
+    let sql = held_step_sql(StepState::Running, START_SET, START_REASON, None);
+    let now = super::rows::ts(chrono::Utc::now());
+    let params: Vec<Vec<V>> = starts
+        .iter()
+        .map(|(id, seq, version, p)| held_step_params(id, *seq, actor, &now, &[V::from(*version), V::from(*p)]))
+        .collect();
+    c.query_each(&sql, &params)?
+        .iter()
+        .map(|rows| rows.first().map(moved).transpose().map(|m| m.map(|(_, attempts)| attempts)))
+        .collect()
 }
 
 /// A step's SUCCESS with its output, and the instance's new context.
@@ -166,18 +171,15 @@ pub(super) fn step_success(
     context: &str,
     actor: &str,
 ) -> Result<Option<()>> {
-    let moved = held_step(
-        c,
-        id,
-        seq,
+    let sql = held_step_sql(
         StepState::Success,
         "output = ?5, finished_at = ?4",
         "'succeeded'",
         Some("context = ?6, updated_at = ?4"),
-        actor,
-        &[V::from(output), V::from(context)],
-    )?;
-    Ok(moved.map(|_| ()))
+    );
+    let now = super::rows::ts(chrono::Utc::now());
+    let params = held_step_params(id, seq, actor, &now, &[V::from(output), V::from(context)]);
+    Ok(c.query_opt(&sql, &params)?.map(|_| ()))
 }
 
 /// A step's SUCCESS, the instance's new context and what follows (the next

@@ -175,12 +175,20 @@ impl Store {
         let (claimed, waiting) = self
             .write_in_turn(move |c| {
                 let (claimed, waiting) = leases::claim_noting(c, &agent, n, secs, &policy)?;
+                let readied: Vec<Option<(R, String, String)>> = claimed.iter().map(&ready).collect();
+                // Every first step made ready starts in one go.
+                let starts: Vec<(&str, u32, &str, &str)> = claimed
+                    .iter()
+                    .zip(&readied)
+                    .filter_map(|(i, r)| r.as_ref().map(|(_, v, p)| (i.id.as_str(), 0, v.as_str(), p.as_str())))
+                    .collect();
+                let mut outcomes = write::step_starts(c, &starts, &agent)?.into_iter();
                 let mut out = Vec::with_capacity(claimed.len());
-                for i in claimed {
-                    let started = match ready(&i) {
-                        Some((r, v, p)) => {
-                            match unless_refused(write::step_start(c, &i.id, 0, &v, &p, &agent).map(Followed::Started))?
-                            {
+                for (i, r) in claimed.into_iter().zip(readied) {
+                    let started = match r {
+                        Some((r, ..)) => {
+                            let outcome = outcomes.next().expect("one outcome per start");
+                            match unless_refused(outcome.map(Followed::Started))? {
                                 Followed::Started(attempt) => Some((r, attempt)),
                                 _ => None,
                             }

@@ -296,6 +296,40 @@ impl Db for PgConn {
             .collect()
     }
 
+    fn query_each(&self, sql: &str, params: &[Vec<V>]) -> Result<Vec<Vec<Row>>> {
+        if params.len() < 2 {
+            return params.iter().map(|p| self.query(sql, p)).collect();
+        }
+        let st = self.statement(sql)?;
+        let refs: Vec<Vec<&(dyn ToSql + Sync)>> =
+            params.iter().map(|p| p.iter().map(|v| v as &(dyn ToSql + Sync)).collect()).collect();
+        let deferred = std::mem::take(&mut *self.deferred.borrow_mut());
+        let client = &self.client;
+        // Futures polled together are pipelined by the client.
+        let results = self.rt.block_on(async {
+            let all = futures::future::join_all(refs.iter().map(|r| client.query(&st, r)));
+            if deferred.is_empty() {
+                return Ok(all.await);
+            }
+            let (before, all) = tokio::join!(client.batch_execute(&deferred), all);
+            before.map(|()| all)
+        })?;
+        results
+            .into_iter()
+            .map(|rows| {
+                rows.map_err(|e| with_sql(e, sql))?
+                    .iter()
+                    .map(|r| {
+                        (0..r.len())
+                            .map(|i| r.try_get::<_, V>(i).map_err(StoreError::Postgres))
+                            .collect::<Result<_>>()
+                            .map(Row)
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+
     fn postgres(&self) -> bool {
         true
     }

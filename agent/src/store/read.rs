@@ -4,10 +4,10 @@
 use super::db::{p, Db};
 use super::rows::{self, parse_ts, ts, INSTANCE_COLS, STEP_COLS, SUMMARY_COLS};
 use super::{Result, Store, StoreError};
-use apollo_shared::protocol::{Alert, AttemptRun, AuditEntry, EventRecord, Instance, QueueStats, StepRun, Transition};
+use apollo_shared::protocol::{Alert, AttemptRun, AuditEntry, EventRecord, Instance, QueueStats, Transition};
 use apollo_shared::state::TaskState;
 use chrono::{DateTime, Utc};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 /// Filters of `tasks.list`.
 #[derive(Debug, Clone, Default)]
@@ -34,37 +34,16 @@ pub(super) fn instance_with_steps(c: &dyn Db, id: &str) -> Result<Instance> {
     Ok(inst)
 }
 
-/// Puts their steps on those of `instances` that have none yet: on
-/// PostgreSQL in one query for all of them (one round trip), on SQLite one
-/// query each.
+/// Puts their steps on those of `instances` that have none yet: one query
+/// each, which PostgreSQL sends together (one round trip). Each is a
+/// lookup by the steps' primary key, a plan that holds however many rows
+/// the planner thinks the table has.
 pub(super) fn add_steps(c: &dyn Db, instances: &mut [Instance]) -> Result<()> {
     let mut instances: Vec<&mut Instance> = instances.iter_mut().filter(|i| i.steps.is_none()).collect();
-    if !c.postgres() || instances.len() < 2 {
-        for inst in instances {
-            let steps = c
-                .query(&format!("SELECT {STEP_COLS} FROM step_runs WHERE instance_id = ?1 ORDER BY seq"), p![&inst.id])?
-                .iter()
-                .map(rows::step)
-                .collect::<Result<_>>()?;
-            inst.steps = Some(steps);
-        }
-        return Ok(());
-    }
-    // Instance ids are ULIDs: no comma in them.
-    let ids: Vec<&str> = instances.iter().map(|i| i.id.as_str()).collect();
-    let mut by_id: HashMap<String, Vec<StepRun>> = HashMap::new();
-    for r in c.query(
-        &format!(
-            "SELECT instance_id, {STEP_COLS} FROM step_runs \
-             WHERE instance_id = ANY(string_to_array(?1, ',')) ORDER BY instance_id, seq"
-        ),
-        p![ids.join(",")],
-    )? {
-        let id: String = r.get(0)?;
-        by_id.entry(id).or_default().push(rows::step(&super::db::Row(r.0[1..].to_vec()))?);
-    }
-    for inst in instances.iter_mut() {
-        inst.steps = Some(by_id.remove(&inst.id).unwrap_or_default());
+    let ids: Vec<Vec<super::db::V>> = instances.iter().map(|i| vec![super::db::V::from(i.id.as_str())]).collect();
+    let each = c.query_each(&format!("SELECT {STEP_COLS} FROM step_runs WHERE instance_id = ?1 ORDER BY seq"), &ids)?;
+    for (inst, steps) in instances.iter_mut().zip(each) {
+        inst.steps = Some(steps.iter().map(rows::step).collect::<Result<_>>()?);
     }
     Ok(())
 }

@@ -302,6 +302,24 @@ pub fn step_start(c: &dyn Db, id: &str, seq: u32, version: &str, params_json: &s
     Ok(attempt)
 }
 
+/// Several steps' starts, as [`step_start`] each (PostgreSQL sends them
+/// together: one round trip); the outcome of each. A start PostgreSQL's
+/// statement did not make runs alone after, to say why.
+pub fn step_starts(c: &dyn Db, starts: &[(&str, u32, &str, &str)], actor: &str) -> Result<Vec<Result<u32>>> {
+    let fast = match c.postgres() && starts.len() > 1 {
+        true => super::moves::step_starts(c, starts, actor)?,
+        false => vec![None; starts.len()],
+    };
+    Ok(fast
+        .into_iter()
+        .zip(starts)
+        .map(|(done, (id, seq, version, params))| match done {
+            Some(attempt) => Ok(attempt),
+            None => step_start(c, id, *seq, version, params, actor),
+        })
+        .collect())
+}
+
 /// Records a step's SUCCESS, its output and the new context together.
 pub fn step_success(c: &dyn Db, id: &str, seq: u32, output: &str, context: &str, actor: &str) -> Result<()> {
     if c.postgres() && super::moves::step_success(c, id, seq, output, context, actor)?.is_some() {
