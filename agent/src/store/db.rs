@@ -147,10 +147,10 @@ pub trait Db {
     /// Whether this is PostgreSQL (for the few statements that differ).
     fn postgres(&self) -> bool;
 
-    /// Runs one query once per set of `params`, in order; the rows of each.
+    /// Runs each statement with its parameters, in order; the rows of each.
     /// PostgreSQL sends them all at once (one round trip, not one each).
-    fn query_each(&self, sql: &str, params: &[Vec<V>]) -> Result<Vec<Vec<Row>>> {
-        params.iter().map(|p| self.query(sql, p)).collect()
+    fn query_batch(&self, statements: &[(&str, Vec<V>)]) -> Result<Vec<Vec<Row>>> {
+        statements.iter().map(|(sql, p)| self.query(sql, p)).collect()
     }
 
     /// Runs a statement with neither placeholders nor result; PostgreSQL
@@ -168,6 +168,12 @@ pub trait Db {
 }
 
 impl dyn Db + '_ {
+    /// Runs one query once per set of `params` (see [`Db::query_batch`]).
+    pub fn query_each(&self, sql: &str, params: &[Vec<V>]) -> Result<Vec<Vec<Row>>> {
+        let statements: Vec<(&str, Vec<V>)> = params.iter().map(|p| (sql, p.clone())).collect();
+        self.query_batch(&statements)
+    }
+
     /// The first row, if any.
     pub fn query_opt(&self, sql: &str, params: &[V]) -> Result<Option<Row>> {
         Ok(self.query(sql, params)?.into_iter().next())

@@ -4,7 +4,7 @@
 //! batch transaction, like the rest of `write`.
 
 use super::db::{p, Db};
-use super::rows::{ts, INSTANCE_COLS};
+use super::rows::{ts, INSTANCE_COLS, STEP_COLS};
 use super::write::{history, move_task_from, step_fail, task_state, Also, Claimed};
 use super::Result;
 use apollo_shared::state::TaskState;
@@ -115,9 +115,10 @@ pub fn claim_noting(
         }
     }
     candidates.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
-    let mut claimed = Vec::new();
+    // What the claim takes, within every limit.
+    let mut chosen: Vec<(String, TaskState)> = Vec::new();
     for (_, id, task, queue, max_active, state) in candidates {
-        if claimed.len() >= n {
+        if chosen.len() >= n {
             held_back = true;
             break;
         }
@@ -135,34 +136,49 @@ pub fn claim_noting(
                 continue;
             }
         }
-        let reason = if state == "RETRYING" { "claimed for retry" } else { "claimed" };
-        let also = "attempt = attempt + ?4, started_at = COALESCE(started_at, ?5), next_run_at = NULL, \
-                    lease_owner = ?6, lease_expires_at = apollo_now_plus(?7), finished_at = NULL";
-        let params = p![state == "RETRYING", ts(now), agent, lease_secs];
-        let from = state.parse::<TaskState>().map_err(super::StoreError::Invalid)?;
-        // PostgreSQL returns the row as moved with the move (a round trip
-        // fewer); its steps are read for all claimed together below.
-        let moved = match c.postgres() {
-            true => {
-                let cols = format!(", {INSTANCE_COLS}");
-                super::moves::task_returning(c, &id, TaskState::Running, reason, agent, &Also(also, params), &cols)?
-            }
-            false => None,
-        };
-        let inst = match moved {
-            Some(row) => super::rows::instance(&super::db::Row(row.0[1..].to_vec()))?,
-            None => {
-                move_task_from(c, &id, Some(from), TaskState::Running, reason, agent, Also(also, params))?;
-                super::read::instance_with_steps(c, &id)?
-            }
-        };
         if let Some((per_queue, per_task)) = running.as_mut() {
             *per_queue.entry(queue).or_default() += 1;
             *per_task.entry(task).or_default() += 1;
         }
-        claimed.push(inst);
+        chosen.push((id, state.parse::<TaskState>().map_err(super::StoreError::Invalid)?));
     }
-    super::read::add_steps(c, &mut claimed)?;
+    let also = "attempt = attempt + ?4, started_at = COALESCE(started_at, ?5), next_run_at = NULL, \
+                lease_owner = ?6, lease_expires_at = apollo_now_plus(?7), finished_at = NULL";
+    let terms = |from: TaskState| {
+        let reason = if from == TaskState::Retrying { "claimed for retry" } else { "claimed" };
+        (reason, p![from == TaskState::Retrying, ts(now), agent, lease_secs].to_vec())
+    };
+    let mut claimed = Vec::with_capacity(chosen.len());
+    // PostgreSQL moves them all and reads their steps in one round trip,
+    // each move returning the row as it left it.
+    let mut done = Vec::new();
+    if c.postgres() {
+        let terms: Vec<(&str, Vec<super::db::V>)> = chosen.iter().map(|(_, from)| terms(*from)).collect();
+        let moves: Vec<(&str, &str, Also)> = chosen
+            .iter()
+            .zip(&terms)
+            .map(|((id, _), (reason, params))| (id.as_str(), *reason, Also(also, params)))
+            .collect();
+        let steps = format!("SELECT {STEP_COLS} FROM step_runs WHERE instance_id = ?1 ORDER BY seq");
+        done = super::moves::claims(c, &moves, agent, &format!(", {INSTANCE_COLS}"), &steps)?;
+    }
+    let mut done = done.into_iter();
+    for (id, from) in chosen {
+        match done.next() {
+            Some((Some(row), steps)) => {
+                let mut inst = super::rows::instance(&super::db::Row(row.0[1..].to_vec()))?;
+                inst.steps = Some(steps.iter().map(super::rows::step).collect::<Result<_>>()?);
+                claimed.push(inst);
+            }
+            // SQLite, or a move PostgreSQL's statement did not make: the
+            // portable move, which says why.
+            _ => {
+                let (reason, params) = terms(from);
+                move_task_from(c, &id, Some(from), TaskState::Running, reason, agent, Also(also, &params))?;
+                claimed.push(super::read::instance_with_steps(c, &id)?);
+            }
+        }
+    }
     Ok((claimed, held_back))
 }
 

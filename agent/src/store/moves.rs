@@ -72,9 +72,15 @@ pub(super) fn task_returning(
     also: &Also,
     cols: &str,
 ) -> Result<Option<super::db::Row>> {
+    let sql = task_sql(to, also, cols);
+    c.query_opt(&sql, &task_params(id, to, reason, actor, also))
+}
+
+/// The statement of [`task_returning`].
+fn task_sql(to: TaskState, also: &Also, cols: &str) -> String {
     let n = 3 + also.1.len();
     let set = if also.0.is_empty() { String::new() } else { format!(", {}", also.0) };
-    let sql = format!(
+    format!(
         "WITH t AS (SELECT state AS from_state FROM task_instances WHERE id = ?1 FOR UPDATE), \
          u AS (UPDATE task_instances SET state = ?2, updated_at = ?3{set} FROM t \
                WHERE id = ?1 AND t.from_state IN ({from}) RETURNING t.from_state{cols}), \
@@ -83,13 +89,44 @@ pub(super) fn task_returning(
         from = task_sources(to),
         r = n + 1,
         a = n + 2
-    );
+    )
+}
+
+/// The placeholders of [`task_sql`].
+fn task_params(id: &str, to: TaskState, reason: &str, actor: &str, also: &Also) -> Vec<V> {
     let now = super::rows::ts(chrono::Utc::now());
     let mut params = vec![V::from(id), V::from(to.as_str()), V::from(now)];
     params.extend_from_slice(also.1);
     params.push(V::from(reason));
     params.push(V::from(actor));
-    c.query_opt(&sql, &params)
+    params
+}
+
+/// Claims: each instance's move to RUNNING with `also` (the same
+/// assignments for all, each with its values), returning the state it left
+/// and `cols` of the row as moved, and the rows of `then` (a query of the
+/// instance's, `?1` its id), all sent together: one round trip. `None` for
+/// a move not made (see the module).
+pub(super) fn claims(
+    c: &dyn Db,
+    moves: &[(&str, &str, Also)],
+    actor: &str,
+    cols: &str,
+    then: &str,
+) -> Result<Vec<(Option<super::db::Row>, Vec<super::db::Row>)>> {
+    let Some((_, _, first)) = moves.first() else { return Ok(Vec::new()) };
+    let sql = task_sql(TaskState::Running, first, cols);
+    let mut statements: Vec<(&str, Vec<V>)> = Vec::with_capacity(moves.len() * 2);
+    for (id, reason, also) in moves {
+        statements.push((&sql, task_params(id, TaskState::Running, reason, actor, also)));
+        statements.push((then, vec![V::from(*id)]));
+    }
+    let mut rows = c.query_batch(&statements)?.into_iter();
+    let mut out = Vec::with_capacity(moves.len());
+    while let (Some(moved), Some(read)) = (rows.next(), rows.next()) {
+        out.push((moved.into_iter().next(), read));
+    }
+    Ok(out)
 }
 
 /// The step move of an instance `actor` holds RUNNING: `set` are the step

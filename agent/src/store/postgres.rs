@@ -296,18 +296,19 @@ impl Db for PgConn {
             .collect()
     }
 
-    fn query_each(&self, sql: &str, params: &[Vec<V>]) -> Result<Vec<Vec<Row>>> {
-        if params.len() < 2 {
-            return params.iter().map(|p| self.query(sql, p)).collect();
+    fn query_batch(&self, statements: &[(&str, Vec<V>)]) -> Result<Vec<Vec<Row>>> {
+        if statements.len() < 2 {
+            return statements.iter().map(|(sql, p)| self.query(sql, p)).collect();
         }
-        let st = self.statement(sql)?;
+        let prepared: Vec<tokio_postgres::Statement> =
+            statements.iter().map(|(sql, _)| self.statement(sql)).collect::<Result<_>>()?;
         let refs: Vec<Vec<&(dyn ToSql + Sync)>> =
-            params.iter().map(|p| p.iter().map(|v| v as &(dyn ToSql + Sync)).collect()).collect();
+            statements.iter().map(|(_, p)| p.iter().map(|v| v as &(dyn ToSql + Sync)).collect()).collect();
         let deferred = std::mem::take(&mut *self.deferred.borrow_mut());
         let client = &self.client;
         // Futures polled together are pipelined by the client.
         let results = self.rt.block_on(async {
-            let all = futures::future::join_all(refs.iter().map(|r| client.query(&st, r)));
+            let all = futures::future::join_all(prepared.iter().zip(&refs).map(|(st, r)| client.query(st, r)));
             if deferred.is_empty() {
                 return Ok(all.await);
             }
@@ -316,7 +317,8 @@ impl Db for PgConn {
         })?;
         results
             .into_iter()
-            .map(|rows| {
+            .zip(statements)
+            .map(|(rows, (sql, _))| {
                 rows.map_err(|e| with_sql(e, sql))?
                     .iter()
                     .map(|r| {

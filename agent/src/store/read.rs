@@ -34,20 +34,6 @@ pub(super) fn instance_with_steps(c: &dyn Db, id: &str) -> Result<Instance> {
     Ok(inst)
 }
 
-/// Puts their steps on those of `instances` that have none yet: one query
-/// each, which PostgreSQL sends together (one round trip). Each is a
-/// lookup by the steps' primary key, a plan that holds however many rows
-/// the planner thinks the table has.
-pub(super) fn add_steps(c: &dyn Db, instances: &mut [Instance]) -> Result<()> {
-    let mut instances: Vec<&mut Instance> = instances.iter_mut().filter(|i| i.steps.is_none()).collect();
-    let ids: Vec<Vec<super::db::V>> = instances.iter().map(|i| vec![super::db::V::from(i.id.as_str())]).collect();
-    let each = c.query_each(&format!("SELECT {STEP_COLS} FROM step_runs WHERE instance_id = ?1 ORDER BY seq"), &ids)?;
-    for (inst, steps) in instances.iter_mut().zip(each) {
-        inst.steps = Some(steps.iter().map(rows::step).collect::<Result<_>>()?);
-    }
-    Ok(())
-}
-
 /// Puts each step's earlier attempts on it (for `tasks.get` and the archive;
 /// claims do without).
 pub(super) fn add_earlier_attempts(c: &dyn Db, inst: &mut Instance) -> Result<()> {
