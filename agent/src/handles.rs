@@ -36,6 +36,8 @@ pub trait Control: Send + Sync {
     fn reserve(&self) -> Option<ClaimTerms>;
     /// Frees a slot [`Control::reserve`] held.
     fn release(&self);
+    /// Whether this agent claims from `queue` (not dedicated to others).
+    fn serves(&self, queue: &str) -> bool;
 }
 
 /// A slot held for what a trigger's write claims: freed when dropped, after

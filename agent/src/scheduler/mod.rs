@@ -577,6 +577,10 @@ impl crate::handles::Control for Arc<Scheduler> {
     fn release(&self) {
         self.release_for_trigger()
     }
+    fn serves(&self, queue: &str) -> bool {
+        let config = self.config();
+        config.scheduler.queues.get(queue).is_none_or(|q| q.agents.is_empty() || q.agents.contains(&self.name))
+    }
 }
 
 impl Scheduler {

@@ -167,7 +167,11 @@ impl Triggers {
         // unless something comes before it) and starts its first step: one
         // commit to the first step's start instead of three. The step's
         // validate runs while that write commits, as it does for every start.
-        let (slot, terms) = self.h.reserve().unzip();
+        // A queue dedicated to other agents is theirs: the write only
+        // creates, without this agent's claim turn (which would keep them
+        // waiting for its commit), and this agent's scheduler is not woken.
+        let elsewhere = !self.h.control.serves(&def.queue);
+        let (slot, terms) = if elsewhere { None } else { self.h.reserve() }.unzip();
         let first = (slot.is_some() && !def.steps.is_empty()).then(|| calls::ready(&self.h.plugins, def, 0, &ctx));
         let then = first.as_ref().map_or(Then::Nothing, |r| Then::Start {
             seq: 0,
@@ -196,7 +200,7 @@ impl Triggers {
         if created {
             crate::metrics::get().created.get_or_create(&crate::metrics::label("task", &def.task)).inc();
             tracing::info!(task_id = %id, task = %def.task, trigger = %r.trigger, "instance created");
-            if !claimed_it {
+            if !claimed_it && !elsewhere {
                 self.h.control.wake();
             }
         }
