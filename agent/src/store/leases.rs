@@ -66,29 +66,45 @@ pub fn claim_noting(
     // What runs per queue and task, read only when a limit or an ordered
     // queue needs it (most claims have neither: one query fewer).
     let mut running: Option<Running> = None;
-    let tasks: Vec<String> = c.column(
-        "WITH RECURSIVE t(task) AS (\
+    // The tasks with runnable work, by a loose scan of the per-task index.
+    let tasks = "WITH RECURSIVE t(task) AS (\
                SELECT MIN(task) FROM task_instances INDEXED BY task_instances_runnable_task \
                WHERE state IN ('PENDING', 'RETRYING') \
                UNION ALL \
                SELECT (SELECT MIN(task) FROM task_instances INDEXED BY task_instances_runnable_task \
-                       WHERE state IN ('PENDING', 'RETRYING') AND task > t.task) FROM t WHERE t.task IS NOT NULL) \
-             SELECT task FROM t WHERE task IS NOT NULL",
-        &[],
-    )?;
+                       WHERE state IN ('PENDING', 'RETRYING') AND task > t.task) FROM t WHERE t.task IS NOT NULL)";
     let mut candidates: Vec<Candidate> = Vec::new();
-    let heads = if c.postgres() {
-        // A row another transaction is moving is not a candidate now.
-        "SELECT priority, id, task, queue, max_active, state FROM task_instances \
-         WHERE task = ?1 AND state IN ('PENDING', 'RETRYING') AND (next_run_at IS NULL OR next_run_at <= apollo_now()) \
-         ORDER BY priority DESC, id LIMIT ?2 FOR UPDATE SKIP LOCKED"
+    // The heads of each task's runnable rows: on PostgreSQL in the same
+    // query (one round trip), where a row another transaction is moving is
+    // not a candidate now; on SQLite one query per task.
+    let mut heads: std::collections::BTreeMap<String, Vec<super::db::Row>> = Default::default();
+    if c.postgres() {
+        let sql = format!(
+            "{tasks} SELECT h.priority, h.id, h.task, h.queue, h.max_active, h.state FROM t CROSS JOIN LATERAL \
+             (SELECT priority, id, task, queue, max_active, state FROM task_instances i \
+              WHERE i.task = t.task AND state IN ('PENDING', 'RETRYING') \
+                AND (next_run_at IS NULL OR next_run_at <= apollo_now()) \
+              ORDER BY priority DESC, id LIMIT ?1 FOR UPDATE SKIP LOCKED) h \
+             WHERE t.task IS NOT NULL"
+        );
+        for r in c.query(&sql, p![n])? {
+            heads.entry(r.get(2)?).or_default().push(r);
+        }
     } else {
-        "SELECT priority, id, task, queue, max_active, state FROM task_instances INDEXED BY task_instances_runnable_task \
-         WHERE task = ?1 AND state IN ('PENDING', 'RETRYING') AND (next_run_at IS NULL OR next_run_at <= apollo_now()) \
-         ORDER BY priority DESC, id LIMIT ?2"
-    };
-    for task in tasks {
-        let rows = c.query(heads, p![task.as_str(), n])?;
+        let names: Vec<String> = c.column(&format!("{tasks} SELECT task FROM t WHERE task IS NOT NULL"), &[])?;
+        for task in names {
+            let rows = c.query(
+                "SELECT priority, id, task, queue, max_active, state FROM task_instances \
+                 INDEXED BY task_instances_runnable_task \
+                 WHERE task = ?1 AND state IN ('PENDING', 'RETRYING') \
+                   AND (next_run_at IS NULL OR next_run_at <= apollo_now()) \
+                 ORDER BY priority DESC, id LIMIT ?2",
+                p![task.as_str(), n],
+            )?;
+            heads.insert(task, rows);
+        }
+    }
+    for (task, rows) in heads {
         let mut ordered_done = false;
         for r in rows {
             let queue: String = r.get(3)?;
