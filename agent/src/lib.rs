@@ -200,7 +200,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     // On a shared database, the other agents' changes wake this one.
     let listener = {
         let s = scheduler.clone();
-        store.listen(Arc::new(move || s.wake()), shutdown.clone())
+        store.listen(Arc::new(move |change| s.heard(change)), shutdown.clone())
     };
     // Requests from the other agents: stop an instance this one runs.
     let control = {

@@ -490,7 +490,7 @@ async fn announcements_reach_the_other_agents_whatever_their_text() {
     let mut heard = b.bus().subscribe();
     let (listening_tx, mut listening) = tokio::sync::mpsc::unbounded_channel();
     let stop = tokio_util::sync::CancellationToken::new();
-    let wake = std::sync::Arc::new(move || {
+    let wake = std::sync::Arc::new(move |_| {
         let _ = listening_tx.send(());
     });
     let _listener = b.listen(wake, stop.clone()).expect("a PostgreSQL store listens");

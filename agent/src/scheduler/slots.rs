@@ -19,6 +19,10 @@ pub(super) struct Slots {
     /// work a limit held back. Then an ending instance wakes the loop, and a
     /// trigger leaves its claim to the loop (which claims in batches).
     backlog: AtomicBool,
+    /// Whether the last claim left runnable work that a limit, an ordered
+    /// queue or the claim's size held back: then another agent's instance
+    /// that ends may make room for it here.
+    limited: AtomicBool,
 }
 
 impl Slots {
@@ -26,7 +30,7 @@ impl Slots {
         // Down at the start: the loop's first turn claims whatever waits
         // from before, and a trigger's claim takes what comes first anyway.
         // (Up, a trigger right after the start would wait for that turn.)
-        Slots { reserved: Mutex::new(0), backlog: AtomicBool::new(false) }
+        Slots { reserved: Mutex::new(0), backlog: AtomicBool::new(false), limited: AtomicBool::new(false) }
     }
 
     /// Work may be waiting (the loop is to look).
@@ -69,6 +73,7 @@ impl Scheduler {
         match self.store.claim_starting(free, self.lease(), self.queue_policy(), ready).await {
             Ok((claimed, waiting)) => {
                 self.slots.backlog.store(waiting || claimed.len() >= free, Ordering::Relaxed);
+                self.slots.limited.store(waiting, Ordering::Relaxed);
                 for (i, started) in claimed {
                     let first =
                         started.map(|(ready, attempt)| Box::new(calls::FirstStart { ready, attempt, checked: None }));
@@ -88,6 +93,16 @@ impl Scheduler {
             return None;
         }
         (self.reserve_slots(1) == 1).then(|| ClaimTerms { lease: self.lease(), policy: self.queue_policy() })
+    }
+
+    /// Another agent's change: new work wakes the loop; an instance that
+    /// ended there wakes it only when this agent's last claim left work
+    /// held back (its own slots are as they were), so idle agents do not
+    /// all take the cluster's claim turn for every instance that ends.
+    pub fn heard(&self, change: crate::store::listen::Change) {
+        if change == crate::store::listen::Change::Work || self.slots.limited.load(Ordering::Relaxed) {
+            self.wake();
+        }
     }
 
     pub(super) fn release_for_trigger(&self) {

@@ -85,13 +85,14 @@ where
 /// Listens for the other agents' notifications (see [`notify`]) on a
 /// connection of its own, reconnecting with backoff when it drops; each is
 /// published on `bus` as if it had happened here, and a change to an
-/// instance calls `wake`. After a reconnect `wake` is called too: what was
-/// missed meanwhile is found by the next claim.
+/// instance that may let this agent claim something calls `wake` with what
+/// it was (see [`Change`]). After a reconnect `wake` is called too (as for
+/// new work): what was missed meanwhile is found by the next claim.
 pub async fn listen(
     target: Target,
     agent: String,
     bus: crate::bus::Bus,
-    wake: std::sync::Arc<dyn Fn() + Send + Sync>,
+    wake: std::sync::Arc<dyn Fn(Change) + Send + Sync>,
     shutdown: tokio_util::sync::CancellationToken,
 ) {
     use futures::StreamExt as _;
@@ -131,7 +132,7 @@ pub async fn listen(
             continue;
         }
         backoff = std::time::Duration::from_millis(100);
-        wake();
+        wake(Change::Work);
         loop {
             let message = tokio::select! {
                 m = rx.recv() => m,
@@ -143,16 +144,18 @@ pub async fn listen(
             if v["agent"] == agent.as_str() {
                 continue;
             }
-            let mut woke = false;
+            let mut strongest: Option<Change> = None;
             for e in v["events"].as_array().into_iter().flatten() {
                 let topic: Option<Topic> = e["topic"].as_str().and_then(|t| t.parse().ok());
                 let Some(topic) = topic else { continue };
                 let kind = e["kind"].as_str().and_then(|k| k.parse().ok()).unwrap_or(EventKind::Other);
-                if topic == Topic::Tasks && !woke && may_free_work(&e["data"]) {
-                    wake();
-                    woke = true;
+                if topic == Topic::Tasks {
+                    strongest = strongest.max(change(&e["data"]));
                 }
                 bus.publish(topic, kind, e["data"].clone());
+            }
+            if let Some(c) = strongest {
+                wake(c);
             }
         }
         pump.abort();
@@ -160,26 +163,42 @@ pub async fn listen(
     }
 }
 
-/// Whether another agent's change to an instance may let this agent claim
-/// something: new work, a retry, a rollback to run, or a slot freed by an
-/// instance that ended. A move to or within RUNNING (a claim, a step's
-/// progress) never does, and waking the scheduler for each would cost every
-/// agent a claim per step of every other agent.
-fn may_free_work(data: &serde_json::Value) -> bool {
-    data.get("state").and_then(|s| s.as_str()).is_some_and(|s| s != "RUNNING")
+/// What another agent's change to an instance may let this agent claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Change {
+    /// An instance ended (or stopped): a place under a cluster-wide limit
+    /// (a queue's, a task's `max_active`, an ordered queue's turn) may be
+    /// free. This agent's own slots are as they were.
+    Freed,
+    /// New work: an instance created, or a retry.
+    Work,
+}
+
+/// What an instance's change is to the other agents (see [`Change`]). A
+/// move to or within RUNNING (a claim, a step's progress) is nothing to
+/// them, and waking the scheduler for each would cost every agent a claim
+/// per step of every other agent.
+fn change(data: &serde_json::Value) -> Option<Change> {
+    match data.get("state").and_then(|s| s.as_str())? {
+        "RUNNING" => None,
+        "PENDING" | "RETRYING" => Some(Change::Work),
+        _ => Some(Change::Freed),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     #[test]
     fn only_changes_that_may_free_work_wake_the_other_agents() {
+        use super::{change, Change};
         use serde_json::json;
-        assert!(super::may_free_work(&json!({"id": "a", "state": "PENDING"})));
-        assert!(super::may_free_work(&json!({"id": "a", "state": "SUCCESS"})));
-        assert!(super::may_free_work(&json!({"id": "a", "state": "RETRYING", "step": {"seq": 0, "state": "FAILED"}})));
-        assert!(!super::may_free_work(&json!({"id": "a", "state": "RUNNING"})));
-        assert!(!super::may_free_work(&json!({"id": "a", "state": "RUNNING", "step": {"seq": 1, "state": "SUCCESS"}})));
-        assert!(!super::may_free_work(&json!({"id": "a"})));
+        assert_eq!(change(&json!({"id": "a", "state": "PENDING"})), Some(Change::Work));
+        assert_eq!(change(&json!({"id": "a", "state": "SUCCESS"})), Some(Change::Freed));
+        let retry = json!({"id": "a", "state": "RETRYING", "step": {"seq": 0, "state": "FAILED"}});
+        assert_eq!(change(&retry), Some(Change::Work));
+        assert_eq!(change(&json!({"id": "a", "state": "RUNNING"})), None);
+        assert_eq!(change(&json!({"id": "a", "state": "RUNNING", "step": {"seq": 1, "state": "SUCCESS"}})), None);
+        assert_eq!(change(&json!({"id": "a"})), None);
     }
 
     #[test]

@@ -16,7 +16,7 @@
 
 pub mod db;
 mod leases;
-mod listen;
+pub mod listen;
 pub mod migrate;
 mod moves;
 mod ops;
@@ -266,10 +266,10 @@ impl Store {
 
     /// On a shared database: hears the other agents' changes until
     /// `shutdown`, publishing each on this agent's bus and calling `wake`
-    /// for changes to instances (new work, or a slot freed).
+    /// for changes to instances (new work, or a place freed).
     pub fn listen(
         &self,
-        wake: std::sync::Arc<dyn Fn() + Send + Sync>,
+        wake: std::sync::Arc<dyn Fn(listen::Change) + Send + Sync>,
         shutdown: tokio_util::sync::CancellationToken,
     ) -> Option<tokio::task::JoinHandle<()>> {
         let Backend::Postgres { target, .. } = &self.inner.backend else { return None };
