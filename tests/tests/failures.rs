@@ -249,3 +249,37 @@ async fn a_retry_that_falls_due_while_every_slot_is_busy_runs_when_one_frees() {
     assert_eq!(f.steps.unwrap()[0].attempts, 2);
     assert!(f.finished_at.unwrap() >= b.finished_at.unwrap(), "the retry ran while the only slot was busy");
 }
+
+#[test]
+fn the_work_dir_is_made_for_the_steps_that_use_it_and_a_failure_to_make_it_names_it() {
+    let agent = Agent::builder()
+        .task("quiet.yaml", "task: quiet\nsteps:\n  - plugin: sleep\n")
+        .task(
+            "files.yaml",
+            "task: files\nsteps:\n  - {name: wait, plugin: sleep}\n  - {name: touch, plugin: shell, params: {command: touch here}}\n",
+        )
+        .start();
+    let work = agent.path().join("data").join("work");
+    let id = |inst: &serde_json::Value| inst["id"].as_str().unwrap().to_string();
+    // Steps that never touch files get no work dir.
+    let (code, quiet) = agent.cli_json(&["run", "quiet", "--wait"]);
+    assert_eq!(code, 0, "{quiet:#}");
+    assert!(!work.join(id(&quiet)).exists(), "an instance of sleep steps has no work dir");
+    // A shell step runs in its instance's work dir, made before it.
+    let (code, files) = agent.cli_json(&["run", "files", "--wait"]);
+    assert_eq!(code, 0, "{files:#}");
+    assert!(work.join(id(&files)).join("here").is_file());
+    // A work dir that cannot be made fails the step that needs it, for good,
+    // and says which dir; the step before it stays SUCCESS.
+    std::fs::remove_dir_all(&work).unwrap();
+    std::fs::write(&work, "not a directory").unwrap();
+    let (_, failed) = agent.cli_json(&["run", "files", "--wait"]);
+    let (_, inst) = agent.cli_json(&["show", &id(&failed)]);
+    assert_eq!(inst["state"], "FAILED", "{inst:#}");
+    assert_eq!(
+        (inst["steps"][0]["state"].as_str(), inst["steps"][1]["state"].as_str()),
+        (Some("SUCCESS"), Some("FAILED"))
+    );
+    let error = inst["steps"][1]["error"].as_str().unwrap();
+    assert!(error.contains("cannot create the work dir") && error.contains(&work.display().to_string()), "{error}");
+}

@@ -101,6 +101,13 @@ pub trait Plugin: Send + Sync {
     fn idempotent(&self) -> bool {
         true
     }
+    /// Whether a step of this plugin may use the instance's work dir (its
+    /// files, or as the current directory): the executor creates the dir
+    /// before the first such step. Every plugin is taken to, unless it says
+    /// otherwise.
+    fn uses_work_dir(&self) -> bool {
+        true
+    }
     /// The synchronous parameter check of a built-in.
     fn check_params(&self, _params: &Map<String, Value>) -> Result<(), String> {
         Ok(())

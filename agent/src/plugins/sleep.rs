@@ -19,6 +19,9 @@ fn seconds(p: &Map<String, Value>) -> Result<f64, String> {
 }
 
 impl Plugin for Sleep {
+    fn uses_work_dir(&self) -> bool {
+        false
+    }
     fn name(&self) -> &str {
         "sleep"
     }

@@ -171,6 +171,13 @@ pub(super) fn registration(plugins: &Plugins, def: &TaskDef, seq: u32) -> Result
     plugins.get().resolve(&d.plugin, d.version.as_deref()).cloned().map_err(PluginError::permanent)
 }
 
+/// Whether step `seq`'s plugin may use the work dir (one that cannot be
+/// resolved is taken to: its step fails on its own).
+pub(super) fn uses_work_dir(plugins: &Plugins, def: &TaskDef, seq: u32) -> bool {
+    let d = &def.steps[seq as usize];
+    plugins.get().resolve(&d.plugin, d.version.as_deref()).map_or(true, |r| r.plugin.uses_work_dir())
+}
+
 /// A step's `params` or `env` (named by `field` in errors), rendered over
 /// the context; without a template nothing is rendered and the context is
 /// not built.

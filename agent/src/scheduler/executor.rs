@@ -2,7 +2,9 @@
 //! SUCCESS with its output and the context before the next step starts, and
 //! decides what a failure leads to (retry, rollback, stop).
 
-use super::calls::{check, durably, prepare, ready, registration, start, step_env, watchdog, FirstStart, Started};
+use super::calls::{
+    check, durably, prepare, ready, registration, start, step_env, uses_work_dir, watchdog, FirstStart, Started,
+};
 use super::{backoff, Active, Scheduler, StopReason};
 use crate::logs::StepLog;
 use crate::plugins::{Call, PluginError};
@@ -101,19 +103,28 @@ async fn run_inner(
         Some(f) => Some(Box::new(f.started().await)),
         None => None,
     };
-    if let Err(e) = std::fs::create_dir_all(&work_dir) {
-        let msg = format!("cannot create the work dir {}: {e}", work_dir.display());
-        match started {
-            Some(_) => {
-                let stop = msg.clone();
-                s.store.fail_step(&inst.id, 0, &msg, false, Box::new(move |_| (FailurePlan::Stop, stop))).await?;
-            }
-            None => s.store.fail(&inst.id, &msg, FailurePlan::Stop, s.store.agent()).await?,
-        }
-        return Ok(());
-    }
     tracing::info!(attempt = inst.attempt, "instance running");
+    // The work dir is made before the first step whose plugin may use it
+    // (an instance of steps that never touch files has none).
+    let mut have_dir = false;
     for (i, step) in todo.iter().enumerate() {
+        if !have_dir && uses_work_dir(&s.registry, &def, step.seq) {
+            if let Err(e) = std::fs::create_dir_all(&work_dir) {
+                let msg = format!("cannot create the work dir {}: {e}", work_dir.display());
+                match started {
+                    // This step is RUNNING already (it started with the claim
+                    // or the step before's SUCCESS): it fails, for good.
+                    Some(_) => {
+                        let stop = msg.clone();
+                        let plan = Box::new(move |_| (FailurePlan::Stop, stop));
+                        s.store.fail_step(&inst.id, step.seq, &msg, false, plan).await?;
+                    }
+                    None => s.store.fail(&inst.id, &msg, FailurePlan::Stop, s.store.agent()).await?,
+                }
+                return Ok(());
+            }
+            have_dir = true;
+        }
         let now = match started.take() {
             Some(now) => *now,
             None => {
