@@ -56,27 +56,15 @@ pub(super) fn task(
     actor: &str,
     also: &Also,
 ) -> Result<Option<TaskState>> {
-    let Some(row) = task_returning(c, id, to, reason, actor, also, "")? else { return Ok(None) };
+    let Some(row) = c.query_opt(&task_sql(to, also, ""), &task_params(id, to, reason, actor, also))? else {
+        return Ok(None);
+    };
     let from: String = row.get(0)?;
     Ok(Some(from.parse().map_err(super::StoreError::Invalid)?))
 }
 
-/// [`task`], returning the state it left and then `cols` of the row as the
-/// move left it (`, a, b`; empty for none).
-pub(super) fn task_returning(
-    c: &dyn Db,
-    id: &str,
-    to: TaskState,
-    reason: &str,
-    actor: &str,
-    also: &Also,
-    cols: &str,
-) -> Result<Option<super::db::Row>> {
-    let sql = task_sql(to, also, cols);
-    c.query_opt(&sql, &task_params(id, to, reason, actor, also))
-}
-
-/// The statement of [`task_returning`].
+/// The statement of an instance's move: it returns the state the move
+/// left and then `cols` of the row as moved (`, a, b`; empty for none).
 fn task_sql(to: TaskState, also: &Also, cols: &str) -> String {
     let n = 3 + also.1.len();
     let set = if also.0.is_empty() { String::new() } else { format!(", {}", also.0) };
