@@ -120,7 +120,8 @@ pub(super) fn claims(
 /// The step move of an instance `actor` holds RUNNING: `set` are the step
 /// row's other changes (placeholders from ?5 on; `s.` names the row as it
 /// was), `instance_set` a change of the instance row in the same statement.
-/// It returns the state it left and the step's attempts after the move.
+/// It returns the state it left and the step's attempts after the move
+/// (the start's attempt is column 1).
 fn held_step_sql(to: StepState, set: &str, reason_sql: &str, instance_set: Option<&str>) -> String {
     let instance = match instance_set {
         Some(s) => format!("x AS (UPDATE task_instances SET {s} FROM u WHERE id = ?1), "),
@@ -146,12 +147,6 @@ fn held_step_params(id: &str, seq: u32, actor: &str, now: &str, params: &[V]) ->
     let mut all = vec![V::from(id), V::from(seq), V::from(actor), V::from(now)];
     all.extend_from_slice(params);
     all
-}
-
-/// The state a held step's move left, and the step's attempts after it.
-fn moved(row: &super::db::Row) -> Result<(StepState, u32)> {
-    let from: String = row.get(0)?;
-    Ok((from.parse().map_err(super::StoreError::Invalid)?, row.get(1)?))
 }
 
 /// A step's start: what it sets besides the state, and the history's reason.
@@ -181,10 +176,7 @@ pub(super) fn step_starts(c: &dyn Db, starts: &[(&str, u32, &str, &str)], actor:
         .iter()
         .map(|(id, seq, version, p)| held_step_params(id, *seq, actor, &now, &[V::from(*version), V::from(*p)]))
         .collect();
-    c.query_each(&sql, &params)?
-        .iter()
-        .map(|rows| rows.first().map(moved).transpose().map(|m| m.map(|(_, attempts)| attempts)))
-        .collect()
+    c.query_each(&sql, &params)?.iter().map(|rows| rows.first().map(|r| r.get::<u32>(1)).transpose()).collect()
 }
 
 /// A step's SUCCESS with its output, and the instance's new context.

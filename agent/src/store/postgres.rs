@@ -272,6 +272,11 @@ impl PgConn {
     }
 }
 
+/// A result row as the store reads it.
+fn to_row(r: &tokio_postgres::Row) -> Result<Row> {
+    (0..r.len()).map(|i| r.try_get::<_, V>(i).map_err(StoreError::Postgres)).collect::<Result<_>>().map(Row)
+}
+
 /// A database error with the statement that caused it, for the log.
 fn with_sql(e: tokio_postgres::Error, sql: &str) -> StoreError {
     if e.as_db_error().is_some() {
@@ -289,11 +294,7 @@ impl Db for PgConn {
 
     fn query(&self, sql: &str, params: &[V]) -> Result<Vec<Row>> {
         let rows = self.run(sql, params, |c, st, refs| Box::pin(c.query(st, refs)))?;
-        rows.iter()
-            .map(|r| {
-                (0..r.len()).map(|i| r.try_get::<_, V>(i).map_err(StoreError::Postgres)).collect::<Result<_>>().map(Row)
-            })
-            .collect()
+        rows.iter().map(to_row).collect()
     }
 
     fn query_batch(&self, statements: &[(&str, Vec<V>)]) -> Result<Vec<Vec<Row>>> {
@@ -318,17 +319,7 @@ impl Db for PgConn {
         results
             .into_iter()
             .zip(statements)
-            .map(|(rows, (sql, _))| {
-                rows.map_err(|e| with_sql(e, sql))?
-                    .iter()
-                    .map(|r| {
-                        (0..r.len())
-                            .map(|i| r.try_get::<_, V>(i).map_err(StoreError::Postgres))
-                            .collect::<Result<_>>()
-                            .map(Row)
-                    })
-                    .collect()
-            })
+            .map(|(rows, (sql, _))| rows.map_err(|e| with_sql(e, sql))?.iter().map(to_row).collect())
             .collect()
     }
 
