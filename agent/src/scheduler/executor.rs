@@ -116,7 +116,7 @@ async fn run_inner(
                     // or the step before's SUCCESS): it fails, for good.
                     Some(_) => {
                         let stop = msg.clone();
-                        let plan = Box::new(move |_| (FailurePlan::Stop, stop));
+                        let plan = Box::new(move |_| (FailurePlan::Stop, stop.clone()));
                         s.store.fail_step(&inst.id, step.seq, &msg, false, plan).await?;
                     }
                     None => s.store.fail(&inst.id, &msg, FailurePlan::Stop, s.store.agent()).await?,
@@ -304,7 +304,7 @@ async fn failed(
         Some(StopReason::Cancel(reason)) => {
             let msg = format!("cancelled: {reason}");
             let stop = msg.clone();
-            s.store.fail_step(id, seq, &msg, false, Box::new(move |_| (FailurePlan::Stop, stop))).await?;
+            s.store.fail_step(id, seq, &msg, false, Box::new(move |_| (FailurePlan::Stop, stop.clone()))).await?;
             finished(&def.task, "FAILED");
             tracing::info!(step = %name, "instance cancelled");
             return Ok(Outcome::Ended);

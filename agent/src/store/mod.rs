@@ -5,9 +5,10 @@
 //!
 //! Each store has one writer. All writes go to one writer thread that owns
 //! the write connection; it takes every write waiting in its queue, runs them
-//! in one transaction — each in its own savepoint, so one failing write does
-//! not fail its batch-mates — commits, and only then acknowledges each
-//! caller (group commit). Reads use a small pool of connections on blocking
+//! in one transaction, commits, and only then acknowledges each caller
+//! (group commit). One failing write does not fail its batch-mates: a batch
+//! with a failure is rolled back and run again, each write in its own
+//! savepoint ([`writer`]). Reads use a small pool of connections on blocking
 //! threads and never wait for the writer.
 //!
 //! Every state write calls the transition table in `apollo_shared::state`
@@ -250,11 +251,17 @@ impl Store {
                 // One write sends what has gathered by the time it runs.
                 if !self.inner.notes_queued.swap(true, std::sync::atomic::Ordering::SeqCst) {
                     let store = self.clone();
+                    // Taken at the write's first run and kept: a batch run
+                    // again (see `writer::run_batch`) sends the same ones.
+                    let taken: Mutex<Option<Vec<String>>> = Mutex::new(None);
                     let _ = self.submit(
                         move |c| {
-                            store.inner.notes_queued.store(false, std::sync::atomic::Ordering::SeqCst);
-                            let notes = std::mem::take(&mut *store.inner.notes.lock().expect("notes"));
-                            listen::notify(c, store.agent(), &notes)
+                            let mut taken = taken.lock().expect("notes taken");
+                            let notes = taken.get_or_insert_with(|| {
+                                store.inner.notes_queued.store(false, std::sync::atomic::Ordering::SeqCst);
+                                std::mem::take(&mut *store.inner.notes.lock().expect("notes"))
+                            });
+                            listen::notify(c, store.agent(), notes)
                         },
                         |_| {},
                     );
@@ -287,7 +294,7 @@ impl Store {
     pub async fn write<R, F>(&self, f: F) -> Result<R>
     where
         R: Send + 'static,
-        F: FnOnce(&dyn Db) -> Result<R> + Send + 'static,
+        F: Fn(&dyn Db) -> Result<R> + Send + 'static,
     {
         self.write_job(f, false).await
     }
@@ -297,7 +304,7 @@ impl Store {
     pub(crate) async fn write_in_turn<R, F>(&self, f: F) -> Result<R>
     where
         R: Send + 'static,
-        F: FnOnce(&dyn Db) -> Result<R> + Send + 'static,
+        F: Fn(&dyn Db) -> Result<R> + Send + 'static,
     {
         self.write_job(f, true).await
     }
@@ -305,7 +312,7 @@ impl Store {
     async fn write_job<R, F>(&self, f: F, turn: bool) -> Result<R>
     where
         R: Send + 'static,
-        F: FnOnce(&dyn Db) -> Result<R> + Send + 'static,
+        F: Fn(&dyn Db) -> Result<R> + Send + 'static,
     {
         let (tx, rx) = oneshot::channel();
         self.submit_job(
@@ -420,7 +427,7 @@ impl Store {
     fn submit<R, F, D>(&self, f: F, deliver: D) -> Result<()>
     where
         R: Send + 'static,
-        F: FnOnce(&dyn Db) -> Result<R> + Send + 'static,
+        F: Fn(&dyn Db) -> Result<R> + Send + 'static,
         D: FnOnce(Result<R>) + Send + 'static,
     {
         self.submit_job(f, deliver, false)
@@ -429,10 +436,10 @@ impl Store {
     fn submit_job<R, F, D>(&self, f: F, deliver: D, turn: bool) -> Result<()>
     where
         R: Send + 'static,
-        F: FnOnce(&dyn Db) -> Result<R> + Send + 'static,
+        F: Fn(&dyn Db) -> Result<R> + Send + 'static,
         D: FnOnce(Result<R>) + Send + 'static,
     {
-        let job: Box<dyn Job> = Box::new(FnJob { f, deliver, turn });
+        let job: Box<dyn Job> = Box::new(FnJob { f, deliver, turn, result: None });
         let guard = self.inner.writer.lock().expect("writer lock");
         let sender = guard.as_ref().ok_or(StoreError::Closed)?;
         sender.send(job).map_err(|_| StoreError::Closed)

@@ -356,7 +356,7 @@ impl Store {
         decide: write::Decide,
     ) -> Result<(u32, FailurePlan)> {
         let (i, e, a) = (id.to_string(), error.to_string(), self.agent().to_string());
-        let (failures, plan) = self.write(move |c| write::fail_step(c, &i, seq, &e, counts, decide, &a)).await?;
+        let (failures, plan) = self.write(move |c| write::fail_step(c, &i, seq, &e, counts, &decide, &a)).await?;
         self.changed(id, "RUNNING", Some((seq, "FAILED")));
         let state = if matches!(plan, FailurePlan::Retry(_)) { "RETRYING" } else { "FAILED" };
         self.changed(id, state, None);
@@ -407,7 +407,7 @@ impl Store {
         self.write(move |c| {
             c.execute(
                 "INSERT INTO cron_state (task, last_fire) VALUES (?1, ?2) ON CONFLICT(task) DO UPDATE SET last_fire = ?2",
-                p![t, a],
+                p![t.as_str(), a.as_str()],
             )?;
             Ok(())
         })

@@ -1,5 +1,5 @@
 //! The SQL of every write. Each function runs inside the writer's batch
-//! transaction (in its own savepoint) and checks the transition table before
+//! transaction (and may run twice: see [`super::writer`]) and checks the transition table before
 //! it changes a state.
 
 use super::db::{p, Db, V};
@@ -481,7 +481,7 @@ pub fn step_fail(c: &dyn Db, id: &str, seq: u32, error: &str, counts: bool, acto
 
 /// What a failed attempt leads to, decided inside the transaction that
 /// records it from the step's failure count after this one.
-pub type Decide = Box<dyn FnOnce(u32) -> (FailurePlan, String) + Send>;
+pub type Decide = Box<dyn Fn(u32) -> (FailurePlan, String) + Send>;
 
 /// Records a failed attempt and the instance's FAILED (and RETRYING, or the
 /// pending rollback) in one transaction: a crash can never leave the step
@@ -493,7 +493,7 @@ pub fn fail_step(
     seq: u32,
     error: &str,
     counts: bool,
-    decide: Decide,
+    decide: &Decide,
     actor: &str,
 ) -> Result<(u32, FailurePlan)> {
     let failures = step_fail(c, id, seq, error, counts, actor)?;

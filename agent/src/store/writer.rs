@@ -1,11 +1,12 @@
 //! The writer threads: each takes every write waiting in the queue, runs
-//! them in one transaction — each in its own savepoint, so one failing write
-//! does not fail its batch-mates — commits, and only then acknowledges each
-//! caller (group commit). SQLite has one; a PostgreSQL store has several,
+//! them in one transaction, commits, and only then acknowledges each caller
+//! (group commit). One failing write does not fail its batch-mates: the
+//! batch is run again with each write in its own savepoint. SQLite has one; a PostgreSQL store has several,
 //! each with its own connection.
 
 use super::db::Db;
 use super::{leases, Result, StoreError};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Mutex};
 
 /// What the writer thread needs of its connection besides running SQL.
@@ -32,11 +33,17 @@ pub trait Conn: Send {
     }
 }
 
-/// A write queued for the writer thread.
+/// A write queued for the writer thread. It may run more than once: a
+/// batch whose writes all succeed commits without savepoints, and one that
+/// has a failure is rolled back and run again, each write in its own
+/// savepoint (see [`run_batch`]). A run's only effects are on the database.
 pub(super) trait Job: Send {
-    /// Runs inside the batch transaction; returns whether it succeeded and
-    /// what to tell the caller once the batch has committed (or failed to).
-    fn run(self: Box<Self>, conn: &dyn Db) -> (bool, Ack);
+    /// Runs inside the batch transaction, keeping its result; returns
+    /// whether it succeeded.
+    fn run(&mut self, conn: &dyn Db) -> bool;
+    /// Tells the caller the kept result once the batch has committed, or
+    /// why the commit failed.
+    fn finish(self: Box<Self>, commit_error: Option<&str>);
     /// Tells the caller the write never ran.
     fn abort(self: Box<Self>, why: &str);
     /// Whether it takes the cluster's turn (claims, takeovers): its batch
@@ -44,29 +51,34 @@ pub(super) trait Job: Send {
     /// can wait for each other.
     fn in_turn(&self) -> bool;
 }
-pub(super) type Ack = Box<dyn FnOnce(Option<&str>) + Send>;
 
-pub(super) struct FnJob<F, D> {
+pub(super) struct FnJob<F, D, R> {
     pub f: F,
     pub deliver: D,
     pub turn: bool,
+    pub result: Option<Result<R>>,
 }
 
-impl<R, F, D> Job for FnJob<F, D>
+impl<R, F, D> Job for FnJob<F, D, R>
 where
     R: Send + 'static,
-    F: FnOnce(&dyn Db) -> Result<R> + Send,
+    F: Fn(&dyn Db) -> Result<R> + Send,
     D: FnOnce(Result<R>) + Send + 'static,
 {
-    fn run(self: Box<Self>, conn: &dyn Db) -> (bool, Ack) {
-        let FnJob { f, deliver, .. } = *self;
-        let result = f(conn);
+    fn run(&mut self, conn: &dyn Db) -> bool {
+        let result = (self.f)(conn);
         let ok = result.is_ok();
-        let ack: Ack = Box::new(move |commit_error| match (commit_error, result) {
-            (Some(e), Ok(_)) => deliver(Err(StoreError::Commit(e.to_string()))),
-            (_, r) => deliver(r),
-        });
-        (ok, ack)
+        self.result = Some(result);
+        ok
+    }
+
+    fn finish(self: Box<Self>, commit_error: Option<&str>) {
+        let FnJob { deliver, result, .. } = *self;
+        match (commit_error, result) {
+            (_, None) => deliver(Err(StoreError::Commit("the write never ran".into()))),
+            (Some(e), Some(Ok(_))) => deliver(Err(StoreError::Commit(e.to_string()))),
+            (_, Some(r)) => deliver(r),
+        }
     }
 
     fn abort(self: Box<Self>, why: &str) {
@@ -80,11 +92,7 @@ where
 
 /// Largest number of writes grouped into one transaction.
 const MAX_BATCH: usize = 1024;
-pub(super) fn writer_loop(
-    mut conn: Box<dyn Conn>,
-    rx: &Mutex<mpsc::Receiver<Box<dyn Job>>>,
-    wrote: &std::sync::atomic::AtomicU64,
-) {
+pub(super) fn writer_loop(mut conn: Box<dyn Conn>, rx: &Mutex<mpsc::Receiver<Box<dyn Job>>>, wrote: &AtomicU64) {
     loop {
         // The writer that is free takes what waits (one, on SQLite).
         let batch = {
@@ -103,40 +111,96 @@ pub(super) fn writer_loop(
     }
 }
 
-fn run_batch(conn: &mut dyn Conn, batch: Vec<Box<dyn Job>>, wrote: &std::sync::atomic::AtomicU64) {
-    let changes_before = conn.changes();
-    if let Err(e) = conn.reopen().and_then(|()| conn.begin()) {
-        let msg = e.to_string();
-        // Nothing ran; each caller learns why.
-        batch.into_iter().for_each(|job| job.abort(&msg));
-        return;
-    }
-    if batch.iter().any(|j| j.in_turn()) {
-        if let Err(e) = leases::take_turn(conn) {
+/// Begins the batch's transaction and takes the cluster's turn when a
+/// write needs it; on failure every write learns why and `None` is returned.
+fn open(conn: &mut dyn Conn, batch: Vec<Box<dyn Job>>) -> Option<Vec<Box<dyn Job>>> {
+    let opened = conn.reopen().and_then(|()| conn.begin()).and_then(|()| {
+        if batch.iter().any(|j| j.in_turn()) {
+            leases::take_turn(conn).inspect_err(|_| {
+                let _ = conn.batch("ROLLBACK");
+            })
+        } else {
+            Ok(())
+        }
+    });
+    match opened {
+        Ok(()) => Some(batch),
+        Err(e) => {
+            // Nothing ran; each caller learns why.
             let msg = e.to_string();
-            let _ = conn.batch("ROLLBACK");
             batch.into_iter().for_each(|job| job.abort(&msg));
-            return;
+            None
         }
     }
-    let mut acks = Vec::with_capacity(batch.len());
-    // A write alone in its batch needs no savepoint: if it fails, the whole
-    // transaction is rolled back instead of committed.
-    let alone = batch.len() == 1;
-    let mut failed_alone = false;
+}
+
+/// Commits the batch and tells each write's caller.
+fn commit(conn: &mut dyn Conn, jobs: Vec<Box<dyn Job>>, end: &str, changes_before: u64, wrote: &AtomicU64) {
+    crate::crash_point!("store.before_commit");
+    let committing = std::time::Instant::now();
+    let m = crate::metrics::get();
+    m.batch_size.observe(jobs.len() as f64);
+    let committed = conn.batch(&format!("{end}COMMIT"));
+    m.commit_seconds.observe(committing.elapsed().as_secs_f64());
+    match committed {
+        Ok(()) => {
+            if conn.changes() > changes_before {
+                wrote.fetch_add(1, Ordering::SeqCst);
+            }
+            crate::crash_point!("store.after_commit");
+            jobs.into_iter().for_each(|job| job.finish(None))
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "group commit failed");
+            let _ = conn.batch("ROLLBACK");
+            let msg = e.to_string();
+            jobs.into_iter().for_each(|job| job.finish(Some(&msg)));
+        }
+    }
+}
+
+/// Runs a batch in one transaction. First without savepoints (they cost
+/// the server as much as the writes): when every write succeeds, that is
+/// the commit. When one fails, the transaction is rolled back and the batch
+/// runs again with each write in its own savepoint, so only the failing
+/// ones are left out. A write alone needs neither: if it fails, nothing of
+/// its transaction is kept.
+fn run_batch(conn: &mut dyn Conn, batch: Vec<Box<dyn Job>>, wrote: &AtomicU64) {
+    let changes_before = conn.changes();
+    let Some(mut batch) = open(conn, batch) else { return };
+    let all_ok = batch.iter_mut().all(|job| job.run(conn.db()));
+    if all_ok && conn.in_transaction() {
+        return commit(conn, batch, "", changes_before, wrote);
+    }
+    if batch.len() == 1 && conn.in_transaction() {
+        // Nothing of it is kept; its caller learns its own error.
+        if let Err(e) = conn.batch("ROLLBACK") {
+            tracing::error!(error = %e, "rollback failed");
+        }
+        return batch.into_iter().for_each(|job| job.finish(None));
+    }
+    if conn.in_transaction() {
+        let _ = conn.batch("ROLLBACK");
+    }
+    run_in_savepoints(conn, batch, wrote);
+}
+
+/// Runs a batch again, each write in its own savepoint: one failing write
+/// does not fail its batch-mates.
+fn run_in_savepoints(conn: &mut dyn Conn, batch: Vec<Box<dyn Job>>, wrote: &AtomicU64) {
+    let changes_before = conn.changes();
+    let Some(batch) = open(conn, batch) else { return };
+    let mut done: Vec<Box<dyn Job>> = Vec::with_capacity(batch.len());
     let mut jobs = batch.into_iter();
     // The end of one write's savepoint goes with the start of the next (one
     // round trip, not two).
     let mut end = "";
-    while let Some(job) = jobs.next() {
-        if !alone {
-            if let Err(e) = conn.defer(&format!("{end}SAVEPOINT w")) {
-                tracing::error!(error = %e, "savepoint failed");
-            }
+    while let Some(mut job) = jobs.next() {
+        if let Err(e) = conn.defer(&format!("{end}SAVEPOINT w")) {
+            tracing::error!(error = %e, "savepoint failed");
         }
-        let (ok, ack) = job.run(conn.db());
-        failed_alone = alone && !ok;
-        acks.push(ack);
+        let ok = job.run(conn.db());
+        done.push(job);
         if !conn.in_transaction() {
             // The whole transaction is gone (SQLite rolled it back on disk
             // full or an I/O error; the PostgreSQL connection dropped): the
@@ -144,46 +208,14 @@ fn run_batch(conn: &mut dyn Conn, batch: Vec<Box<dyn Job>>, wrote: &std::sync::a
             // fails; the rest of the queue runs in a new transaction.
             let msg = "the store rolled the transaction back (disk full, I/O error or a lost connection); nothing of it was written";
             tracing::error!("{msg}");
-            acks.into_iter().for_each(|ack| ack(Some(msg)));
+            done.into_iter().for_each(|job| job.finish(Some(msg)));
             let rest: Vec<Box<dyn Job>> = jobs.collect();
             if !rest.is_empty() {
-                run_batch(conn, rest, wrote);
+                run_in_savepoints(conn, rest, wrote);
             }
             return;
         }
-        end = match (alone, ok) {
-            (true, _) => "",
-            (false, true) => "RELEASE w; ",
-            (false, false) => "ROLLBACK TO w; RELEASE w; ",
-        };
+        end = if ok { "RELEASE w; " } else { "ROLLBACK TO w; RELEASE w; " };
     }
-    if failed_alone {
-        // Nothing of it is kept; its caller learns its own error.
-        if let Err(e) = conn.batch("ROLLBACK") {
-            tracing::error!(error = %e, "rollback failed");
-        }
-        acks.into_iter().for_each(|ack| ack(None));
-        return;
-    }
-    crate::crash_point!("store.before_commit");
-    let committing = std::time::Instant::now();
-    let m = crate::metrics::get();
-    m.batch_size.observe(acks.len() as f64);
-    let committed = conn.batch(&format!("{end}COMMIT"));
-    m.commit_seconds.observe(committing.elapsed().as_secs_f64());
-    match committed {
-        Ok(()) => {
-            if conn.changes() > changes_before {
-                wrote.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            }
-            crate::crash_point!("store.after_commit");
-            acks.into_iter().for_each(|ack| ack(None))
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "group commit failed");
-            let _ = conn.batch("ROLLBACK");
-            let msg = e.to_string();
-            acks.into_iter().for_each(|ack| ack(Some(&msg)));
-        }
-    }
+    commit(conn, done, end, changes_before, wrote);
 }
