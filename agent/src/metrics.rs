@@ -29,6 +29,8 @@ pub struct Metrics {
     pub queue_running: Family<Labels, Gauge>,
     pub commit_seconds: Histogram,
     pub batch_size: Histogram,
+    pub batch_retries: Counter,
+    pub merged_writes: Counter,
     pub clients: Gauge,
 }
 
@@ -53,6 +55,8 @@ impl Metrics {
             queue_running: Family::default(),
             commit_seconds: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
             batch_size: Histogram::new(exponential_buckets(1.0, 2.0, 11)),
+            batch_retries: Counter::default(),
+            merged_writes: Counter::default(),
             clients: Gauge::default(),
             registry: Registry::default(),
         };
@@ -72,6 +76,16 @@ impl Metrics {
         registry.register("queue_running", "Instances running, by queue", m.queue_running.clone());
         registry.register("store_commit_seconds", "Time of one group commit", m.commit_seconds.clone());
         registry.register("store_batch_writes", "Writes in one group commit", m.batch_size.clone());
+        registry.register(
+            "store_batch_retries",
+            "Group commits run again, a savepoint per write, after one of their writes failed",
+            m.batch_retries.clone(),
+        );
+        registry.register(
+            "store_merged_writes",
+            "Steps' SUCCESS writes made together with others in one statement (PostgreSQL)",
+            m.merged_writes.clone(),
+        );
         registry.register("clients_connected", "Connections to the socket", m.clients.clone());
         Metrics { registry, ..m }
     }

@@ -115,6 +115,7 @@ conformance!(
     transitions_the_table_forbids_are_refused,
     dedicated_and_ordered_queues_shape_the_claims,
     a_steps_success_starts_the_next_step_or_ends_the_instance_in_one_write,
+    steps_successes_written_together_move_each_instance_as_alone,
     a_create_claims_and_starts_its_first_step_in_one_write_when_nothing_comes_first,
     a_claim_starts_the_first_steps_it_is_handed_in_the_same_write,
 );
@@ -354,6 +355,94 @@ async fn a_steps_success_starts_the_next_step_or_ends_the_instance_in_one_write(
     let inst = store.get("S2").await.unwrap();
     assert_eq!(inst.state, TaskState::Success);
     assert_eq!(inst.lease_owner, None);
+    store.close();
+}
+
+/// Steps' SUCCESS writes of many instances at once: on PostgreSQL those of
+/// one batch are made in one statement. Each instance moves exactly as its
+/// write alone would, whatever follows it; a refused one is refused alone.
+async fn steps_successes_written_together_move_each_instance_as_alone(db: TestDb) {
+    let store = db.open();
+    store.put_def("h1", "t", "t.yaml", "task: t").await.unwrap();
+    let n = 60;
+    for i in 0..n {
+        let mut two = new(&format!("M{i:03}"), "t", "q", 50, None, None);
+        two.steps.push(("b".into(), "sleep".into()));
+        store.create(two, "test").await.unwrap();
+    }
+    assert_eq!(store.claim(n, lease(), QueuePolicy::default()).await.unwrap().len(), n);
+    // Every fourth instance's step 0 is left PENDING: its SUCCESS is refused.
+    for i in (0..n).filter(|i| i % 4 != 3) {
+        store.step_start(&format!("M{i:03}"), 0, "1.0.0", &json!({})).await.unwrap();
+    }
+    let merged = || apollo_agent::metrics::get().merged_writes.get();
+    let before = merged();
+    // Two rounds: the instances whose writes all succeed, then all of them
+    // (the refused ones fail their batches, which run again one by one).
+    for round in [|i: usize| i % 4 != 3, |_| true] {
+        let mut handles = Vec::new();
+        for i in (0..n).filter(|i| round(*i)) {
+            let s = store.clone();
+            handles.push(tokio::spawn(async move {
+                let (id, output, params) = (format!("M{i:03}"), json!({"i": i}), json!({"p": i}));
+                let then = match i % 4 {
+                    0 => Then::Start { seq: 1, version: "2.0.0", params: &params },
+                    1 => Then::Finish,
+                    _ => Then::Nothing,
+                };
+                (i, s.step_success(&id, 0, &output, &json!({"c": i}), then).await)
+            }));
+        }
+        for h in handles {
+            let (i, followed) = h.await.unwrap();
+            let want = match i % 4 {
+                0 => Followed::Started(1),
+                1 => Followed::Finished,
+                _ => Followed::Nothing,
+            };
+            match followed {
+                Err(StoreError::Illegal(e)) if i % 4 == 3 => assert!(e.to_string().contains("PENDING -> SUCCESS")),
+                // The second round's writes for instances done in the first.
+                Err(StoreError::Illegal(_) | StoreError::Invalid(_)) if i % 4 != 3 => {}
+                other => assert_eq!(other.unwrap(), want, "M{i:03}"),
+            }
+        }
+        if db.schema.is_some() && merged() == before {
+            panic!("no two SUCCESS writes were made together in one statement");
+        }
+    }
+    for i in 0..n {
+        let inst = store.get(&format!("M{i:03}")).await.unwrap();
+        let steps = inst.steps.clone().unwrap();
+        let moves: Vec<(Option<u32>, String)> =
+            inst.transitions.clone().unwrap().into_iter().map(|h| (h.step, h.to)).collect();
+        let mut want = vec![(None, "PENDING"), (None, "RUNNING")];
+        if i % 4 != 3 {
+            want.extend([(Some(0), "RUNNING"), (Some(0), "SUCCESS")]);
+            assert_eq!(steps[0].output, Some(json!({"i": i})), "M{i:03}");
+            assert_eq!(inst.context, json!({"c": i}), "M{i:03}");
+        }
+        match i % 4 {
+            0 => {
+                want.push((Some(1), "RUNNING"));
+                assert_eq!((steps[1].state, steps[1].attempts), (StepState::Running, 1), "M{i:03}");
+                assert_eq!(steps[1].params, Some(json!({"p": i})), "M{i:03}");
+                assert_eq!(steps[1].plugin_version.as_deref(), Some("2.0.0"), "M{i:03}");
+            }
+            1 => {
+                want.push((None, "SUCCESS"));
+                assert_eq!((inst.state, inst.lease_owner.as_deref()), (TaskState::Success, None), "M{i:03}");
+                assert!(inst.finished_at.is_some(), "M{i:03}");
+            }
+            _ => assert_eq!(inst.state, TaskState::Running, "M{i:03}"),
+        }
+        if i % 4 == 3 {
+            assert_eq!(steps[0].state, StepState::Pending, "M{i:03}");
+        }
+        assert_eq!(moves, want.iter().map(|(s, m)| (*s, m.to_string())).collect::<Vec<_>>(), "M{i:03}");
+    }
+    let counts = store.counts().await.unwrap();
+    assert_eq!((counts["SUCCESS"], counts["RUNNING"]), (15, 45), "{counts:?}");
     store.close();
 }
 

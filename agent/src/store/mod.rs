@@ -37,7 +37,7 @@ pub use read::ListFilter;
 pub use records::Heartbeat;
 pub use write::{Claimed, Decide, FailurePlan, NewInstance};
 pub use writer::Conn;
-use writer::{writer_loop, FnJob, Job};
+use writer::{writer_loop, Job, Pending, Work};
 
 use crate::bus::Bus;
 use apollo_shared::state::IllegalTransition;
@@ -299,6 +299,12 @@ impl Store {
         self.write_job(f, false).await
     }
 
+    /// As [`Store::write`], for a step's SUCCESS: the writer makes those of
+    /// one batch together.
+    pub(super) async fn write_success(&self, w: write::Success) -> Result<(bool, u32)> {
+        self.write_job(w, false).await
+    }
+
     /// As [`Store::write`], for a claim or a takeover: on PostgreSQL its
     /// batch takes the cluster's turn before anything else.
     pub(crate) async fn write_in_turn<R, F>(&self, f: F) -> Result<R>
@@ -309,10 +315,10 @@ impl Store {
         self.write_job(f, true).await
     }
 
-    async fn write_job<R, F>(&self, f: F, turn: bool) -> Result<R>
+    async fn write_job<R, W>(&self, f: W, turn: bool) -> Result<R>
     where
         R: Send + 'static,
-        F: Fn(&dyn Db) -> Result<R> + Send + 'static,
+        W: Work<Out = R> + 'static,
     {
         let (tx, rx) = oneshot::channel();
         self.submit_job(
@@ -433,13 +439,13 @@ impl Store {
         self.submit_job(f, deliver, false)
     }
 
-    fn submit_job<R, F, D>(&self, f: F, deliver: D, turn: bool) -> Result<()>
+    fn submit_job<R, W, D>(&self, work: W, deliver: D, turn: bool) -> Result<()>
     where
         R: Send + 'static,
-        F: Fn(&dyn Db) -> Result<R> + Send + 'static,
+        W: Work<Out = R> + 'static,
         D: FnOnce(Result<R>) + Send + 'static,
     {
-        let job: Box<dyn Job> = Box::new(FnJob { f, deliver, turn, result: None });
+        let job: Box<dyn Job> = Box::new(Pending { work, deliver, turn, result: None });
         let guard = self.inner.writer.lock().expect("writer lock");
         let sender = guard.as_ref().ok_or(StoreError::Closed)?;
         sender.send(job).map_err(|_| StoreError::Closed)

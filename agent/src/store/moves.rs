@@ -10,7 +10,7 @@
 //! the states a move may start from are read from it, never written here.
 
 use super::db::{Db, V};
-use super::write::{After, Also, NewInstance};
+use super::write::{After, Also, NewInstance, Success};
 use super::Result;
 use apollo_shared::state::{check_step, check_task, StepState, TaskState};
 use std::sync::LazyLock;
@@ -319,4 +319,73 @@ pub(super) fn create(c: &dyn Db, n: &NewInstance, actor: &str) -> Result<bool> {
     );
     let id: Option<String> = c.value(&sql, &params)?;
     Ok(id.is_some())
+}
+
+/// Several instances' [`step_success_and`] in one statement: the writes of
+/// a batch go as one JSON array of rows, and each instance's rows are locked,
+/// checked and moved as that statement does. For each write, `None` when its
+/// SUCCESS was not made (see the module; the caller then runs that write on
+/// its own), otherwise what [`step_success_and`] returns. Each write's
+/// instance must be a different one.
+pub(super) fn step_successes(c: &dyn Db, writes: &[&Success]) -> Result<Vec<Option<(bool, u32)>>> {
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "WITH b AS (SELECT * FROM json_to_recordset(CAST(?1 AS json)) \
+                  AS b(id text, seq integer, output text, context text, next integer, finish boolean, \
+                       version text, params text, actor text)), \
+             i AS (SELECT t.id FROM task_instances t JOIN b ON b.id = t.id \
+                   WHERE t.state = 'RUNNING' AND t.lease_owner = b.actor ORDER BY t.id FOR UPDATE OF t), \
+             s AS (SELECT st.instance_id, st.seq, st.state AS from_state, st.attempts FROM step_runs st \
+                   JOIN b ON st.instance_id = b.id AND st.seq IN (b.seq, b.next) JOIN i ON i.id = b.id \
+                   FOR UPDATE OF st), \
+             u AS (UPDATE step_runs SET state = 'SUCCESS', output = b.output, finished_at = ?2 FROM b, s \
+                   WHERE step_runs.instance_id = b.id AND step_runs.seq = b.seq \
+                     AND s.instance_id = b.id AND s.seq = b.seq AND s.from_state IN ({success}) \
+                   RETURNING b.id, b.seq, s.from_state, b.actor), \
+             v AS (UPDATE step_runs SET state = 'RUNNING', attempts = s.attempts + 1, plugin_version = b.version, \
+                   params = b.params, started_at = ?2, finished_at = NULL, error = NULL FROM b, s, u \
+                   WHERE step_runs.instance_id = b.id AND step_runs.seq = b.next AND u.id = b.id \
+                     AND s.instance_id = b.id AND s.seq = b.next AND s.from_state IN ({start}) \
+                   RETURNING b.id, b.next AS seq, s.from_state, step_runs.attempts, b.actor), \
+             x AS (UPDATE task_instances SET context = b.context, updated_at = ?2, \
+                   state = CASE WHEN b.finish THEN 'SUCCESS' ELSE task_instances.state END, \
+                   finished_at = CASE WHEN b.finish THEN ?2 ELSE task_instances.finished_at END, \
+                   error = CASE WHEN b.finish THEN NULL ELSE task_instances.error END, \
+                   lease_owner = CASE WHEN b.finish THEN NULL ELSE task_instances.lease_owner END, \
+                   lease_expires_at = CASE WHEN b.finish THEN NULL ELSE task_instances.lease_expires_at END \
+                   FROM b, u WHERE task_instances.id = b.id AND u.id = b.id RETURNING b.id, b.finish, b.actor), \
+             h AS ({HISTORY} SELECT id, seq, from_state, 'SUCCESS', 'succeeded', actor, ?2 FROM u \
+                   UNION ALL SELECT id, seq, from_state, 'RUNNING', 'attempt ' || attempts, actor, ?2 FROM v \
+                   UNION ALL SELECT id, CAST(NULL AS INTEGER), 'RUNNING', 'SUCCESS', 'all steps succeeded', actor, ?2 \
+                             FROM x WHERE finish) \
+             SELECT u.id, v.attempts, CASE WHEN x.finish THEN 0 END FROM u \
+             LEFT JOIN v ON v.id = u.id LEFT JOIN x ON x.id = u.id",
+            success = step_sources(StepState::Success),
+            start = step_sources(StepState::Running),
+        )
+    });
+    let rows: Vec<serde_json::Value> = writes
+        .iter()
+        .map(|w| {
+            let (next, version, params) = match &w.next {
+                Some((n, v, p)) => (i64::from(*n), Some(v.as_str()), Some(p.as_str())),
+                None => (-1, None, None),
+            };
+            serde_json::json!({
+                "id": w.id, "seq": w.seq, "output": w.output, "context": w.context, "next": next,
+                "finish": w.next.is_none() && w.finish, "version": version, "params": params, "actor": w.actor,
+            })
+        })
+        .collect();
+    let now = super::rows::ts(chrono::Utc::now());
+    let made = c.query(&SQL, &[V::from(serde_json::Value::Array(rows).to_string()), V::from(now)])?;
+    let mut by_id = std::collections::HashMap::with_capacity(made.len());
+    for row in &made {
+        let (id, started, finished): (String, Option<u32>, Option<u32>) = (row.get(0)?, row.get(1)?, row.get(2)?);
+        by_id.insert(id, started.or(finished));
+    }
+    Ok(writes
+        .iter()
+        .map(|w| by_id.get(&w.id).map(|followed| followed.map_or((false, 0), |attempt| (true, attempt))))
+        .collect())
 }

@@ -230,23 +230,20 @@ impl Store {
         context: &Value,
         then: Then<'_>,
     ) -> Result<Followed> {
-        let (i, o, x, a) = (id.to_string(), output.to_string(), context.to_string(), self.agent().to_string());
-        let next = owned_start(&then);
-        let finish = matches!(then, Then::Finish);
-        let followed = self
-            .write(move |c| {
-                let after = match (&next, finish) {
-                    (Some((n, v, p)), _) => write::After::Start(*n, v, p),
-                    (None, true) => write::After::Finish,
-                    (None, false) => write::After::Nothing,
-                };
-                Ok(match (write::step_success_and(c, &i, seq, &o, &x, after, &a)?, &next, finish) {
-                    ((true, attempt), Some(_), _) => Followed::Started(attempt),
-                    ((true, _), None, true) => Followed::Finished,
-                    _ => Followed::Nothing,
-                })
-            })
-            .await?;
+        let write = write::Success {
+            id: id.to_string(),
+            seq,
+            output: output.to_string(),
+            context: context.to_string(),
+            next: owned_start(&then),
+            finish: matches!(then, Then::Finish),
+            actor: self.agent().to_string(),
+        };
+        let followed = match (self.write_success(write).await?, then) {
+            ((true, attempt), Then::Start { .. }) => Followed::Started(attempt),
+            ((true, _), Then::Finish) => Followed::Finished,
+            _ => Followed::Nothing,
+        };
         self.changed(id, "RUNNING", Some((seq, "SUCCESS")));
         match (followed, then) {
             (Followed::Started(_), Then::Start { seq: n, .. }) => self.changed(id, "RUNNING", Some((n, "RUNNING"))),

@@ -334,6 +334,42 @@ pub fn step_success(c: &dyn Db, id: &str, seq: u32, output: &str, context: &str,
     Ok(())
 }
 
+/// A step's SUCCESS write with what follows it ([`step_success_and`]),
+/// owned for the writer thread, which makes those of one batch together on
+/// PostgreSQL ([`super::moves::step_successes`]).
+pub struct Success {
+    pub id: String,
+    pub seq: u32,
+    /// The step's output and the instance's new context, as JSON.
+    pub output: String,
+    pub context: String,
+    /// The next step to start: its seq, plugin version and params as JSON.
+    pub next: Option<(u32, String, String)>,
+    /// Ends the instance SUCCESS (when `next` is `None`).
+    pub finish: bool,
+    pub actor: String,
+}
+
+impl Success {
+    pub fn after(&self) -> After<'_> {
+        match (&self.next, self.finish) {
+            (Some((n, v, p)), _) => After::Start(*n, v, p),
+            (None, true) => After::Finish,
+            (None, false) => After::Nothing,
+        }
+    }
+
+    pub fn run(&self, c: &dyn Db) -> Result<(bool, u32)> {
+        step_success_and(c, &self.id, self.seq, &self.output, &self.context, self.after(), &self.actor)
+    }
+
+    /// Whether it can be made with others: an instance's SUCCESS only when
+    /// the table allows RUNNING → SUCCESS.
+    pub fn mergeable(&self) -> bool {
+        !matches!(self.after(), After::Finish) || check_task(TaskState::Running, TaskState::Success).is_ok()
+    }
+}
+
 /// What follows a step's SUCCESS in the same write (see
 /// [`step_success_and`]).
 pub enum After<'a> {

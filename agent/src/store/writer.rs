@@ -5,6 +5,7 @@
 //! each with its own connection.
 
 use super::db::Db;
+use super::write::Success;
 use super::{leases, Result, StoreError};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Mutex};
@@ -33,14 +34,58 @@ pub trait Conn: Send {
     }
 }
 
-/// A write queued for the writer thread. It may run more than once: a
-/// batch whose writes all succeed commits without savepoints, and one that
+/// What a write does in the batch transaction. It may run more than once:
+/// a batch whose writes all succeed commits without savepoints, and one that
 /// has a failure is rolled back and run again, each write in its own
 /// savepoint (see [`run_batch`]). A run's only effects are on the database.
+pub(super) trait Work: Send {
+    type Out: Send + 'static;
+    fn run(&self, conn: &dyn Db) -> Result<Self::Out>;
+    /// A step's SUCCESS, when this write is one and its result is what
+    /// [`Success::run`] returns: PostgreSQL makes those of a batch in one
+    /// statement.
+    fn success(&self) -> Option<&Success> {
+        None
+    }
+    /// The result of [`Work::success`]'s write made with others.
+    fn made(&self, _done: (bool, u32)) -> Option<Self::Out> {
+        None
+    }
+}
+
+impl<R, F> Work for F
+where
+    R: Send + 'static,
+    F: Fn(&dyn Db) -> Result<R> + Send,
+{
+    type Out = R;
+    fn run(&self, conn: &dyn Db) -> Result<R> {
+        self(conn)
+    }
+}
+
+impl Work for Success {
+    type Out = (bool, u32);
+    fn run(&self, conn: &dyn Db) -> Result<(bool, u32)> {
+        Success::run(self, conn)
+    }
+    fn success(&self) -> Option<&Success> {
+        Some(self)
+    }
+    fn made(&self, done: (bool, u32)) -> Option<(bool, u32)> {
+        Some(done)
+    }
+}
+
+/// A write queued for the writer thread.
 pub(super) trait Job: Send {
     /// Runs inside the batch transaction, keeping its result; returns
     /// whether it succeeded.
     fn run(&mut self, conn: &dyn Db) -> bool;
+    /// See [`Work::success`].
+    fn success(&self) -> Option<&Success>;
+    /// Keeps the result of its [`Job::success`] made with others.
+    fn made(&mut self, done: (bool, u32));
     /// Tells the caller the kept result once the batch has committed, or
     /// why the commit failed.
     fn finish(self: Box<Self>, commit_error: Option<&str>);
@@ -52,28 +97,35 @@ pub(super) trait Job: Send {
     fn in_turn(&self) -> bool;
 }
 
-pub(super) struct FnJob<F, D, R> {
-    pub f: F,
+pub(super) struct Pending<W: Work, D> {
+    pub work: W,
     pub deliver: D,
     pub turn: bool,
-    pub result: Option<Result<R>>,
+    pub result: Option<Result<W::Out>>,
 }
 
-impl<R, F, D> Job for FnJob<F, D, R>
+impl<W, D> Job for Pending<W, D>
 where
-    R: Send + 'static,
-    F: Fn(&dyn Db) -> Result<R> + Send,
-    D: FnOnce(Result<R>) + Send + 'static,
+    W: Work,
+    D: FnOnce(Result<W::Out>) + Send + 'static,
 {
     fn run(&mut self, conn: &dyn Db) -> bool {
-        let result = (self.f)(conn);
+        let result = self.work.run(conn);
         let ok = result.is_ok();
         self.result = Some(result);
         ok
     }
 
+    fn success(&self) -> Option<&Success> {
+        self.work.success()
+    }
+
+    fn made(&mut self, done: (bool, u32)) {
+        self.result = self.work.made(done).map(Ok);
+    }
+
     fn finish(self: Box<Self>, commit_error: Option<&str>) {
-        let FnJob { deliver, result, .. } = *self;
+        let Pending { deliver, result, .. } = *self;
         match (commit_error, result) {
             (_, None) => deliver(Err(StoreError::Commit("the write never ran".into()))),
             (Some(e), Some(Ok(_))) => deliver(Err(StoreError::Commit(e.to_string()))),
@@ -88,6 +140,39 @@ where
     fn in_turn(&self) -> bool {
         self.turn
     }
+}
+
+/// Runs every write of a batch once, stopping at the first failure. On
+/// PostgreSQL the steps' SUCCESS writes of different instances are made
+/// together first, in one statement ([`super::moves::step_successes`]); one
+/// that statement does not make runs on its own, to say why.
+fn run_all(db: &dyn Db, batch: &mut [Box<dyn Job>]) -> bool {
+    let mut made = vec![false; batch.len()];
+    if db.postgres() {
+        let mut ids = std::collections::HashSet::new();
+        let together: Vec<usize> = (0..batch.len())
+            .filter(|&i| batch[i].success().is_some_and(|s| s.mergeable() && ids.insert(s.id.clone())))
+            .collect();
+        if together.len() > 1 {
+            let writes: Vec<&Success> = together.iter().filter_map(|&i| batch[i].success()).collect();
+            let done = match super::moves::step_successes(db, &writes) {
+                Ok(done) => done,
+                Err(e) => {
+                    // The batch runs again, each write on its own.
+                    tracing::warn!(error = %e, writes = writes.len(), "the steps' SUCCESS writes made together failed");
+                    return false;
+                }
+            };
+            for (&i, done) in together.iter().zip(done) {
+                if let Some(done) = done {
+                    batch[i].made(done);
+                    made[i] = true;
+                    crate::metrics::get().merged_writes.inc();
+                }
+            }
+        }
+    }
+    batch.iter_mut().zip(made).all(|(job, made)| made || job.run(db))
 }
 
 /// Largest number of writes grouped into one transaction.
@@ -168,7 +253,7 @@ fn commit(conn: &mut dyn Conn, jobs: Vec<Box<dyn Job>>, end: &str, changes_befor
 fn run_batch(conn: &mut dyn Conn, batch: Vec<Box<dyn Job>>, wrote: &AtomicU64) {
     let changes_before = conn.changes();
     let Some(mut batch) = open(conn, batch) else { return };
-    let all_ok = batch.iter_mut().all(|job| job.run(conn.db()));
+    let all_ok = run_all(conn.db(), &mut batch);
     if all_ok && conn.in_transaction() {
         return commit(conn, batch, "", changes_before, wrote);
     }
@@ -182,6 +267,7 @@ fn run_batch(conn: &mut dyn Conn, batch: Vec<Box<dyn Job>>, wrote: &AtomicU64) {
     if conn.in_transaction() {
         let _ = conn.batch("ROLLBACK");
     }
+    crate::metrics::get().batch_retries.inc();
     run_in_savepoints(conn, batch, wrote);
 }
 
