@@ -107,10 +107,12 @@ async fn commits(c: &Client) -> String {
         |name: &str| -> f64 { text.lines().find_map(|l| l.strip_prefix(name)?.trim().parse().ok()).unwrap_or(0.0) };
     let n = get("apollo_store_commit_seconds_count").max(1.0);
     format!(
-        "{:.0} commits, {:.1} writes each, {:.2} ms each",
+        "{:.0} commits, {:.1} writes each, {:.2} ms each; {:.0} SUCCESS writes made together, {:.0} batches run again",
         n,
         get("apollo_store_batch_writes_sum") / n,
-        get("apollo_store_commit_seconds_sum") / n * 1000.0
+        get("apollo_store_commit_seconds_sum") / n * 1000.0,
+        get("apollo_store_merged_writes_total"),
+        get("apollo_store_batch_retries_total"),
     )
 }
 
