@@ -326,18 +326,22 @@ pub(super) fn create(c: &dyn Db, n: &NewInstance, actor: &str) -> Result<bool> {
 /// checked and moved as that statement does. For each write, `None` when its
 /// SUCCESS was not made (see the module; the caller then runs that write on
 /// its own), otherwise what [`step_success_and`] returns. Each write's
-/// instance must be a different one.
+/// instance must be a different one. The instances and their steps are
+/// locked through `LATERAL` lookups, in the order of their ids: the plan
+/// stays a key lookup per row whatever the tables' statistics (a plan made
+/// while the tables were small would otherwise scan them).
 pub(super) fn step_successes(c: &dyn Db, writes: &[&Success]) -> Result<Vec<Option<(bool, u32)>>> {
     static SQL: LazyLock<String> = LazyLock::new(|| {
         format!(
             "WITH b AS (SELECT * FROM json_to_recordset(CAST(?1 AS json)) \
                   AS b(id text, seq integer, output text, context text, next integer, finish boolean, \
                        version text, params text, actor text)), \
-             i AS (SELECT t.id FROM task_instances t JOIN b ON b.id = t.id \
-                   WHERE t.state = 'RUNNING' AND t.lease_owner = b.actor ORDER BY t.id FOR UPDATE OF t), \
-             s AS (SELECT st.instance_id, st.seq, st.state AS from_state, st.attempts FROM step_runs st \
-                   JOIN b ON st.instance_id = b.id AND st.seq IN (b.seq, b.next) JOIN i ON i.id = b.id \
-                   FOR UPDATE OF st), \
+             i AS (SELECT t.id FROM (SELECT id, actor FROM b ORDER BY id) o CROSS JOIN LATERAL \
+                   (SELECT id FROM task_instances WHERE id = o.id AND state = 'RUNNING' AND lease_owner = o.actor \
+                    FOR UPDATE) t), \
+             s AS (SELECT st.instance_id, st.seq, st.state AS from_state, st.attempts FROM i JOIN b ON b.id = i.id \
+                   CROSS JOIN LATERAL (SELECT instance_id, seq, state, attempts FROM step_runs \
+                   WHERE instance_id = i.id AND seq IN (b.seq, b.next) FOR UPDATE) st), \
              u AS (UPDATE step_runs SET state = 'SUCCESS', output = b.output, finished_at = ?2 FROM b, s \
                    WHERE step_runs.instance_id = b.id AND step_runs.seq = b.seq \
                      AND s.instance_id = b.id AND s.seq = b.seq AND s.from_state IN ({success}) \
