@@ -8,7 +8,8 @@
 
 use apollo_agent::bus::Bus;
 use apollo_agent::store::{
-    postgres::Target, ClaimTerms, Followed, Location, NewInstance, QueuePolicy, Recover, Store, StoreError, Then,
+    postgres::Target, ClaimTerms, FailurePlan, Followed, Location, NewInstance, QueuePolicy, Recover, Store,
+    StoreError, Then,
 };
 use apollo_shared::state::{StepState, TaskState};
 use serde_json::{json, Map};
@@ -116,6 +117,7 @@ conformance!(
     dedicated_and_ordered_queues_shape_the_claims,
     a_steps_success_starts_the_next_step_or_ends_the_instance_in_one_write,
     steps_successes_written_together_move_each_instance_as_alone,
+    a_retry_is_claimed_as_the_next_attempt_with_its_lease,
     a_create_claims_and_starts_its_first_step_in_one_write_when_nothing_comes_first,
     a_claim_starts_the_first_steps_it_is_handed_in_the_same_write,
 );
@@ -443,6 +445,34 @@ async fn steps_successes_written_together_move_each_instance_as_alone(db: TestDb
     }
     let counts = store.counts().await.unwrap();
     assert_eq!((counts["SUCCESS"], counts["RUNNING"]), (15, 45), "{counts:?}");
+    store.close();
+}
+
+/// A claim moves new and retrying instances together: each RUNNING, held
+/// with a lease, the retry's attempt counted up, and each history row says
+/// which it was.
+async fn a_retry_is_claimed_as_the_next_attempt_with_its_lease(db: TestDb) {
+    let store = db.open();
+    store.put_def("h1", "t", "t.yaml", "task: t").await.unwrap();
+    store.create(new("R1", "t", "q", 50, None, None), "test").await.unwrap();
+    store.claim(1, lease(), QueuePolicy::default()).await.unwrap();
+    store.step_start("R1", 0, "1.0.0", &json!({})).await.unwrap();
+    let past = chrono::Utc::now() - chrono::Duration::seconds(1);
+    let retry: apollo_agent::store::Decide = Box::new(move |_| (FailurePlan::Retry(past), "retry".into()));
+    store.fail_step("R1", 0, "boom", true, retry).await.unwrap();
+    store.create(new("N1", "t", "q", 50, None, None), "test").await.unwrap();
+    let mut claimed = store.claim(5, lease(), QueuePolicy::default()).await.unwrap();
+    claimed.sort_by(|a, b| a.id.cmp(&b.id));
+    let got: Vec<(&str, TaskState, u32)> = claimed.iter().map(|i| (i.id.as_str(), i.state, i.attempt)).collect();
+    assert_eq!(got, [("N1", TaskState::Running, 1), ("R1", TaskState::Running, 2)]);
+    for id in ["N1", "R1"] {
+        let inst = store.get(id).await.unwrap();
+        assert_eq!((inst.state, inst.lease_owner.as_deref()), (TaskState::Running, Some("agent:test")), "{id}");
+        assert!(inst.lease_expires_at.is_some_and(|t| t > chrono::Utc::now()), "{id}: {inst:?}");
+        let last = inst.transitions.unwrap().pop().unwrap();
+        let want = if id == "R1" { ("RETRYING", "claimed for retry") } else { ("PENDING", "claimed") };
+        assert_eq!((last.from.as_deref(), last.to.as_str(), last.reason.as_str()), (Some(want.0), "RUNNING", want.1));
+    }
     store.close();
 }
 

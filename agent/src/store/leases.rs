@@ -4,7 +4,7 @@
 //! batch transaction, like the rest of `write`.
 
 use super::db::{p, Db};
-use super::rows::{ts, INSTANCE_COLS, STEP_COLS};
+use super::rows::ts;
 use super::write::{history, move_task_from, step_fail, task_state, Also, Claimed};
 use super::Result;
 use apollo_shared::state::TaskState;
@@ -169,14 +169,9 @@ pub fn claim_noting(
     // each move returning the row as it left it.
     let mut done = Vec::new();
     if c.postgres() {
-        let terms: Vec<(&str, Vec<super::db::V>)> = chosen.iter().map(|(_, from)| terms(*from)).collect();
-        let moves: Vec<(&str, &str, Also)> = chosen
-            .iter()
-            .zip(&terms)
-            .map(|((id, _), (reason, params))| (id.as_str(), *reason, Also(also, params)))
-            .collect();
-        let steps = format!("SELECT {STEP_COLS} FROM step_runs WHERE instance_id = ?1 ORDER BY seq");
-        done = super::moves::claims(c, &moves, agent, &format!(", {INSTANCE_COLS}"), &steps)?;
+        let moves: Vec<(&str, bool)> =
+            chosen.iter().map(|(id, from)| (id.as_str(), *from == TaskState::Retrying)).collect();
+        done = super::moves::claims(c, &moves, agent, lease_secs)?;
     }
     let mut done = done.into_iter();
     for (id, from) in chosen {

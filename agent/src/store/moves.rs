@@ -90,31 +90,86 @@ fn task_params(id: &str, to: TaskState, reason: &str, actor: &str, also: &Also) 
     params
 }
 
-/// Claims: each instance's move to RUNNING with `also` (the same
-/// assignments for all, each with its values), returning the state it left
-/// and `cols` of the row as moved, and the rows of `then` (a query of the
-/// instance's, `?1` its id), all sent together: one round trip. `None` for
-/// a move not made (see the module).
+/// Claims in two statements sent together (one round trip), whatever their
+/// number: every instance's move to RUNNING for `actor` (its `lease_secs`
+/// measured by the database's clock), each returning the state it left and
+/// the row as moved ([`super::rows::INSTANCE_COLS`]), and every claimed
+/// instance's steps ([`super::rows::STEP_COLS`], with the instance's id
+/// first). `retry` says whether the move is a retry's (the attempt counts
+/// up). Rows are looked up by key through `LATERAL`, in the order of their
+/// ids (see [`step_successes`]), and each moved where it was locked (by
+/// `ctid`: a join on the id was planned as a scan of the table). For each claim, the moved row (`None` for
+/// a move not made: see the module) and the instance's steps.
 pub(super) fn claims(
     c: &dyn Db,
-    moves: &[(&str, &str, Also)],
+    moves: &[(&str, bool)],
     actor: &str,
-    cols: &str,
-    then: &str,
+    lease_secs: f64,
 ) -> Result<Vec<(Option<super::db::Row>, Vec<super::db::Row>)>> {
-    let Some((_, _, first)) = moves.first() else { return Ok(Vec::new()) };
-    let sql = task_sql(TaskState::Running, first, cols);
-    let mut statements: Vec<(&str, Vec<V>)> = Vec::with_capacity(moves.len() * 2);
-    for (id, reason, also) in moves {
-        statements.push((&sql, task_params(id, TaskState::Running, reason, actor, also)));
-        statements.push((then, vec![V::from(*id)]));
+    static MOVES: LazyLock<String> = LazyLock::new(|| {
+        let cols = super::rows::INSTANCE_COLS
+            .split(',')
+            .map(|c| format!("task_instances.{}", c.trim()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        format!(
+            "WITH b AS (SELECT * FROM json_to_recordset(CAST(?1 AS json)) AS b(claim_id text, retry boolean)), \
+             t AS (SELECT t.row_ctid, t.claim_id, t.from_state, o.retry \
+                   FROM (SELECT claim_id, retry FROM b ORDER BY claim_id) o \
+                   CROSS JOIN LATERAL (SELECT ctid AS row_ctid, id AS claim_id, state AS from_state \
+                   FROM task_instances WHERE id = o.claim_id FOR UPDATE) t), \
+             u AS (UPDATE task_instances SET state = 'RUNNING', updated_at = ?2, \
+                   attempt = attempt + CASE WHEN t.retry THEN 1 ELSE 0 END, started_at = COALESCE(started_at, ?2), \
+                   next_run_at = NULL, lease_owner = ?3, lease_expires_at = apollo_now_plus(?4), finished_at = NULL \
+                   FROM t WHERE task_instances.ctid = t.row_ctid AND t.from_state IN ({from}) \
+                   RETURNING t.from_state, t.retry, {cols}), \
+             h AS ({HISTORY} SELECT id, CAST(NULL AS INTEGER), from_state, 'RUNNING', \
+                   CASE WHEN retry THEN 'claimed for retry' ELSE 'claimed' END, ?3, ?2 FROM u) \
+             SELECT from_state, {plain} FROM u",
+            from = task_sources(TaskState::Running),
+            plain = super::rows::INSTANCE_COLS,
+        )
+    });
+    static STEPS: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "SELECT k.claim_id, s.* FROM json_array_elements_text(CAST(?1 AS json)) AS k(claim_id) \
+             CROSS JOIN LATERAL (SELECT {} FROM step_runs WHERE instance_id = k.claim_id ORDER BY seq) s",
+            super::rows::STEP_COLS
+        )
+    });
+    if moves.is_empty() {
+        return Ok(Vec::new());
     }
-    let mut rows = c.query_batch(&statements)?.into_iter();
-    let mut out = Vec::with_capacity(moves.len());
-    while let (Some(moved), Some(read)) = (rows.next(), rows.next()) {
-        out.push((moved.into_iter().next(), read));
+    let rows: Vec<serde_json::Value> =
+        moves.iter().map(|(id, retry)| serde_json::json!({"claim_id": id, "retry": retry})).collect();
+    let ids: Vec<&str> = moves.iter().map(|(id, _)| *id).collect();
+    let now = super::rows::ts(chrono::Utc::now());
+    let statements = [
+        (
+            MOVES.as_str(),
+            vec![
+                V::from(serde_json::Value::Array(rows).to_string()),
+                V::from(now),
+                V::from(actor),
+                V::from(lease_secs),
+            ],
+        ),
+        (STEPS.as_str(), vec![V::from(serde_json::json!(ids).to_string())]),
+    ];
+    let mut answers = c.query_batch(&statements)?.into_iter();
+    let (moved, steps) = (answers.next().unwrap_or_default(), answers.next().unwrap_or_default());
+    // The row as moved is the state it left, then INSTANCE_COLS (id first).
+    let mut by_id: std::collections::HashMap<String, (Option<super::db::Row>, Vec<super::db::Row>)> =
+        std::collections::HashMap::with_capacity(moves.len());
+    for row in moved {
+        let id: String = row.get(1)?;
+        by_id.entry(id).or_default().0 = Some(row);
     }
-    Ok(out)
+    for row in steps {
+        let id: String = row.get(0)?;
+        by_id.entry(id).or_default().1.push(super::db::Row(row.0[1..].to_vec()));
+    }
+    Ok(ids.iter().map(|id| by_id.remove(*id).unwrap_or_default()).collect())
 }
 
 /// The step move of an instance `actor` holds RUNNING: `set` are the step
@@ -149,11 +204,6 @@ fn held_step_params(id: &str, seq: u32, actor: &str, now: &str, params: &[V]) ->
     all
 }
 
-/// A step's start: what it sets besides the state, and the history's reason.
-const START_SET: &str =
-    "attempts = s.attempts + 1, plugin_version = ?5, params = ?6, started_at = ?4, finished_at = NULL, error = NULL";
-const START_REASON: &str = "'attempt ' || attempts";
-
 /// A step's start: its attempt count after it, or `None` (see the module).
 pub(super) fn step_start(
     c: &dyn Db,
@@ -166,17 +216,42 @@ pub(super) fn step_start(
     Ok(step_starts(c, &[(id, seq, version, params_json)], actor)?.pop().flatten())
 }
 
-/// Several steps' starts (of instances `actor` holds), sent together: one
-/// round trip. Each start's attempt count after it, or `None` for one that
-/// was not made (see the module).
+/// Several steps' starts (of instances `actor` holds) in one statement, as
+/// [`step_successes`] makes SUCCESS writes: each start's attempt count after
+/// it, or `None` for one that was not made (see the module).
 pub(super) fn step_starts(c: &dyn Db, starts: &[(&str, u32, &str, &str)], actor: &str) -> Result<Vec<Option<u32>>> {
-    let sql = held_step_sql(StepState::Running, START_SET, START_REASON, None);
-    let now = super::rows::ts(chrono::Utc::now());
-    let params: Vec<Vec<V>> = starts
+    static SQL: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "WITH b AS (SELECT * FROM json_to_recordset(CAST(?1 AS json)) \
+                  AS b(id text, seq integer, version text, params text)), \
+             i AS (SELECT t.id FROM (SELECT id FROM b ORDER BY id) o CROSS JOIN LATERAL \
+                   (SELECT id FROM task_instances WHERE id = o.id AND state = 'RUNNING' AND lease_owner = ?3 \
+                    FOR UPDATE) t), \
+             s AS (SELECT st.row_ctid, st.instance_id, st.seq, st.state AS from_state, st.attempts \
+                   FROM i JOIN b ON b.id = i.id \
+                   CROSS JOIN LATERAL (SELECT ctid AS row_ctid, instance_id, seq, state, attempts FROM step_runs \
+                   WHERE instance_id = i.id AND seq = b.seq FOR UPDATE) st), \
+             v AS (UPDATE step_runs SET state = 'RUNNING', attempts = s.attempts + 1, plugin_version = b.version, \
+                   params = b.params, started_at = ?2, finished_at = NULL, error = NULL FROM b, s \
+                   WHERE step_runs.ctid = s.row_ctid AND s.instance_id = b.id AND s.seq = b.seq \
+                     AND s.from_state IN ({start}) \
+                   RETURNING b.id, b.seq, s.from_state, step_runs.attempts), \
+             h AS ({HISTORY} SELECT id, seq, from_state, 'RUNNING', 'attempt ' || attempts, ?3, ?2 FROM v) \
+             SELECT id, seq, attempts FROM v",
+            start = step_sources(StepState::Running),
+        )
+    });
+    let rows: Vec<serde_json::Value> = starts
         .iter()
-        .map(|(id, seq, version, p)| held_step_params(id, *seq, actor, &now, &[V::from(*version), V::from(*p)]))
+        .map(|(id, seq, version, params)| serde_json::json!({"id": id, "seq": seq, "version": version, "params": params}))
         .collect();
-    c.query_each(&sql, &params)?.iter().map(|rows| rows.first().map(|r| r.get::<u32>(1)).transpose()).collect()
+    let now = super::rows::ts(chrono::Utc::now());
+    let made = c.query(&SQL, &[V::from(serde_json::Value::Array(rows).to_string()), V::from(now), V::from(actor)])?;
+    let mut by_step = std::collections::HashMap::with_capacity(made.len());
+    for row in &made {
+        by_step.insert((row.get::<String>(0)?, row.get::<u32>(1)?), row.get::<u32>(2)?);
+    }
+    Ok(starts.iter().map(|(id, seq, ..)| by_step.get(&(id.to_string(), *seq)).copied()).collect())
 }
 
 /// A step's SUCCESS with its output, and the instance's new context.
@@ -327,29 +402,31 @@ pub(super) fn create(c: &dyn Db, n: &NewInstance, actor: &str) -> Result<bool> {
 /// SUCCESS was not made (see the module; the caller then runs that write on
 /// its own), otherwise what [`step_success_and`] returns. Each write's
 /// instance must be a different one. The instances and their steps are
-/// locked through `LATERAL` lookups, in the order of their ids: the plan
-/// stays a key lookup per row whatever the tables' statistics (a plan made
-/// while the tables were small would otherwise scan them).
+/// locked through `LATERAL` lookups, in the order of their ids, and moved
+/// where they were locked (by `ctid`): the plan stays a key lookup per row
+/// whatever the tables' statistics (a plan made while the tables were small
+/// would otherwise scan them).
 pub(super) fn step_successes(c: &dyn Db, writes: &[&Success]) -> Result<Vec<Option<(bool, u32)>>> {
     static SQL: LazyLock<String> = LazyLock::new(|| {
         format!(
             "WITH b AS (SELECT * FROM json_to_recordset(CAST(?1 AS json)) \
                   AS b(id text, seq integer, output text, context text, next integer, finish boolean, \
                        version text, params text, actor text)), \
-             i AS (SELECT t.id FROM (SELECT id, actor FROM b ORDER BY id) o CROSS JOIN LATERAL \
-                   (SELECT id FROM task_instances WHERE id = o.id AND state = 'RUNNING' AND lease_owner = o.actor \
-                    FOR UPDATE) t), \
-             s AS (SELECT st.instance_id, st.seq, st.state AS from_state, st.attempts FROM i JOIN b ON b.id = i.id \
-                   CROSS JOIN LATERAL (SELECT instance_id, seq, state, attempts FROM step_runs \
+             i AS (SELECT t.row_ctid, t.id FROM (SELECT id, actor FROM b ORDER BY id) o CROSS JOIN LATERAL \
+                   (SELECT ctid AS row_ctid, id FROM task_instances \
+                    WHERE id = o.id AND state = 'RUNNING' AND lease_owner = o.actor FOR UPDATE) t), \
+             s AS (SELECT st.row_ctid, st.instance_id, st.seq, st.state AS from_state, st.attempts \
+                   FROM i JOIN b ON b.id = i.id \
+                   CROSS JOIN LATERAL (SELECT ctid AS row_ctid, instance_id, seq, state, attempts FROM step_runs \
                    WHERE instance_id = i.id AND seq IN (b.seq, b.next) FOR UPDATE) st), \
              u AS (UPDATE step_runs SET state = 'SUCCESS', output = b.output, finished_at = ?2 FROM b, s \
-                   WHERE step_runs.instance_id = b.id AND step_runs.seq = b.seq \
-                     AND s.instance_id = b.id AND s.seq = b.seq AND s.from_state IN ({success}) \
+                   WHERE step_runs.ctid = s.row_ctid AND s.instance_id = b.id AND s.seq = b.seq \
+                     AND s.from_state IN ({success}) \
                    RETURNING b.id, b.seq, s.from_state, b.actor), \
              v AS (UPDATE step_runs SET state = 'RUNNING', attempts = s.attempts + 1, plugin_version = b.version, \
                    params = b.params, started_at = ?2, finished_at = NULL, error = NULL FROM b, s, u \
-                   WHERE step_runs.instance_id = b.id AND step_runs.seq = b.next AND u.id = b.id \
-                     AND s.instance_id = b.id AND s.seq = b.next AND s.from_state IN ({start}) \
+                   WHERE step_runs.ctid = s.row_ctid AND s.instance_id = b.id AND s.seq = b.next AND u.id = b.id \
+                     AND s.from_state IN ({start}) \
                    RETURNING b.id, b.next AS seq, s.from_state, step_runs.attempts, b.actor), \
              x AS (UPDATE task_instances SET context = b.context, updated_at = ?2, \
                    state = CASE WHEN b.finish THEN 'SUCCESS' ELSE task_instances.state END, \
@@ -357,7 +434,8 @@ pub(super) fn step_successes(c: &dyn Db, writes: &[&Success]) -> Result<Vec<Opti
                    error = CASE WHEN b.finish THEN NULL ELSE task_instances.error END, \
                    lease_owner = CASE WHEN b.finish THEN NULL ELSE task_instances.lease_owner END, \
                    lease_expires_at = CASE WHEN b.finish THEN NULL ELSE task_instances.lease_expires_at END \
-                   FROM b, u WHERE task_instances.id = b.id AND u.id = b.id RETURNING b.id, b.finish, b.actor), \
+                   FROM b, u, i WHERE task_instances.ctid = i.row_ctid AND i.id = b.id AND u.id = b.id \
+                   RETURNING b.id, b.finish, b.actor), \
              h AS ({HISTORY} SELECT id, seq, from_state, 'SUCCESS', 'succeeded', actor, ?2 FROM u \
                    UNION ALL SELECT id, seq, from_state, 'RUNNING', 'attempt ' || attempts, actor, ?2 FROM v \
                    UNION ALL SELECT id, CAST(NULL AS INTEGER), 'RUNNING', 'SUCCESS', 'all steps succeeded', actor, ?2 \
