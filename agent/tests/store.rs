@@ -461,7 +461,14 @@ async fn a_retry_is_claimed_as_the_next_attempt_with_its_lease(db: TestDb) {
     let retry: apollo_agent::store::Decide = Box::new(move |_| (FailurePlan::Retry(past), "retry".into()));
     store.fail_step("R1", 0, "boom", true, retry).await.unwrap();
     store.create(new("N1", "t", "q", 50, None, None), "test").await.unwrap();
-    let mut claimed = store.claim(5, lease(), QueuePolicy::default()).await.unwrap();
+    // Each is made ready as the claim leaves it: the retry as its attempt 2.
+    let ready = |i: &apollo_agent::store::Claimed| {
+        let want = if i.id == "R1" { 2 } else { 1 };
+        assert_eq!((i.state, i.attempt), (TaskState::Running, want), "{}", i.id);
+        None::<((), String, String)>
+    };
+    let (claimed, _) = store.claim_starting(5, lease(), QueuePolicy::default(), ready).await.unwrap();
+    let mut claimed: Vec<_> = claimed.into_iter().map(|(i, _)| i).collect();
     claimed.sort_by(|a, b| a.id.cmp(&b.id));
     let got: Vec<(&str, TaskState, u32)> = claimed.iter().map(|i| (i.id.as_str(), i.state, i.attempt)).collect();
     assert_eq!(got, [("N1", TaskState::Running, 1), ("R1", TaskState::Running, 2)]);
@@ -526,8 +533,10 @@ async fn a_claim_starts_the_first_steps_it_is_handed_in_the_same_write(db: TestD
     for id in ["C1", "C2", "C3", "C4"] {
         store.create(new(id, "t", "q", 50, None, None), "test").await.unwrap();
     }
-    // C2's first step is left to its executor; the others start with the claim.
+    // C2's first step is left to its executor; the others start with the
+    // claim. Each is made ready as the claim leaves it.
     let ready = |i: &apollo_agent::store::Claimed| {
+        assert_eq!((i.state, i.lease_owner.as_deref(), i.attempt), (TaskState::Running, Some("agent:test"), 1));
         (i.id != "C2").then(|| (i.id.clone(), "1.0.0".to_string(), json!({"for": i.id}).to_string()))
     };
     let (claimed, _) = store.claim_starting(3, lease(), QueuePolicy::default(), ready).await.unwrap();

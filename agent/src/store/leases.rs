@@ -4,12 +4,13 @@
 //! batch transaction, like the rest of `write`.
 
 use super::db::{p, Db};
-use super::rows::ts;
+use super::rows::{ts, INSTANCE_COLS, STEP_COLS};
 use super::write::{history, move_task_from, step_fail, task_state, Also, Claimed};
 use super::Result;
 use apollo_shared::state::TaskState;
 use chrono::Utc;
 use std::collections::HashMap;
+use std::sync::LazyLock;
 
 /// On PostgreSQL, claims and takeovers of every agent on the schema take
 /// turns (a lock held until the transaction ends), so the counts each one
@@ -25,7 +26,20 @@ pub(super) fn take_turn(conn: &mut dyn super::Conn) -> Result<()> {
 }
 
 /// A runnable instance: priority, id, task, queue, max_active, state.
-type Candidate = (i64, String, String, String, Option<u32>, String);
+type Candidate = (i64, String, String, String, Option<u32>, String, Option<Box<Claimed>>);
+
+/// A claim's first steps made ready before the instances move (see
+/// [`claim_noting`]): given an instance as the claim will leave it, the
+/// version and params of its step 0's start, if it may start.
+pub type First<'a> = &'a dyn Fn(&Claimed) -> Option<(String, String)>;
+
+/// The tasks with runnable work, by a loose scan of the per-task index.
+const TASKS: &str = "WITH RECURSIVE t(task) AS (\
+    SELECT MIN(task) FROM task_instances INDEXED BY task_instances_runnable_task \
+    WHERE state IN ('PENDING', 'RETRYING') \
+    UNION ALL \
+    SELECT (SELECT MIN(task) FROM task_instances INDEXED BY task_instances_runnable_task \
+            WHERE state IN ('PENDING', 'RETRYING') AND task > t.task) FROM t WHERE t.task IS NOT NULL)";
 
 /// The queues' rules for a claim, from `scheduler.queues`.
 #[derive(Debug, Clone, Default)]
@@ -47,47 +61,70 @@ pub struct QueuePolicy {
 /// `max_active` or of a full queue never hides the work behind it: the cost
 /// is one index seek per task with runnable work, not a walk of the backlog.
 pub fn claim(c: &dyn Db, agent: &str, n: usize, lease_secs: f64, policy: &QueuePolicy) -> Result<Vec<Claimed>> {
-    claim_noting(c, agent, n, lease_secs, policy).map(|(claimed, _)| claimed)
+    claim_noting(c, agent, n, lease_secs, policy, None).map(|(claimed, ..)| claimed)
 }
 
 /// [`claim`], and whether a limit or an ordered queue held runnable work
 /// back (a claim that took all `n` may have left more: its caller counts
-/// that too).
+/// that too). On PostgreSQL, `first` makes claimed instances' step 0 ready
+/// from the rows as read (and locked) before the move, and those steps start
+/// in the same round trip as the moves; for each claimed instance, the
+/// started step's attempt. A step not started so is left to the caller.
 pub fn claim_noting(
     c: &dyn Db,
     agent: &str,
     n: usize,
     lease_secs: f64,
     policy: &QueuePolicy,
-) -> Result<(Vec<Claimed>, bool)> {
+    first: Option<First>,
+) -> Result<(Vec<Claimed>, bool, Vec<Option<u32>>)> {
     let mut held_back = false;
     let queue_limits = &policy.limits;
     let now = Utc::now();
     // What runs per queue and task, read only when a limit or an ordered
     // queue needs it (most claims have neither: one query fewer).
     let mut running: Option<Running> = None;
-    // The tasks with runnable work, by a loose scan of the per-task index.
-    let tasks = "WITH RECURSIVE t(task) AS (\
-               SELECT MIN(task) FROM task_instances INDEXED BY task_instances_runnable_task \
-               WHERE state IN ('PENDING', 'RETRYING') \
-               UNION ALL \
-               SELECT (SELECT MIN(task) FROM task_instances INDEXED BY task_instances_runnable_task \
-                       WHERE state IN ('PENDING', 'RETRYING') AND task > t.task) FROM t WHERE t.task IS NOT NULL)";
+    let tasks = TASKS;
     let mut candidates: Vec<Candidate> = Vec::new();
     // The heads of each task's runnable rows: on PostgreSQL in the same
     // query (one round trip), where a row another transaction is moving is
     // not a candidate now; on SQLite one query per task.
     let mut heads: std::collections::BTreeMap<String, Vec<super::db::Row>> = Default::default();
     if c.postgres() {
-        let sql = format!(
-            "{tasks} SELECT h.priority, h.id, h.task, h.queue, h.max_active, h.state FROM t CROSS JOIN LATERAL \
-             (SELECT priority, id, task, queue, max_active, state FROM task_instances i \
-              WHERE i.task = t.task AND state IN ('PENDING', 'RETRYING') \
-                AND (next_run_at IS NULL OR next_run_at <= apollo_now()) \
-              ORDER BY priority DESC, id LIMIT ?1 FOR UPDATE SKIP LOCKED) h \
-             WHERE t.task IS NOT NULL"
-        );
-        for r in c.query(&sql, p![n])? {
+        // Each head's whole row and its step 0 too, when a claim makes
+        // first steps ready before it moves them.
+        static HEADS: LazyLock<[String; 2]> = LazyLock::new(|| {
+            let cols = |prefix: &str, list: &str| {
+                list.split(',').map(|c| format!("{prefix}.{}", c.trim())).collect::<Vec<_>>().join(", ")
+            };
+            let sql = |whole: bool| {
+                let (inner, outer, first) = match whole {
+                    true => (
+                        format!("i.max_active, {}", cols("i", INSTANCE_COLS)),
+                        format!(", {}, {}", cols("h", INSTANCE_COLS), cols("s0", STEP_COLS)),
+                        format!(
+                            " LEFT JOIN LATERAL (SELECT {STEP_COLS} FROM step_runs \
+                             WHERE instance_id = h.id AND seq = 0) s0 ON true"
+                        ),
+                    ),
+                    false => (
+                        "i.priority, i.id, i.task, i.queue, i.max_active, i.state".into(),
+                        String::new(),
+                        String::new(),
+                    ),
+                };
+                format!(
+                    "{TASKS} SELECT h.priority, h.id, h.task, h.queue, h.max_active, h.state{outer} FROM t \
+                     CROSS JOIN LATERAL (SELECT {inner} \
+                     FROM task_instances i WHERE i.task = t.task AND i.state IN ('PENDING', 'RETRYING') \
+                       AND (i.next_run_at IS NULL OR i.next_run_at <= apollo_now()) \
+                     ORDER BY i.priority DESC, i.id LIMIT ?1 FOR UPDATE SKIP LOCKED) h{first} \
+                     WHERE t.task IS NOT NULL"
+                )
+            };
+            [sql(false), sql(true)]
+        });
+        for r in c.query(&HEADS[usize::from(first.is_some())], p![n])? {
             heads.entry(r.get(2)?).or_default().push(r);
         }
     } else {
@@ -127,13 +164,28 @@ pub fn claim_noting(
                 held_back = true;
                 continue;
             }
-            candidates.push((r.get(0)?, r.get(1)?, r.get(2)?, queue, r.get(4)?, r.get(5)?));
+            // The row as read, when the query brought it (PostgreSQL, with
+            // `first`), with its step 0.
+            let whole = match r.0.len() > 6 {
+                true => {
+                    let n = INSTANCE_COLS.split(',').count();
+                    let mut inst = super::rows::instance(&super::db::Row(r.0[6..6 + n].to_vec()))?;
+                    let step0 = super::db::Row(r.0[6 + n..].to_vec());
+                    inst.steps = Some(match step0.get::<Option<u32>>(0)? {
+                        Some(_) => vec![super::rows::step(&step0)?],
+                        None => Vec::new(),
+                    });
+                    Some(Box::new(inst))
+                }
+                false => None,
+            };
+            candidates.push((r.get(0)?, r.get(1)?, r.get(2)?, queue, r.get(4)?, r.get(5)?, whole));
         }
     }
     candidates.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
     // What the claim takes, within every limit.
-    let mut chosen: Vec<(String, TaskState)> = Vec::new();
-    for (_, id, task, queue, max_active, state) in candidates {
+    let mut chosen: Vec<(String, TaskState, Option<Box<Claimed>>)> = Vec::new();
+    for (_, id, task, queue, max_active, state, whole) in candidates {
         if chosen.len() >= n {
             held_back = true;
             break;
@@ -156,7 +208,7 @@ pub fn claim_noting(
             *per_queue.entry(queue).or_default() += 1;
             *per_task.entry(task).or_default() += 1;
         }
-        chosen.push((id, state.parse::<TaskState>().map_err(super::StoreError::Invalid)?));
+        chosen.push((id, state.parse::<TaskState>().map_err(super::StoreError::Invalid)?, whole));
     }
     let also = "attempt = attempt + ?4, started_at = COALESCE(started_at, ?5), next_run_at = NULL, \
                 lease_owner = ?6, lease_expires_at = apollo_now_plus(?7), finished_at = NULL";
@@ -165,16 +217,36 @@ pub fn claim_noting(
         (reason, p![from == TaskState::Retrying, ts(now), agent, lease_secs].to_vec())
     };
     let mut claimed = Vec::with_capacity(chosen.len());
-    // PostgreSQL moves them all and reads their steps in one round trip,
-    // each move returning the row as it left it.
-    let mut done = Vec::new();
+    // PostgreSQL moves them all, reads their steps and starts the first
+    // steps made ready in one round trip, each move returning the row as it
+    // left it.
+    let (mut done, mut started) = (Vec::new(), Vec::new());
     if c.postgres() {
         let moves: Vec<(&str, bool)> =
-            chosen.iter().map(|(id, from)| (id.as_str(), *from == TaskState::Retrying)).collect();
-        done = super::moves::claims(c, &moves, agent, lease_secs)?;
+            chosen.iter().map(|(id, from, _)| (id.as_str(), *from == TaskState::Retrying)).collect();
+        // Each first step made ready from the row as the move will leave it
+        // (locked since it was read: nothing else can change it meanwhile).
+        let ready: Vec<(String, String, String)> = match first {
+            Some(first) => chosen
+                .iter()
+                .filter_map(|(id, from, whole)| {
+                    let mut inst = (**whole.as_ref()?).clone();
+                    inst.state = TaskState::Running;
+                    if *from == TaskState::Retrying {
+                        inst.attempt += 1;
+                    }
+                    inst.lease_owner = Some(agent.to_string());
+                    first(&inst).map(|(version, params)| (id.clone(), version, params))
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        let starts: Vec<(&str, u32, &str, &str)> =
+            ready.iter().map(|(id, v, p)| (id.as_str(), 0, v.as_str(), p.as_str())).collect();
+        (done, started) = super::moves::claims(c, &moves, agent, lease_secs, &starts)?;
     }
     let mut done = done.into_iter();
-    for (id, from) in chosen {
+    for (id, from, _) in chosen {
         match done.next() {
             Some((Some(row), steps)) => {
                 let mut inst = super::rows::instance(&super::db::Row(row.0[1..].to_vec()))?;
@@ -190,7 +262,9 @@ pub fn claim_noting(
             }
         }
     }
-    Ok((claimed, held_back))
+    let attempts: Vec<Option<u32>> =
+        claimed.iter().map(|i| started.iter().find(|(id, _)| *id == i.id).map(|(_, a)| *a)).collect();
+    Ok((claimed, held_back, attempts))
 }
 
 /// Instances under way per queue and per task.
@@ -232,7 +306,7 @@ fn ordered_head(c: &dyn Db, task: &str, queue: &str) -> Result<Option<Candidate>
     if !r.get::<bool>(6)? {
         return Ok(None);
     }
-    Ok(Some((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?)))
+    Ok(Some((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, None)))
 }
 
 /// Extends the leases this agent holds on instances it still runs (RUNNING,

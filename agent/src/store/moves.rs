@@ -100,12 +100,14 @@ fn task_params(id: &str, to: TaskState, reason: &str, actor: &str, also: &Also) 
 /// ids (see [`step_successes`]), and each moved where it was locked (by
 /// `ctid`: a join on the id was planned as a scan of the table). For each claim, the moved row (`None` for
 /// a move not made: see the module) and the instance's steps.
+#[allow(clippy::type_complexity)]
 pub(super) fn claims(
     c: &dyn Db,
     moves: &[(&str, bool)],
     actor: &str,
     lease_secs: f64,
-) -> Result<Vec<(Option<super::db::Row>, Vec<super::db::Row>)>> {
+    starts: &[(&str, u32, &str, &str)],
+) -> Result<(Vec<(Option<super::db::Row>, Vec<super::db::Row>)>, Vec<(String, u32)>)> {
     static MOVES: LazyLock<String> = LazyLock::new(|| {
         let cols = super::rows::INSTANCE_COLS
             .split(',')
@@ -138,26 +140,31 @@ pub(super) fn claims(
         )
     });
     if moves.is_empty() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), Vec::new()));
     }
     let rows: Vec<serde_json::Value> =
         moves.iter().map(|(id, retry)| serde_json::json!({"claim_id": id, "retry": retry})).collect();
     let ids: Vec<&str> = moves.iter().map(|(id, _)| *id).collect();
     let now = super::rows::ts(chrono::Utc::now());
-    let statements = [
+    let mut statements = vec![
         (
             MOVES.as_str(),
             vec![
                 V::from(serde_json::Value::Array(rows).to_string()),
-                V::from(now),
+                V::from(now.as_str()),
                 V::from(actor),
                 V::from(lease_secs),
             ],
         ),
         (STEPS.as_str(), vec![V::from(serde_json::json!(ids).to_string())]),
     ];
+    if !starts.is_empty() {
+        statements.push((START_SQL.as_str(), starts_params(starts, &now, actor)));
+    }
     let mut answers = c.query_batch(&statements)?.into_iter();
     let (moved, steps) = (answers.next().unwrap_or_default(), answers.next().unwrap_or_default());
+    let started =
+        starts_made(&answers.next().unwrap_or_default())?.into_iter().map(|((id, _), attempt)| (id, attempt)).collect();
     // The row as moved is the state it left, then INSTANCE_COLS (id first).
     let mut by_id: std::collections::HashMap<String, (Option<super::db::Row>, Vec<super::db::Row>)> =
         std::collections::HashMap::with_capacity(moves.len());
@@ -169,7 +176,7 @@ pub(super) fn claims(
         let id: String = row.get(0)?;
         by_id.entry(id).or_default().1.push(super::db::Row(row.0[1..].to_vec()));
     }
-    Ok(ids.iter().map(|id| by_id.remove(*id).unwrap_or_default()).collect())
+    Ok((ids.iter().map(|id| by_id.remove(*id).unwrap_or_default()).collect(), started))
 }
 
 /// The step move of an instance `actor` holds RUNNING: `set` are the step
@@ -220,38 +227,46 @@ pub(super) fn step_start(
 /// [`step_successes`] makes SUCCESS writes: each start's attempt count after
 /// it, or `None` for one that was not made (see the module).
 pub(super) fn step_starts(c: &dyn Db, starts: &[(&str, u32, &str, &str)], actor: &str) -> Result<Vec<Option<u32>>> {
-    static SQL: LazyLock<String> = LazyLock::new(|| {
-        format!(
-            "WITH b AS (SELECT * FROM json_to_recordset(CAST(?1 AS json)) \
-                  AS b(id text, seq integer, version text, params text)), \
-             i AS (SELECT t.id FROM (SELECT id FROM b ORDER BY id) o CROSS JOIN LATERAL \
-                   (SELECT id FROM task_instances WHERE id = o.id AND state = 'RUNNING' AND lease_owner = ?3 \
-                    FOR UPDATE) t), \
-             s AS (SELECT st.row_ctid, st.instance_id, st.seq, st.state AS from_state, st.attempts \
-                   FROM i JOIN b ON b.id = i.id \
-                   CROSS JOIN LATERAL (SELECT ctid AS row_ctid, instance_id, seq, state, attempts FROM step_runs \
-                   WHERE instance_id = i.id AND seq = b.seq FOR UPDATE) st), \
-             v AS (UPDATE step_runs SET state = 'RUNNING', attempts = s.attempts + 1, plugin_version = b.version, \
-                   params = b.params, started_at = ?2, finished_at = NULL, error = NULL FROM b, s \
-                   WHERE step_runs.ctid = s.row_ctid AND s.instance_id = b.id AND s.seq = b.seq \
-                     AND s.from_state IN ({start}) \
-                   RETURNING b.id, b.seq, s.from_state, step_runs.attempts), \
-             h AS ({HISTORY} SELECT id, seq, from_state, 'RUNNING', 'attempt ' || attempts, ?3, ?2 FROM v) \
-             SELECT id, seq, attempts FROM v",
-            start = step_sources(StepState::Running),
-        )
-    });
+    let now = super::rows::ts(chrono::Utc::now());
+    let by_step = starts_made(&c.query(&START_SQL, &starts_params(starts, &now, actor))?)?;
+    Ok(starts.iter().map(|(id, seq, ..)| by_step.get(&(id.to_string(), *seq)).copied()).collect())
+}
+
+/// The statement of [`step_starts`]: `?1` the starts as a JSON array, `?2`
+/// the time, `?3` the actor.
+static START_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH b AS (SELECT * FROM json_to_recordset(CAST(?1 AS json)) \
+              AS b(id text, seq integer, version text, params text)), \
+         i AS (SELECT t.id FROM (SELECT id FROM b ORDER BY id) o CROSS JOIN LATERAL \
+               (SELECT id FROM task_instances WHERE id = o.id AND state = 'RUNNING' AND lease_owner = ?3 \
+                FOR UPDATE) t), \
+         s AS (SELECT st.row_ctid, st.instance_id, st.seq, st.state AS from_state, st.attempts \
+               FROM i JOIN b ON b.id = i.id \
+               CROSS JOIN LATERAL (SELECT ctid AS row_ctid, instance_id, seq, state, attempts FROM step_runs \
+               WHERE instance_id = i.id AND seq = b.seq FOR UPDATE) st), \
+         v AS (UPDATE step_runs SET state = 'RUNNING', attempts = s.attempts + 1, plugin_version = b.version, \
+               params = b.params, started_at = ?2, finished_at = NULL, error = NULL FROM b, s \
+               WHERE step_runs.ctid = s.row_ctid AND s.instance_id = b.id AND s.seq = b.seq \
+                 AND s.from_state IN ({start}) \
+               RETURNING b.id, b.seq, s.from_state, step_runs.attempts), \
+         h AS ({HISTORY} SELECT id, seq, from_state, 'RUNNING', 'attempt ' || attempts, ?3, ?2 FROM v) \
+         SELECT id, seq, attempts FROM v",
+        start = step_sources(StepState::Running),
+    )
+});
+
+fn starts_params(starts: &[(&str, u32, &str, &str)], now: &str, actor: &str) -> Vec<V> {
     let rows: Vec<serde_json::Value> = starts
         .iter()
         .map(|(id, seq, version, params)| serde_json::json!({"id": id, "seq": seq, "version": version, "params": params}))
         .collect();
-    let now = super::rows::ts(chrono::Utc::now());
-    let made = c.query(&SQL, &[V::from(serde_json::Value::Array(rows).to_string()), V::from(now), V::from(actor)])?;
-    let mut by_step = std::collections::HashMap::with_capacity(made.len());
-    for row in &made {
-        by_step.insert((row.get::<String>(0)?, row.get::<u32>(1)?), row.get::<u32>(2)?);
-    }
-    Ok(starts.iter().map(|(id, seq, ..)| by_step.get(&(id.to_string(), *seq)).copied()).collect())
+    vec![V::from(serde_json::Value::Array(rows).to_string()), V::from(now), V::from(actor)]
+}
+
+/// The attempt of each start [`START_SQL`] made, by instance and step.
+fn starts_made(rows: &[super::db::Row]) -> Result<std::collections::HashMap<(String, u32), u32>> {
+    rows.iter().map(|row| Ok(((row.get::<String>(0)?, row.get::<u32>(1)?), row.get::<u32>(2)?))).collect()
 }
 
 /// A step's SUCCESS with its output, and the instance's new context.

@@ -8,6 +8,7 @@ use super::{Result, Store};
 use apollo_shared::protocol::{EventKind, Topic};
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
+use std::collections::HashMap;
 use std::time::Duration;
 
 /// What a claim needs besides how many: the lease and the queues' rules.
@@ -174,9 +175,27 @@ impl Store {
         let secs = lease.as_secs_f64();
         let (claimed, waiting) = self
             .write_in_turn(move |c| {
-                let (claimed, waiting) = leases::claim_noting(c, &agent, n, secs, &policy)?;
-                let readied: Vec<Option<(R, String, String)>> = claimed.iter().map(&ready).collect();
-                // Every first step made ready starts in one go.
+                // On PostgreSQL the first steps are made ready from the rows
+                // as read and start with the moves (one round trip less);
+                // what the caller keeps of each is set aside here.
+                let early: std::cell::RefCell<HashMap<String, R>> = Default::default();
+                let first = |i: &Claimed| {
+                    let (r, version, params) = ready(i)?;
+                    early.borrow_mut().insert(i.id.clone(), r);
+                    Some((version, params))
+                };
+                let (claimed, waiting, started) = leases::claim_noting(c, &agent, n, secs, &policy, Some(&first))?;
+                let mut early = early.into_inner();
+                // The others (SQLite's; a row PostgreSQL could not make ready
+                // before) are made ready now and start in one go.
+                let readied: Vec<Option<(R, String, String)>> = claimed
+                    .iter()
+                    .zip(&started)
+                    .map(|(i, s)| match s {
+                        Some(_) => None,
+                        None => ready(i),
+                    })
+                    .collect();
                 let starts: Vec<(&str, u32, &str, &str)> = claimed
                     .iter()
                     .zip(&readied)
@@ -184,16 +203,17 @@ impl Store {
                     .collect();
                 let mut outcomes = write::step_starts(c, &starts, &agent)?.into_iter();
                 let mut out = Vec::with_capacity(claimed.len());
-                for (i, r) in claimed.into_iter().zip(readied) {
-                    let started = match r {
-                        Some((r, ..)) => {
+                for ((i, r), s) in claimed.into_iter().zip(readied).zip(started) {
+                    let started = match (s, r) {
+                        (Some(attempt), _) => early.remove(&i.id).map(|r| (r, attempt)),
+                        (None, Some((r, ..))) => {
                             let outcome = outcomes.next().expect("one outcome per start");
                             match unless_refused(outcome.map(Followed::Started))? {
                                 Followed::Started(attempt) => Some((r, attempt)),
                                 _ => None,
                             }
                         }
-                        None => None,
+                        (None, None) => None,
                     };
                     out.push((i, started));
                 }
