@@ -25,7 +25,9 @@ pub(super) fn take_turn(conn: &mut dyn super::Conn) -> Result<()> {
     Ok(())
 }
 
-/// A runnable instance: priority, id, task, queue, max_active, state.
+/// A runnable instance: priority, id, task, queue, max_active, state, and
+/// the whole row with its step 0 when the claim read it (see
+/// [`claim_noting`]).
 type Candidate = (i64, String, String, String, Option<u32>, String, Option<Box<Claimed>>);
 
 /// A claim's first steps made ready before the instances move (see
@@ -84,7 +86,6 @@ pub fn claim_noting(
     // What runs per queue and task, read only when a limit or an ordered
     // queue needs it (most claims have neither: one query fewer).
     let mut running: Option<Running> = None;
-    let tasks = TASKS;
     let mut candidates: Vec<Candidate> = Vec::new();
     // The heads of each task's runnable rows: on PostgreSQL in the same
     // query (one round trip), where a row another transaction is moving is
@@ -94,9 +95,7 @@ pub fn claim_noting(
         // Each head's whole row and its step 0 too, when a claim makes
         // first steps ready before it moves them.
         static HEADS: LazyLock<[String; 2]> = LazyLock::new(|| {
-            let cols = |prefix: &str, list: &str| {
-                list.split(',').map(|c| format!("{prefix}.{}", c.trim())).collect::<Vec<_>>().join(", ")
-            };
+            use super::rows::qualified as cols;
             let sql = |whole: bool| {
                 let (inner, outer, first) = match whole {
                     true => (
@@ -128,7 +127,7 @@ pub fn claim_noting(
             heads.entry(r.get(2)?).or_default().push(r);
         }
     } else {
-        let names: Vec<String> = c.column(&format!("{tasks} SELECT task FROM t WHERE task IS NOT NULL"), &[])?;
+        let names: Vec<String> = c.column(&format!("{TASKS} SELECT task FROM t WHERE task IS NOT NULL"), &[])?;
         for task in names {
             let rows = c.query(
                 "SELECT priority, id, task, queue, max_active, state FROM task_instances \

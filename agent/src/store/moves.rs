@@ -109,11 +109,7 @@ pub(super) fn claims(
     starts: &[(&str, u32, &str, &str)],
 ) -> Result<(Vec<(Option<super::db::Row>, Vec<super::db::Row>)>, Vec<(String, u32)>)> {
     static MOVES: LazyLock<String> = LazyLock::new(|| {
-        let cols = super::rows::INSTANCE_COLS
-            .split(',')
-            .map(|c| format!("task_instances.{}", c.trim()))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let cols = super::rows::qualified("task_instances", super::rows::INSTANCE_COLS);
         format!(
             "WITH b AS (SELECT * FROM json_to_recordset(CAST(?1 AS json)) AS b(claim_id text, retry boolean)), \
              t AS (SELECT t.row_ctid, t.claim_id, t.from_state, o.retry \

@@ -54,6 +54,11 @@ pub fn instance(r: &Row) -> Result<Instance> {
     })
 }
 
+/// `list` (as [`INSTANCE_COLS`]) with each column named through `table`.
+pub fn qualified(table: &str, list: &str) -> String {
+    list.split(',').map(|c| format!("{table}.{}", c.trim())).collect::<Vec<_>>().join(", ")
+}
+
 pub const STEP_COLS: &str =
     "seq, name, plugin, plugin_version, state, attempts, failures, params, output, error, started_at, finished_at";
 
