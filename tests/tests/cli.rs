@@ -106,13 +106,16 @@ fn a_second_agent_on_the_same_data_dir_is_refused_and_the_socket_is_0660() {
 
 #[test]
 fn json_logs_carry_the_task_id_and_trace_id_and_go_to_a_rolling_file() {
-    let agent = Agent::builder()
+    let mut agent = Agent::builder()
         .config("logging:\n  format: json\n  dir: logs\n")
         .task("ok.yaml", "task: ok\nsteps:\n  - plugin: shell\n    params:\n      command: echo hi\n")
         .start();
     let (code, inst) = agent.cli_json(&["run", "ok", "--wait"]);
     assert_eq!(code, 0);
     let (id, trace) = (inst["id"].as_str().unwrap(), inst["trace_id"].as_str().unwrap());
+    // The instance's last lines are logged after its end is committed (which
+    // is what `--wait` returns on): a stopped agent has written them all.
+    assert!(agent.stop().success());
     let stderr = agent.log();
     let lines: Vec<serde_json::Value> = stderr.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
     assert!(!lines.is_empty(), "stderr is not JSON lines:\n{stderr}");
