@@ -288,10 +288,10 @@ pub(super) fn step_success(
 /// A step's SUCCESS, the instance's new context and what follows (the next
 /// step's start, or the instance's SUCCESS) in one statement: the
 /// instance's row and both steps' rows locked, both moves checked against
-/// the table, both history rows written. `None` when the SUCCESS itself was
-/// not made (see the module); otherwise whether the follow-up was made (one
-/// the table refuses is left out, the SUCCESS stands) and the started
-/// step's attempt (0 when none started).
+/// the table, both history rows written ([`step_successes`] for one write).
+/// `None` when the SUCCESS itself was not made (see the module); otherwise
+/// whether the follow-up was made (one the table refuses is left out, the
+/// SUCCESS stands) and the started step's attempt (0 when none started).
 pub(super) fn step_success_and(
     c: &dyn Db,
     id: &str,
@@ -301,63 +301,24 @@ pub(super) fn step_success_and(
     after: &After,
     actor: &str,
 ) -> Result<Option<(bool, u32)>> {
-    let now = super::rows::ts(chrono::Utc::now());
-    let mut params = vec![V::from(id), V::from(seq), V::from(actor), V::from(now), V::from(output), V::from(context)];
-    let next = match after {
-        After::Start(n, ..) => i64::from(*n),
-        _ => -1,
+    let (next, finish) = match after {
+        After::Start(n, v, p) => (Some((*n, v.to_string(), p.to_string())), false),
+        After::Finish => (None, true),
+        After::Nothing => (None, false),
     };
-    params.push(V::from(next));
-    let head = format!(
-        "WITH i AS (SELECT id FROM task_instances WHERE id = ?1 AND state = 'RUNNING' AND lease_owner = ?3 FOR UPDATE), \
-         s AS (SELECT st.seq, st.state AS from_state, st.attempts FROM step_runs st JOIN i ON i.id = st.instance_id \
-               WHERE st.instance_id = ?1 AND st.seq IN (?2, ?7) FOR UPDATE OF st), \
-         u AS (UPDATE step_runs SET state = 'SUCCESS', output = ?5, finished_at = ?4 FROM s \
-               WHERE step_runs.instance_id = ?1 AND step_runs.seq = ?2 AND s.seq = ?2 AND s.from_state IN ({from}) \
-               RETURNING s.from_state), ",
-        from = step_sources(StepState::Success),
-    );
-    let success = format!("{HISTORY} SELECT ?1, ?2, from_state, 'SUCCESS', 'succeeded', ?3, ?4 FROM u");
-    let sql = match after {
-        After::Start(_, version, step_params) => {
-            params.push(V::from(*version));
-            params.push(V::from(*step_params));
-            format!(
-                "{head}\
-                 v AS (UPDATE step_runs SET state = 'RUNNING', attempts = s.attempts + 1, plugin_version = ?8, \
-                       params = ?9, started_at = ?4, finished_at = NULL, error = NULL FROM s, u \
-                       WHERE step_runs.instance_id = ?1 AND step_runs.seq = ?7 AND s.seq = ?7 AND s.from_state IN ({from}) \
-                       RETURNING s.from_state, step_runs.attempts), \
-                 x AS (UPDATE task_instances SET context = ?6, updated_at = ?4 FROM u WHERE id = ?1), \
-                 h AS ({success} UNION ALL SELECT ?1, ?7, from_state, 'RUNNING', 'attempt ' || attempts, ?3, ?4 FROM v) \
-                 SELECT u.from_state, v.attempts FROM u LEFT JOIN v ON true",
-                from = step_sources(StepState::Running),
-            )
-        }
-        // RUNNING → SUCCESS is the table's to allow; this statement is
-        // only for when it does.
-        After::Finish if check_task(TaskState::Running, TaskState::Success).is_ok() => format!(
-            "{head}\
-             f AS (UPDATE task_instances SET context = ?6, updated_at = ?4, state = 'SUCCESS', finished_at = ?4, \
-                   error = NULL, lease_owner = NULL, lease_expires_at = NULL FROM u WHERE id = ?1 RETURNING id), \
-             h AS ({success} UNION ALL \
-                   SELECT ?1, CAST(NULL AS INTEGER), 'RUNNING', 'SUCCESS', 'all steps succeeded', ?3, ?4 FROM f) \
-             SELECT u.from_state, CASE WHEN EXISTS (SELECT 1 FROM f) THEN 0 END FROM u"
-        ),
-        After::Finish => return Ok(None),
-        After::Nothing => format!(
-            "{head}\
-             x AS (UPDATE task_instances SET context = ?6, updated_at = ?4 FROM u WHERE id = ?1), \
-             h AS ({success}) \
-             SELECT u.from_state, CAST(NULL AS INTEGER) FROM u"
-        ),
+    let write = Success {
+        id: id.into(),
+        seq,
+        output: output.into(),
+        context: context.into(),
+        next,
+        finish,
+        actor: actor.into(),
     };
-    let Some(row) = c.query_opt(&sql, &params)? else { return Ok(None) };
-    let attempt: Option<u32> = row.get(1)?;
-    Ok(Some(match (after, attempt) {
-        (After::Nothing, _) | (_, None) => (false, 0),
-        (_, Some(a)) => (true, a),
-    }))
+    if !write.mergeable() {
+        return Ok(None);
+    }
+    Ok(step_successes(c, &[&write])?.pop().flatten())
 }
 
 /// A new PENDING instance with its PENDING steps and its first history row;
