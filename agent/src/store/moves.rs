@@ -1,7 +1,9 @@
 //! The hot path's moves on PostgreSQL, one statement each: the row locked,
 //! the transition table checked, the row changed and its history row
 //! written in one round trip (data-modifying `WITH`), where the portable
-//! code in [`super::write`] needs four or five.
+//! code in [`super::write`] needs four or five. The moves of several
+//! instances (a claim's, its first steps' starts, a batch's SUCCESS writes)
+//! are one statement for all, their rows passed as a JSON array.
 //!
 //! Each returns `None` when its statement changed nothing — the instance is
 //! not held, the step or instance is missing, or the table refuses the move —
@@ -10,7 +12,7 @@
 //! the states a move may start from are read from it, never written here.
 
 use super::db::{Db, V};
-use super::write::{After, Also, NewInstance, Success};
+use super::write::{Also, NewInstance, Success};
 use super::Result;
 use apollo_shared::state::{check_step, check_task, StepState, TaskState};
 use std::sync::LazyLock;
@@ -95,11 +97,13 @@ fn task_params(id: &str, to: TaskState, reason: &str, actor: &str, also: &Also) 
 /// measured by the database's clock), each returning the state it left and
 /// the row as moved ([`super::rows::INSTANCE_COLS`]), and every claimed
 /// instance's steps ([`super::rows::STEP_COLS`], with the instance's id
-/// first). `retry` says whether the move is a retry's (the attempt counts
-/// up). Rows are looked up by key through `LATERAL`, in the order of their
-/// ids (see [`step_successes`]), and each moved where it was locked (by
-/// `ctid`: a join on the id was planned as a scan of the table). For each claim, the moved row (`None` for
-/// a move not made: see the module) and the instance's steps.
+/// first); with `starts`, a third statement starts those steps
+/// ([`step_starts`]). `retry` says whether the move is a retry's (the
+/// attempt counts up). Rows are looked up by key through `LATERAL`, in the
+/// order of their ids, and each moved where it was locked (by `ctid`; see
+/// [`held`]). For each claim, the moved row (`None` for a move not made: see
+/// the module) and the instance's steps; and each start made, with its
+/// attempt.
 #[allow(clippy::type_complexity)]
 pub(super) fn claims(
     c: &dyn Db,
@@ -175,38 +179,6 @@ pub(super) fn claims(
     Ok((ids.iter().map(|id| by_id.remove(*id).unwrap_or_default()).collect(), started))
 }
 
-/// The step move of an instance `actor` holds RUNNING: `set` are the step
-/// row's other changes (placeholders from ?5 on; `s.` names the row as it
-/// was), `instance_set` a change of the instance row in the same statement.
-/// It returns the state it left and the step's attempts after the move
-/// (the start's attempt is column 1).
-fn held_step_sql(to: StepState, set: &str, reason_sql: &str, instance_set: Option<&str>) -> String {
-    let instance = match instance_set {
-        Some(s) => format!("x AS (UPDATE task_instances SET {s} FROM u WHERE id = ?1), "),
-        None => String::new(),
-    };
-    format!(
-        "WITH i AS (SELECT id FROM task_instances WHERE id = ?1 AND state = 'RUNNING' AND lease_owner = ?3 FOR UPDATE), \
-         s AS (SELECT st.state AS from_state, st.attempts FROM step_runs st JOIN i ON i.id = st.instance_id \
-               WHERE st.instance_id = ?1 AND st.seq = ?2 FOR UPDATE OF st), \
-         u AS (UPDATE step_runs SET state = '{to}', {set} FROM s \
-               WHERE instance_id = ?1 AND seq = ?2 AND s.from_state IN ({from}) \
-               RETURNING s.from_state, step_runs.attempts), \
-         {instance}\
-         h AS ({HISTORY} SELECT ?1, ?2, from_state, '{to}', {reason_sql}, ?3, ?4 FROM u) \
-         SELECT from_state, attempts FROM u",
-        to = to.as_str(),
-        from = step_sources(to),
-    )
-}
-
-/// The placeholders of [`held_step_sql`]: the move's four, then `params`.
-fn held_step_params(id: &str, seq: u32, actor: &str, now: &str, params: &[V]) -> Vec<V> {
-    let mut all = vec![V::from(id), V::from(seq), V::from(actor), V::from(now)];
-    all.extend_from_slice(params);
-    all
-}
-
 /// A step's start: its attempt count after it, or `None` (see the module).
 pub(super) fn step_start(
     c: &dyn Db,
@@ -229,25 +201,20 @@ pub(super) fn step_starts(c: &dyn Db, starts: &[(&str, u32, &str, &str)], actor:
 }
 
 /// The statement of [`step_starts`]: `?1` the starts as a JSON array, `?2`
-/// the time, `?3` the actor.
+/// the time.
 static START_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH b AS (SELECT * FROM json_to_recordset(CAST(?1 AS json)) \
-              AS b(id text, seq integer, version text, params text)), \
-         i AS (SELECT t.id FROM (SELECT id FROM b ORDER BY id) o CROSS JOIN LATERAL \
-               (SELECT id FROM task_instances WHERE id = o.id AND state = 'RUNNING' AND lease_owner = ?3 \
-                FOR UPDATE) t), \
-         s AS (SELECT st.row_ctid, st.instance_id, st.seq, st.state AS from_state, st.attempts \
-               FROM i JOIN b ON b.id = i.id \
-               CROSS JOIN LATERAL (SELECT ctid AS row_ctid, instance_id, seq, state, attempts FROM step_runs \
-               WHERE instance_id = i.id AND seq = b.seq FOR UPDATE) st), \
+              AS b(id text, seq integer, version text, params text, actor text)), \
+         {held}\
          v AS (UPDATE step_runs SET state = 'RUNNING', attempts = s.attempts + 1, plugin_version = b.version, \
                params = b.params, started_at = ?2, finished_at = NULL, error = NULL FROM b, s \
                WHERE step_runs.ctid = s.row_ctid AND s.instance_id = b.id AND s.seq = b.seq \
                  AND s.from_state IN ({start}) \
-               RETURNING b.id, b.seq, s.from_state, step_runs.attempts), \
-         h AS ({HISTORY} SELECT id, seq, from_state, 'RUNNING', 'attempt ' || attempts, ?3, ?2 FROM v) \
+               RETURNING b.id, b.seq, s.from_state, step_runs.attempts, b.actor), \
+         h AS ({HISTORY} SELECT id, seq, from_state, 'RUNNING', 'attempt ' || attempts, actor, ?2 FROM v) \
          SELECT id, seq, attempts FROM v",
+        held = held("= b.seq"),
         start = step_sources(StepState::Running),
     )
 });
@@ -255,70 +222,35 @@ static START_SQL: LazyLock<String> = LazyLock::new(|| {
 fn starts_params(starts: &[(&str, u32, &str, &str)], now: &str, actor: &str) -> Vec<V> {
     let rows: Vec<serde_json::Value> = starts
         .iter()
-        .map(|(id, seq, version, params)| serde_json::json!({"id": id, "seq": seq, "version": version, "params": params}))
+        .map(|(id, seq, version, params)| {
+            serde_json::json!({"id": id, "seq": seq, "version": version, "params": params, "actor": actor})
+        })
         .collect();
-    vec![V::from(serde_json::Value::Array(rows).to_string()), V::from(now), V::from(actor)]
+    vec![V::from(serde_json::Value::Array(rows).to_string()), V::from(now)]
+}
+
+/// The `WITH` items of a move of steps of held instances, one row of `b`
+/// (`id`, `seq`, `actor`, …) each: `i` locks each instance RUNNING and held
+/// by its actor, `s` the steps whose seq is `steps` (`= b.seq`), with the
+/// state each leaves. Every row is a key lookup through `LATERAL`, in the
+/// order of the ids, and the moves that follow change a row by the `ctid`
+/// it was locked at: the plan stays so whatever the tables' statistics (a
+/// generic plan made while the tables were small would otherwise scan them).
+fn held(steps: &str) -> String {
+    format!(
+        "i AS (SELECT t.row_ctid, t.id FROM (SELECT id, actor FROM b ORDER BY id) o CROSS JOIN LATERAL \
+               (SELECT ctid AS row_ctid, id FROM task_instances \
+                WHERE id = o.id AND state = 'RUNNING' AND lease_owner = o.actor FOR UPDATE) t), \
+         s AS (SELECT st.row_ctid, st.instance_id, st.seq, st.state AS from_state, st.attempts \
+               FROM i JOIN b ON b.id = i.id \
+               CROSS JOIN LATERAL (SELECT ctid AS row_ctid, instance_id, seq, state, attempts FROM step_runs \
+               WHERE instance_id = i.id AND seq {steps} FOR UPDATE) st), "
+    )
 }
 
 /// The attempt of each start [`START_SQL`] made, by instance and step.
 fn starts_made(rows: &[super::db::Row]) -> Result<std::collections::HashMap<(String, u32), u32>> {
     rows.iter().map(|row| Ok(((row.get::<String>(0)?, row.get::<u32>(1)?), row.get::<u32>(2)?))).collect()
-}
-
-/// A step's SUCCESS with its output, and the instance's new context.
-pub(super) fn step_success(
-    c: &dyn Db,
-    id: &str,
-    seq: u32,
-    output: &str,
-    context: &str,
-    actor: &str,
-) -> Result<Option<()>> {
-    let sql = held_step_sql(
-        StepState::Success,
-        "output = ?5, finished_at = ?4",
-        "'succeeded'",
-        Some("context = ?6, updated_at = ?4"),
-    );
-    let now = super::rows::ts(chrono::Utc::now());
-    let params = held_step_params(id, seq, actor, &now, &[V::from(output), V::from(context)]);
-    Ok(c.query_opt(&sql, &params)?.map(|_| ()))
-}
-
-/// A step's SUCCESS, the instance's new context and what follows (the next
-/// step's start, or the instance's SUCCESS) in one statement: the
-/// instance's row and both steps' rows locked, both moves checked against
-/// the table, both history rows written ([`step_successes`] for one write).
-/// `None` when the SUCCESS itself was not made (see the module); otherwise
-/// whether the follow-up was made (one the table refuses is left out, the
-/// SUCCESS stands) and the started step's attempt (0 when none started).
-pub(super) fn step_success_and(
-    c: &dyn Db,
-    id: &str,
-    seq: u32,
-    output: &str,
-    context: &str,
-    after: &After,
-    actor: &str,
-) -> Result<Option<(bool, u32)>> {
-    let (next, finish) = match after {
-        After::Start(n, v, p) => (Some((*n, v.to_string(), p.to_string())), false),
-        After::Finish => (None, true),
-        After::Nothing => (None, false),
-    };
-    let write = Success {
-        id: id.into(),
-        seq,
-        output: output.into(),
-        context: context.into(),
-        next,
-        finish,
-        actor: actor.into(),
-    };
-    if !write.mergeable() {
-        return Ok(None);
-    }
-    Ok(step_successes(c, &[&write])?.pop().flatten())
 }
 
 /// A new PENDING instance with its PENDING steps and its first history row;
@@ -368,29 +300,22 @@ pub(super) fn create(c: &dyn Db, n: &NewInstance, actor: &str) -> Result<bool> {
     Ok(id.is_some())
 }
 
-/// Several instances' [`step_success_and`] in one statement: the writes of
-/// a batch go as one JSON array of rows, and each instance's rows are locked,
-/// checked and moved as that statement does. For each write, `None` when its
-/// SUCCESS was not made (see the module; the caller then runs that write on
-/// its own), otherwise what [`step_success_and`] returns. Each write's
-/// instance must be a different one. The instances and their steps are
-/// locked through `LATERAL` lookups, in the order of their ids, and moved
-/// where they were locked (by `ctid`): the plan stays a key lookup per row
-/// whatever the tables' statistics (a plan made while the tables were small
-/// would otherwise scan them).
+/// Steps' SUCCESS writes with their follow-ups (the next step's start, or
+/// the instance's SUCCESS) in one statement, one write or a batch's: their
+/// rows go as one JSON array; each instance's row and both steps' rows are
+/// locked, both moves checked against the table, the history rows written.
+/// For each write, `None` when its SUCCESS was not made (see the module; the
+/// caller then runs that write on its own), otherwise whether the follow-up
+/// was made (one the table refuses is left out, the SUCCESS stands) and the
+/// started step's attempt (0 when none started). Each write's instance must
+/// be a different one. Rows are locked and moved as [`held`] says.
 pub(super) fn step_successes(c: &dyn Db, writes: &[&Success]) -> Result<Vec<Option<(bool, u32)>>> {
     static SQL: LazyLock<String> = LazyLock::new(|| {
         format!(
             "WITH b AS (SELECT * FROM json_to_recordset(CAST(?1 AS json)) \
                   AS b(id text, seq integer, output text, context text, next integer, finish boolean, \
                        version text, params text, actor text)), \
-             i AS (SELECT t.row_ctid, t.id FROM (SELECT id, actor FROM b ORDER BY id) o CROSS JOIN LATERAL \
-                   (SELECT ctid AS row_ctid, id FROM task_instances \
-                    WHERE id = o.id AND state = 'RUNNING' AND lease_owner = o.actor FOR UPDATE) t), \
-             s AS (SELECT st.row_ctid, st.instance_id, st.seq, st.state AS from_state, st.attempts \
-                   FROM i JOIN b ON b.id = i.id \
-                   CROSS JOIN LATERAL (SELECT ctid AS row_ctid, instance_id, seq, state, attempts FROM step_runs \
-                   WHERE instance_id = i.id AND seq IN (b.seq, b.next) FOR UPDATE) st), \
+             {held}\
              u AS (UPDATE step_runs SET state = 'SUCCESS', output = b.output, finished_at = ?2 FROM b, s \
                    WHERE step_runs.ctid = s.row_ctid AND s.instance_id = b.id AND s.seq = b.seq \
                      AND s.from_state IN ({success}) \
@@ -414,6 +339,7 @@ pub(super) fn step_successes(c: &dyn Db, writes: &[&Success]) -> Result<Vec<Opti
                              FROM x WHERE finish) \
              SELECT u.id, v.attempts, CASE WHEN x.finish THEN 0 END FROM u \
              LEFT JOIN v ON v.id = u.id LEFT JOIN x ON x.id = u.id",
+            held = held("IN (b.seq, b.next)"),
             success = step_sources(StepState::Success),
             start = step_sources(StepState::Running),
         )

@@ -302,11 +302,11 @@ pub fn step_start(c: &dyn Db, id: &str, seq: u32, version: &str, params_json: &s
     Ok(attempt)
 }
 
-/// Several steps' starts, as [`step_start`] each (PostgreSQL sends them
-/// together: one round trip); the outcome of each. A start PostgreSQL's
-/// statement did not make runs alone after, to say why.
+/// Several steps' starts, as [`step_start`] each (PostgreSQL makes them in
+/// one statement); the outcome of each. A start PostgreSQL's statement did
+/// not make runs alone after, to say why.
 pub fn step_starts(c: &dyn Db, starts: &[(&str, u32, &str, &str)], actor: &str) -> Result<Vec<Result<u32>>> {
-    let fast = match c.postgres() && starts.len() > 1 {
+    let fast = match c.postgres() && !starts.is_empty() {
         true => super::moves::step_starts(c, starts, actor)?,
         false => vec![None; starts.len()],
     };
@@ -320,11 +320,10 @@ pub fn step_starts(c: &dyn Db, starts: &[(&str, u32, &str, &str)], actor: &str) 
         .collect())
 }
 
-/// Records a step's SUCCESS, its output and the new context together.
-pub fn step_success(c: &dyn Db, id: &str, seq: u32, output: &str, context: &str, actor: &str) -> Result<()> {
-    if c.postgres() && super::moves::step_success(c, id, seq, output, context, actor)?.is_some() {
-        return Ok(());
-    }
+/// Records a step's SUCCESS, its output and the new context together (the
+/// portable moves; on PostgreSQL they run only when its statement refused
+/// the SUCCESS, to say why).
+fn step_success(c: &dyn Db, id: &str, seq: u32, output: &str, context: &str, actor: &str) -> Result<()> {
     let (from, _, _) = held_step(c, id, seq, actor)?;
     check_step(from, StepState::Success)?;
     let now = ts(Utc::now());
@@ -351,7 +350,7 @@ pub struct Success {
 }
 
 impl Success {
-    pub fn after(&self) -> After<'_> {
+    fn after(&self) -> After<'_> {
         match (&self.next, self.finish) {
             (Some((n, v, p)), _) => After::Start(*n, v, p),
             (None, true) => After::Finish,
@@ -360,7 +359,7 @@ impl Success {
     }
 
     pub fn run(&self, c: &dyn Db) -> Result<(bool, u32)> {
-        step_success_and(c, &self.id, self.seq, &self.output, &self.context, self.after(), &self.actor)
+        step_success_and(c, self)
     }
 
     /// Whether it can be made with others: an instance's SUCCESS only when
@@ -372,7 +371,7 @@ impl Success {
 
 /// What follows a step's SUCCESS in the same write (see
 /// [`step_success_and`]).
-pub enum After<'a> {
+enum After<'a> {
     Nothing,
     /// Starts step `seq`: its plugin version and params (JSON).
     Start(u32, &'a str, &'a str),
@@ -386,20 +385,16 @@ pub enum After<'a> {
 /// follow-up was done: one the table refuses is left out, the SUCCESS
 /// stands. The moves and their checks are those of [`step_success`],
 /// [`step_start`] and [`finish_success`]; PostgreSQL makes all of it in one
-/// statement ([`super::moves::step_success_and`]) and, when that refuses
-/// the SUCCESS, runs those three to say why.
-pub fn step_success_and(
-    c: &dyn Db,
-    id: &str,
-    seq: u32,
-    output: &str,
-    context: &str,
-    after: After<'_>,
-    actor: &str,
-) -> Result<(bool, u32)> {
+/// statement ([`super::moves::step_successes`] for this write alone) and,
+/// when that refuses the SUCCESS, runs those three to say why.
+fn step_success_and(c: &dyn Db, w: &Success) -> Result<(bool, u32)> {
+    let (id, seq, output, context, actor) = (w.id.as_str(), w.seq, w.output.as_str(), w.context.as_str(), &w.actor);
+    let after = w.after();
     if c.postgres() {
-        if let Some(done) = super::moves::step_success_and(c, id, seq, output, context, &after, actor)? {
-            return Ok(done);
+        if w.mergeable() {
+            if let Some(done) = super::moves::step_successes(c, &[w])?.pop().flatten() {
+                return Ok(done);
+            }
         }
         // Refused: the portable moves say why.
         step_success(c, id, seq, output, context, actor)?;
