@@ -1,0 +1,33 @@
+//! The end-to-end tests, one binary with a module per area (ripgrep's
+//! layout): each module starts the real `apollo-agent` on temp dirs and real
+//! sockets through the harness in `src/lib.rs`. One binary links the
+//! dependency tree once instead of once per area.
+
+mod archive;
+mod audit;
+mod backup;
+mod bad_input;
+mod chaos;
+mod cli;
+mod clock;
+mod console;
+mod crash;
+mod engine;
+mod external;
+mod failpoints;
+mod failures;
+mod faults;
+mod fleet;
+mod hooks;
+mod hostile;
+mod metrics;
+mod package;
+mod postgres;
+mod reload;
+mod s3;
+mod sources;
+mod ssh;
+mod storage;
+mod systemd;
+mod triggers;
+mod workers;
