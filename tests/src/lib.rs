@@ -289,6 +289,33 @@ impl Agent {
             .expect("run apollo")
     }
 
+    /// Runs `apollo --socket … ARGS`, failing the test when it has not
+    /// returned within `limit` (a command that would hang for ever).
+    pub fn cli_within(&self, args: &[&str], limit: Duration) -> Output {
+        let child = Command::new(cli_bin())
+            .current_dir(self.path())
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run apollo");
+        let pid = child.id() as i32;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait_with_output());
+        });
+        match rx.recv_timeout(limit) {
+            Ok(out) => out.expect("apollo's output"),
+            Err(_) => {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+                panic!("apollo {args:?} did not return within {limit:?}:\n{}", self.log());
+            }
+        }
+    }
+
     /// Runs the CLI with `--json` and parses its stdout.
     pub fn cli_json(&self, args: &[&str]) -> (i32, Value) {
         let mut a = args.to_vec();

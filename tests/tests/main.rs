@@ -22,6 +22,7 @@ mod hooks;
 mod hostile;
 mod metrics;
 mod package;
+mod panics;
 mod postgres;
 mod reload;
 mod s3;

@@ -215,3 +215,42 @@ fn md5_of(bytes: &[u8]) -> u128 {
         .unwrap();
     u128::from_str_radix(String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap(), 16).unwrap()
 }
+
+/// An endpoint given only as `AWS_ENDPOINT_URL`, an IP address, with no
+/// `storage.s3` at all: it has no bucket subdomains, so requests are
+/// path-style (virtual-hosted addressing made object_store panic on the
+/// host name `bucket.127.0.0.1`, which stranded the instance).
+#[test]
+fn an_ip_endpoint_from_the_environment_is_addressed_path_style() {
+    let data = tempfile::tempdir().unwrap();
+    let file = data.path().join("inventory.json");
+    std::fs::write(&file, "[]\n").unwrap();
+    let md5 = format!("{:032x}", md5_of(&std::fs::read(&file).unwrap()));
+    let s3 = S3Server::start(&[("inventory.json", &file)]);
+    let agent = Agent::builder()
+        .env("AWS_ENDPOINT_URL", &s3.endpoint)
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ACCESS_KEY_ID", &s3.access_key)
+        .env("AWS_SECRET_ACCESS_KEY", &s3.secret_key)
+        .task("fetch.yaml", FETCH)
+        .start();
+    let target = agent.path().join("inventory.json");
+    let out = agent.cli_within(
+        &[
+            "run",
+            "fetch",
+            "-p",
+            "source=s3://bucket/inventory.json",
+            "-p",
+            &format!("target={}", target.display()),
+            "-p",
+            &format!("md5={md5}"),
+            "--wait",
+            "--json",
+        ],
+        Duration::from_secs(60),
+    );
+    let done: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(done["state"], "SUCCESS", "{done:#}\n{}", agent.log());
+    assert_eq!(std::fs::read(&target).unwrap(), b"[]\n");
+}

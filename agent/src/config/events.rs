@@ -105,9 +105,48 @@ pub struct S3Conf {
     #[serde(default)]
     pub region: Option<String>,
     /// `bucket` in the path (`endpoint/bucket/key`) rather than the host
-    /// name, as most S3-compatible servers want.
+    /// name, as most S3-compatible servers want. Default: path-style for an
+    /// endpoint that is an IP address or `localhost` (which have no bucket
+    /// subdomains), virtual-hosted otherwise.
     #[serde(default)]
-    pub path_style: bool,
+    pub path_style: Option<bool>,
+}
+
+impl S3Conf {
+    /// Whether requests to `endpoint` put the bucket in the path.
+    pub fn path_style_for(&self, endpoint: &str) -> bool {
+        self.path_style.unwrap_or_else(|| has_no_subdomains(endpoint))
+    }
+}
+
+/// An endpoint whose host is an IP address or `localhost`: a bucket cannot
+/// be a subdomain of it.
+pub fn has_no_subdomains(endpoint: &str) -> bool {
+    let rest = endpoint.split_once("://").map_or(endpoint, |(_, r)| r);
+    let authority = rest.split(['/', '?']).next().unwrap_or_default();
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => return v6.split(']').next().is_some_and(|h| h.parse::<std::net::Ipv6Addr>().is_ok()),
+        None => authority.rsplit_once(':').map_or(authority, |(h, _)| h),
+    };
+    host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok()
+}
+
+impl StorageConf {
+    pub fn validate(&self, file: &str) -> anyhow::Result<()> {
+        let s3 = &self.s3;
+        if let Some(e) = &s3.endpoint {
+            if !(e.starts_with("http://") || e.starts_with("https://")) {
+                bail!("{file}: storage.s3.endpoint: {e:?} is not an http:// or https:// URL (for example http://minio.internal:9000)");
+            }
+            if s3.path_style == Some(false) && has_no_subdomains(e) {
+                bail!(
+                    "{file}: storage.s3.path_style: false cannot reach a bucket at {e} (an IP address or localhost \
+                     has no bucket subdomains); set storage.s3.path_style: true"
+                );
+            }
+        }
+        Ok(())
+    }
 }
 
 impl EventsConf {
@@ -173,5 +212,17 @@ mod tests {
         assert!(err(open).contains("needs a bearer token"));
         assert!(Config::parse(&open.replace("0.0.0.0", "127.0.0.1"), "apollo.yaml").is_ok());
         assert!(err("storage:\n  s3:\n    bucket: x\n").contains("unknown field `bucket`"));
+        let s3 = "storage:\n  s3:\n    endpoint: http://127.0.0.1:9000\n";
+        assert!(err(&format!("{s3}    path_style: false\n")).contains("set storage.s3.path_style: true"));
+        assert!(Config::parse(s3, "apollo.yaml").unwrap().storage.s3.path_style_for("http://127.0.0.1:9000"));
+        assert!(err("storage:\n  s3:\n    endpoint: minio:9000\n").contains("is not an http:// or https:// URL"));
+    }
+
+    #[test]
+    fn ip_addresses_and_localhost_have_no_bucket_subdomains() {
+        use super::has_no_subdomains as no;
+        assert!(no("http://127.0.0.1:9000") && no("http://localhost:9000/") && no("https://[::1]:9000"));
+        assert!(no("http://10.0.0.7") && no("http://LOCALHOST"));
+        assert!(!no("http://minio.internal:9000") && !no("https://s3.eu-west-1.amazonaws.com"));
     }
 }

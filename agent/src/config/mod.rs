@@ -470,6 +470,7 @@ impl Config {
     fn validate(&self, file: &str) -> anyhow::Result<()> {
         self.validate_name(&format!("{file}: agent.name"))?;
         self.events.validate(file)?;
+        self.storage.validate(file)?;
         let s = &self.scheduler;
         if s.concurrency == 0 || s.concurrency > 10_000 {
             bail!("{file}: scheduler.concurrency: {} is out of range (expected 1 to 10000)", s.concurrency);

@@ -43,14 +43,47 @@ pub const CLASSES: &[&str] = &[
 pub struct PluginError {
     pub message: String,
     pub permanent: bool,
+    /// The call panicked: a bug in the plugin (or a library it uses), not a
+    /// transient fault. Permanent, and raised as a `plugin_panicked` alert.
+    pub panicked: bool,
 }
 
 impl PluginError {
     pub fn retryable(message: impl Into<String>) -> Self {
-        PluginError { message: message.into(), permanent: false }
+        PluginError { message: message.into(), permanent: false, panicked: false }
     }
     pub fn permanent(message: impl Into<String>) -> Self {
-        PluginError { message: message.into(), permanent: true }
+        PluginError { message: message.into(), permanent: true, panicked: false }
+    }
+    /// `plugin NAME panicked: MESSAGE`, from a panic's payload.
+    pub fn panicked(plugin: &str, payload: &(dyn std::any::Any + Send)) -> Self {
+        let message = format!("plugin {plugin} panicked: {}", panic_message(payload));
+        PluginError { message, permanent: true, panicked: true }
+    }
+}
+
+/// What a panic said (its payload is a `&str` or a `String` when it was
+/// made by `panic!` or an `unwrap`).
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
+/// Runs one call of plugin `name`, turning a panic anywhere inside it (the
+/// plugin's code, or a library's) into a failed call that says so: the
+/// step fails and its instance follows its failure policy, instead of the
+/// executor dying with the instance left RUNNING.
+pub async fn unwinding<T>(
+    name: &str,
+    call: impl std::future::Future<Output = Result<T, PluginError>>,
+) -> Result<T, PluginError> {
+    use futures::FutureExt;
+    match std::panic::AssertUnwindSafe(call).catch_unwind().await {
+        Ok(r) => r,
+        Err(payload) => Err(PluginError::panicked(name, payload.as_ref())),
     }
 }
 

@@ -29,8 +29,9 @@ fn store(conf: &S3Conf, bucket: &str) -> Result<impl ObjectStore, PluginError> {
     match endpoint {
         Some(e) => {
             let http = e.starts_with("http://");
+            let path_style = conf.path_style_for(&e);
             // Virtual-hosted addressing puts the bucket in the host name.
-            let e = if conf.path_style {
+            let e = if path_style {
                 e
             } else {
                 match e.split_once("://") {
@@ -38,9 +39,9 @@ fn store(conf: &S3Conf, bucket: &str) -> Result<impl ObjectStore, PluginError> {
                     None => e,
                 }
             };
-            b = b.with_endpoint(e).with_allow_http(http).with_virtual_hosted_style_request(!conf.path_style);
+            b = b.with_endpoint(e).with_allow_http(http).with_virtual_hosted_style_request(!path_style);
         }
-        None => b = b.with_virtual_hosted_style_request(!conf.path_style),
+        None => b = b.with_virtual_hosted_style_request(!conf.path_style.unwrap_or(false)),
     }
     b.build().map_err(|e| PluginError::permanent(format!("s3://{bucket}: the S3 settings are not usable: {e}")))
 }

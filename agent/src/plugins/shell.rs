@@ -174,6 +174,8 @@ impl Plugin for Shell {
     }
     fn execute<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Value, PluginError>> {
         Box::pin(async move {
+            // The tests make a plugin panic here (`shell.execute=panic(…)`).
+            fail::fail_point!("shell.execute");
             let command = call.params.get("command").cloned().unwrap_or(Value::Null);
             self.run(&call, &command, "command", false).await
         })

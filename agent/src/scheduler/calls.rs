@@ -197,9 +197,9 @@ fn render(params: &Map<String, Value>, ctx: &Context) -> Result<Map<String, Valu
 
 /// The plugin's check of rendered params.
 async fn validate(reg: &Registration, params: &Map<String, Value>) -> Result<(), PluginError> {
-    reg.plugin.validate(params).await.map_err(|e| PluginError {
-        message: if e.permanent { format!("invalid params: {}", e.message) } else { e.message },
-        permanent: e.permanent,
+    crate::plugins::unwinding(&reg.name, reg.plugin.validate(params)).await.map_err(|e| PluginError {
+        message: if e.permanent && !e.panicked { format!("invalid params: {}", e.message) } else { e.message },
+        ..e
     })
 }
 
@@ -223,10 +223,11 @@ pub(super) async fn watchdog<T>(
     timeout: Duration,
     token: &CancellationToken,
     stop: Option<&CancellationToken>,
-    call: impl std::future::Future<Output = Result<T, PluginError>>,
+    (plugin, call): (&str, impl std::future::Future<Output = Result<T, PluginError>>),
     what: &str,
 ) -> Result<T, PluginError> {
     let grace = s.config().scheduler.kill_grace + Duration::from_secs(1);
+    let call = crate::plugins::unwinding(plugin, call);
     tokio::pin!(call);
     let stopped = async {
         match stop {

@@ -204,7 +204,7 @@ async fn run_step(
             kill_grace: s.config().scheduler.kill_grace,
         };
         let began = std::time::Instant::now();
-        let r = watchdog(s, timeout, &token, Some(&active.token), reg.plugin.execute(call), "").await;
+        let r = watchdog(s, timeout, &token, Some(&active.token), (&reg.name, reg.plugin.execute(call)), "").await;
         let m = crate::metrics::get();
         let outcome = match &r {
             Ok(_) => "success",
@@ -227,6 +227,8 @@ async fn run_step(
     };
     let result = result
         .and_then(|out| ctx.merge_output(&d.name, out.clone(), limits).map_err(PluginError::permanent).map(|_| out));
+    // The tests make the executor itself panic here (`executor.after_step=panic(…)`).
+    fail::fail_point!("executor.after_step");
     crate::crash_point!("executor.before_step_commit");
     async {
         match result {
@@ -343,6 +345,10 @@ async fn failed(
     });
     let (failures, plan) = s.store.fail_step(id, seq, &message, true, decide).await?;
     crate::crash_point!("executor.after_failure_commit");
+    if e.panicked {
+        tracing::error!(step = %name, "{located}");
+        let _ = s.store.alert("plugin_panicked", &format!("task {}: {located}", def.task), Some(id)).await;
+    }
     if !matches!(plan, FailurePlan::Retry(_)) {
         let what = if plan == FailurePlan::Rollback { "rolling back" } else { "left FAILED" };
         let msg = format!("task {}: {located} ({what} after {failures} attempt(s))", def.task);
@@ -403,7 +409,8 @@ async fn rollback(
                     kill_grace: s.config().scheduler.kill_grace,
                 };
                 let timeout = d.timeout.map(Duration::from_secs_f64).unwrap_or(reg.timeout);
-                watchdog(s, timeout, &token, None, reg.plugin.rollback(call, step.output.as_ref()), "rollback ").await
+                let call = (reg.name.as_str(), reg.plugin.rollback(call, step.output.as_ref()));
+                watchdog(s, timeout, &token, None, call, "rollback ").await
             }
         };
         match result {

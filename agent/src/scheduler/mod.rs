@@ -486,8 +486,20 @@ impl Scheduler {
         }
         let me = self.clone();
         self.tracker.spawn(async move {
+            use futures::FutureExt;
             let id = inst.id.clone();
-            let stalled = executor::run(&me, inst, first, &active).await;
+            // Plugin calls catch their own panics; one anywhere else in the
+            // executor must not leave the instance RUNNING with nobody on it.
+            let run = std::panic::AssertUnwindSafe(executor::run(&me, inst, first, &active)).catch_unwind();
+            let stalled = match run.await {
+                Ok(stalled) => stalled,
+                Err(payload) => {
+                    let said = crate::plugins::panic_message(payload.as_ref());
+                    drop(payload);
+                    me.executor_panicked(&id, &said).await;
+                    false
+                }
+            };
             me.active.lock().expect("active").remove(&id);
             if stalled {
                 me.stalled.lock().expect("stalled").push(id.clone());
@@ -499,6 +511,20 @@ impl Scheduler {
                 me.wake();
             }
         });
+    }
+
+    /// Ends an instance whose executor panicked outside a plugin call: FAILED
+    /// with the panic's message (not rolled back: what the executor was doing
+    /// is not known), and alerted.
+    async fn executor_panicked(&self, id: &str, said: &str) {
+        let msg = format!(
+            "stopped: the executor panicked: {said} (a bug in the agent; the instance can be retried or rolled back)"
+        );
+        tracing::error!(task_id = %id, "{msg}");
+        if let Err(e) = self.store.fail(id, &msg, crate::store::FailurePlan::Stop, self.store.agent()).await {
+            tracing::warn!(task_id = %id, error = %e, "could not mark the instance FAILED");
+        }
+        let _ = self.store.alert("plugin_panicked", &msg, Some(id)).await;
     }
 
     /// The sum of a definition's step timeouts.

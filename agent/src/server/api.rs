@@ -167,7 +167,8 @@ impl Api {
                 .unwrap_or_else(|_| (s.params.clone(), Vec::new()));
             let (version, describe, error) = match reg {
                 Ok(r) => {
-                    let err = r.plugin.validate(&rendered).await.err().map(|e| e.message);
+                    let check = crate::plugins::unwinding(&r.name, r.plugin.validate(&rendered));
+                    let err = check.await.err().map(|e| e.message);
                     (Some(r.version().to_string()), Some(r.plugin.describe()), err)
                 }
                 Err(e) => (None, None, Some(e)),
