@@ -13,6 +13,7 @@
 //! - [`context`]: the per-instance context and its size limits.
 //! - [`protocol`]: JSON-RPC 2.0 types, methods, error codes, frame limit.
 //! - [`paths`]: the one resolution order of config, tasks, data and socket.
+//! - [`text`]: text shortened to one line for tables, history and alerts.
 
 pub mod context;
 pub mod cron;
@@ -21,6 +22,7 @@ pub mod paths;
 pub mod protocol;
 pub mod state;
 pub mod template;
+pub mod text;
 pub mod yaml;
 
 pub use state::{StepState, TaskState};

@@ -504,6 +504,29 @@ pub fn http_receiver() -> (u16, std::sync::mpsc::Receiver<(String, Value)>) {
     (port, rx)
 }
 
+/// An HTTP server on a free local port that answers every request with
+/// this status line (`501 Not Implemented`), content type and body.
+pub fn http_responder(status: &str, content_type: &str, body: &str) -> u16 {
+    use std::io::{BufRead, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let answer = format!(
+        "HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut r = std::io::BufReader::new(stream.try_clone().unwrap());
+            let mut line = String::new();
+            while r.read_line(&mut line).unwrap_or(0) > 0 && line != "\r\n" {
+                line.clear();
+            }
+            let _ = (&stream).write_all(answer.as_bytes());
+        }
+    });
+    port
+}
+
 /// The PostgreSQL the tests use: `APOLLO_TEST_DATABASE_URL`, default the
 /// machine's server at 127.0.0.1:5432 (trust auth, database `test`).
 pub fn pg_url() -> String {

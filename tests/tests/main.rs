@@ -13,6 +13,7 @@ mod clock;
 mod console;
 mod crash;
 mod engine;
+mod errors;
 mod external;
 mod failpoints;
 mod failures;

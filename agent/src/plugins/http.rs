@@ -37,6 +37,33 @@ fn check_request(p: &Map<String, Value>, prefix: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Characters of an error response's text an error carries (the whole
+/// response is not kept: an error page would fill every listing).
+const ERROR_BODY_CHARS: usize = 300;
+
+/// What an error carries of a response body: its content type, and the
+/// start of its text on one line (markup stripped from HTML and XML); of a
+/// body that is not text, its size.
+fn body_summary(content_type: &str, text: &str, bytes: usize) -> String {
+    let mime = content_type.split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
+    let textual = mime.is_empty()
+        || mime.starts_with("text/")
+        || mime.ends_with("json")
+        || mime.ends_with("xml")
+        || mime.ends_with("+json")
+        || mime.ends_with("+xml");
+    let shown = if mime.is_empty() { String::new() } else { format!(" ({mime})") };
+    if bytes == 0 {
+        return format!("{shown}, empty body");
+    }
+    if !textual {
+        return format!("{shown}, {bytes} bytes");
+    }
+    let marked_up = mime.contains("html") || mime.ends_with("xml") || text.trim_start().starts_with('<');
+    let body = if marked_up { apollo_shared::text::strip_markup(text) } else { text.to_string() };
+    format!("{shown}: {}", apollo_shared::text::one_line(&body, ERROR_BODY_CHARS))
+}
+
 impl HttpRequest {
     async fn send(&self, p: &Map<String, Value>) -> Result<Value, PluginError> {
         let url = p["url"].as_str().unwrap_or_default();
@@ -61,10 +88,12 @@ impl HttpRequest {
             _ => Vec::new(),
         };
         let ok = if expected.is_empty() { status.is_success() } else { expected.contains(&status.as_u16()) };
+        let content_type =
+            resp.headers().get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
         let bytes = resp.bytes().await.map_err(|e| PluginError::retryable(format!("{method} {url}: {e}")))?;
         let text = String::from_utf8_lossy(&bytes[..bytes.len().min(BODY_BYTES)]).into_owned();
         if !ok {
-            let msg = format!("{method} {url}: HTTP {status}: {}", text.chars().take(200).collect::<String>());
+            let msg = format!("{method} {url}: HTTP {status}{}", body_summary(&content_type, &text, bytes.len()));
             let retry = status.is_server_error() || status.as_u16() == 429;
             return Err(if retry { PluginError::retryable(msg) } else { PluginError::permanent(msg) });
         }
@@ -133,5 +162,26 @@ impl Plugin for HttpRequest {
                 _ => Ok(()),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::body_summary;
+
+    #[test]
+    fn an_error_body_is_summed_up_on_one_line() {
+        let page = "<!DOCTYPE html>\n<html><head><title>501 Not Implemented</title></head>\n<body><h1>Not Implemented</h1>\n</body></html>\n";
+        assert_eq!(
+            body_summary("text/html; charset=utf-8", page, page.len()),
+            " (text/html): 501 Not Implemented Not Implemented"
+        );
+        assert_eq!(
+            body_summary("application/json", "{\"error\":\"no\"}", 14),
+            " (application/json): {\"error\":\"no\"}"
+        );
+        assert_eq!(body_summary("application/octet-stream", "\u{1}", 9000), " (application/octet-stream), 9000 bytes");
+        assert_eq!(body_summary("", "", 0), ", empty body");
+        assert!(body_summary("text/plain", &"word ".repeat(400), 2000).chars().count() < 330);
     }
 }

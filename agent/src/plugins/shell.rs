@@ -55,6 +55,29 @@ fn env(p: &Map<String, Value>) -> Result<Vec<(String, String)>, String> {
     }
 }
 
+/// Lines of stderr, then of stdout, an error carries: the cause is usually
+/// the last thing a command said, on stderr. The whole output is in the
+/// step's log.
+const ERROR_STDERR_LINES: usize = 5;
+const ERROR_STDOUT_LINES: usize = 3;
+/// Characters kept of each line an error carries.
+const ERROR_LINE_CHARS: usize = 200;
+
+/// `; stderr: A | B; stdout: C | D`: the last lines of each stream, in the
+/// order they were written, labelled and bounded; nothing for an empty one.
+fn output_tails(o: &process::Outcome) -> String {
+    let mut out = String::new();
+    for (label, text, n) in
+        [("stderr", &o.stderr_tail, ERROR_STDERR_LINES), ("stdout", &o.stdout_tail, ERROR_STDOUT_LINES)]
+    {
+        let lines = apollo_shared::text::last_lines(text, n, ERROR_LINE_CHARS);
+        if !lines.is_empty() {
+            out.push_str(&format!("; {label}: {}", lines.join(" | ")));
+        }
+    }
+    out
+}
+
 impl Shell {
     async fn run(&self, call: &Call<'_>, command: &Value, field: &str, rollback: bool) -> Result<Value, PluginError> {
         let p = call.params;
@@ -89,12 +112,11 @@ impl Shell {
         let ok = ok_codes(p).map_err(PluginError::permanent)?;
         let code = outcome.code.map(i64::from);
         if outcome.stopped || !code.is_some_and(|c| ok.contains(&c)) {
-            let tail: String = outcome.stdout_tail.lines().rev().take(3).collect::<Vec<_>>().join(" | ");
             return Err(PluginError::retryable(format!(
                 "{} {} (expected exit code {ok:?}){}",
                 if rollback { "rollback command ended with" } else { "command ended with" },
                 process::describe_exit(&outcome),
-                if tail.is_empty() { String::new() } else { format!("; last output: {tail}") }
+                output_tails(&outcome)
             )));
         }
         let mut out = json!({

@@ -87,7 +87,7 @@ fn task_params(id: &str, to: TaskState, reason: &str, actor: &str, also: &Also) 
     let now = super::rows::ts(chrono::Utc::now());
     let mut params = vec![V::from(id), V::from(to.as_str()), V::from(now)];
     params.extend_from_slice(also.1);
-    params.push(V::from(reason));
+    params.push(V::from(super::rows::reason(reason)));
     params.push(V::from(actor));
     params
 }

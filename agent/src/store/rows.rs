@@ -11,6 +11,16 @@ pub fn ts(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Micros, true)
 }
 
+/// Characters kept of a history row's reason: a row is one line of a
+/// table (`apollo show`, the console's timeline). The whole error stays
+/// with the step and the instance.
+const REASON_CHARS: usize = 300;
+
+/// A history row's reason: the text on one line, bounded.
+pub fn reason(text: &str) -> String {
+    apollo_shared::text::one_line(text, REASON_CHARS)
+}
+
 pub fn parse_ts(s: Option<String>) -> Option<DateTime<Utc>> {
     s.and_then(|s| DateTime::parse_from_rfc3339(&s).ok()).map(|t| t.with_timezone(&Utc))
 }

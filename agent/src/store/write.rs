@@ -57,7 +57,7 @@ pub(super) fn history(
 ) -> Result<()> {
     c.execute(
         "INSERT INTO transitions (instance_id, step_seq, from_state, to_state, reason, actor, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-        p![id, step, from, to, reason, actor, ts(Utc::now())],
+        p![id, step, from, to, super::rows::reason(reason), actor, ts(Utc::now())],
     )?;
     Ok(())
 }

@@ -1,0 +1,103 @@
+//! Text an operator reads in one line: an error in a table, a history row,
+//! an alert's summary. Every place that shortens text does it here, so a cut
+//! always looks the same (`…` where text was left out).
+
+/// `text` on one line: runs of whitespace (newlines included) become one
+/// space, and at most `max` characters are kept, the last of them `…` when
+/// anything was cut.
+pub fn one_line(text: &str, max: usize) -> String {
+    let mut out = String::with_capacity(text.len().min(max * 4));
+    let mut n = 0;
+    for word in text.split_whitespace() {
+        let sep = usize::from(n > 0);
+        let len = word.chars().count();
+        if n + sep + len > max {
+            if n + sep < max {
+                if sep == 1 {
+                    out.push(' ');
+                }
+                out.extend(word.chars().take(max - n - sep - 1));
+            }
+            out.push('…');
+            return out;
+        }
+        if sep == 1 {
+            out.push(' ');
+        }
+        out.push_str(word);
+        n += sep + len;
+    }
+    out
+}
+
+/// The last `n` non-blank lines of `text`, in the order they were written,
+/// each on one line of at most `width` characters.
+pub fn last_lines(text: &str, n: usize, width: usize) -> Vec<String> {
+    let mut lines: Vec<String> =
+        text.lines().rev().filter(|l| !l.trim().is_empty()).take(n).map(|l| one_line(l, width)).collect();
+    lines.reverse();
+    lines
+}
+
+/// The text of an HTML (or XML) document without its markup, scripts and
+/// styles: what a person would read of an error page.
+pub fn strip_markup(html: &str) -> String {
+    let mut out = String::with_capacity(html.len());
+    let mut rest = html;
+    while let Some(open) = rest.find('<') {
+        out.push_str(&rest[..open]);
+        out.push(' ');
+        let tag = &rest[open..];
+        let lower: String = tag.chars().take(8).collect::<String>().to_ascii_lowercase();
+        // A script's or a style's body is not text.
+        let skip_to = ["script", "style"].iter().find(|t| lower[1..].starts_with(*t)).map(|t| format!("</{t}"));
+        rest = match skip_to {
+            Some(end) => match tag.to_ascii_lowercase().find(&end) {
+                Some(i) => tag[i..].find('>').map_or("", |j| &tag[i + j + 1..]),
+                None => "",
+            },
+            None => tag.find('>').map_or("", |i| &tag[i + 1..]),
+        };
+    }
+    out.push_str(rest);
+    for (entity, ch) in
+        [("&nbsp;", " "), ("&lt;", "<"), ("&gt;", ">"), ("&quot;", "\""), ("&#39;", "'"), ("&amp;", "&")]
+    {
+        out = out.replace(entity, ch);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_line_joins_lines_and_cuts_with_an_ellipsis() {
+        assert_eq!(one_line("a\n  b\tc\n", 80), "a b c");
+        assert_eq!(one_line("abcdef ghij", 8), "abcdef …");
+        assert_eq!(one_line("abcdefghij", 5), "abcd…");
+        assert_eq!(one_line("abc def", 7), "abc def");
+        assert_eq!(one_line("ab cd", 3), "ab…");
+        assert_eq!(one_line("", 5), "");
+        assert!(one_line(&"x ".repeat(500), 100).chars().count() <= 100);
+    }
+
+    #[test]
+    fn last_lines_keep_their_order() {
+        assert_eq!(last_lines("line1\nline2\n\n", 5, 80), ["line1", "line2"]);
+        assert_eq!(last_lines("a\nb\nc\nd\n", 2, 80), ["c", "d"]);
+        assert_eq!(last_lines(&"y".repeat(300), 1, 10), ["yyyyyyyyy…"]);
+    }
+
+    #[test]
+    fn markup_is_stripped_to_what_a_person_reads() {
+        let page = "<html><head><title>501 Not Implemented</title><style>h1 {color: red}</style>\
+                    <script>var x = '<b>';</script></head><body><h1>Not&nbsp;Implemented</h1>\
+                    <p>POST to /deploy is not supported &amp; never was.</p></body></html>";
+        assert_eq!(
+            one_line(&strip_markup(page), 200),
+            "501 Not Implemented Not Implemented POST to /deploy is not supported & never was."
+        );
+    }
+}
