@@ -2,14 +2,19 @@
 //! file per step under `<data dir>/logs/<instance>/<seq>.log`, capped in size.
 //! The file is created on the first line, so silent steps cost nothing.
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, Weak};
+use tokio::sync::Notify;
 
 pub struct StepLog {
     path: PathBuf,
     cap: u64,
     state: Mutex<LogState>,
+    /// Wakes whoever follows this log (`steps.logs` with `wait_ms`) when a
+    /// line is written.
+    grew: Arc<Notify>,
 }
 
 #[derive(Default)]
@@ -17,13 +22,43 @@ struct LogState {
     file: Option<std::fs::File>,
     written: u64,
     truncated: bool,
+    /// The attempt's first line, if anything is written (see [`StepLog::opening`]).
+    opening: Option<String>,
     /// A line to write first if anything else is written (see [`StepLog::header`]).
     header: Option<String>,
 }
 
+/// The notifier of each log being written or followed, by path: held
+/// strongly by writers and waiters, so an entry lives while either does.
+static GROWTH: Mutex<Option<HashMap<PathBuf, Weak<Notify>>>> = Mutex::new(None);
+
+/// The notifier that fires when the log at `path` grows.
+pub fn growth(path: &Path) -> Arc<Notify> {
+    let mut map = GROWTH.lock().expect("log growth");
+    let map = map.get_or_insert_with(HashMap::new);
+    if let Some(n) = map.get(path).and_then(Weak::upgrade) {
+        return n;
+    }
+    // Forget the logs nobody writes or follows any more, now and then.
+    if map.len() >= 64 && map.len().is_power_of_two() {
+        map.retain(|_, w| w.strong_count() > 0);
+    }
+    let n = Arc::new(Notify::new());
+    map.insert(path.to_path_buf(), Arc::downgrade(&n));
+    n
+}
+
 impl StepLog {
     pub fn new(path: PathBuf, cap: u64) -> StepLog {
-        StepLog { path, cap, state: Mutex::new(LogState::default()) }
+        let grew = growth(&path);
+        StepLog { path, cap, state: Mutex::new(LogState::default()), grew }
+    }
+
+    /// The line that opens this attempt's part of the log
+    /// (`[apollo: step NAME, attempt N]`), written before anything else the
+    /// attempt writes, and not at all by a silent attempt.
+    pub fn opening(&self, text: &str) {
+        self.state.lock().expect("step log").opening = Some(text.to_string());
     }
 
     pub fn path_for(data_dir: &Path, instance: &str, seq: u32) -> PathBuf {
@@ -43,10 +78,12 @@ impl StepLog {
     /// never fails a step.
     pub fn line(&self, text: &str) {
         let mut st = self.state.lock().expect("step log");
-        if let Some(header) = st.header.take() {
-            self.write(&mut st, &header);
+        for first in [st.opening.take(), st.header.take()].into_iter().flatten() {
+            self.write(&mut st, &first);
         }
         self.write(&mut st, text);
+        drop(st);
+        self.grew.notify_waiters();
     }
 
     fn write(&self, st: &mut LogState, text: &str) {
@@ -88,6 +125,14 @@ impl StepLog {
     }
 }
 
+impl Drop for StepLog {
+    /// The attempt has ended (its log is dropped after its outcome is
+    /// committed): whoever follows the log looks at the step again.
+    fn drop(&mut self) {
+        self.grew.notify_waiters();
+    }
+}
+
 /// Reads a step log from `offset`, at most `max` bytes.
 pub fn read(path: &Path, offset: u64, max: usize) -> std::io::Result<(String, u64, bool)> {
     use std::io::{Read, Seek, SeekFrom};
@@ -123,5 +168,25 @@ mod tests {
         log.line("two");
         let text = std::fs::read_to_string(dir.path().join("i/1.log")).unwrap();
         assert_eq!(text, "[header]\none\ntwo\n");
+
+        let log = StepLog::new(dir.path().join("i/2.log"), 1024);
+        log.opening("[apollo: step x, attempt 2]");
+        log.header("[worker]");
+        log.line("three");
+        let text = std::fs::read_to_string(dir.path().join("i/2.log")).unwrap();
+        assert_eq!(text, "[apollo: step x, attempt 2]\n[worker]\nthree\n");
+    }
+
+    #[tokio::test]
+    async fn a_follower_is_woken_when_the_log_grows() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("i/0.log");
+        let grew = growth(&path);
+        let woken = grew.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        StepLog::new(path.clone(), 1024).line("hello");
+        tokio::time::timeout(std::time::Duration::from_secs(5), woken).await.expect("woken by the line");
+        assert!(Arc::ptr_eq(&grew, &growth(&path)), "one notifier per log");
     }
 }

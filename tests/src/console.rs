@@ -21,8 +21,18 @@ impl Console {
 
     /// As [`Console::start`], with these extra environment variables.
     pub fn start_with_env(dir: &Path, args: &[&str], path_prefix: Option<&Path>, env: &[(&str, &str)]) -> Console {
-        let pty =
-            native_pty_system().openpty(PtySize { rows: 40, cols: 140, pixel_width: 0, pixel_height: 0 }).unwrap();
+        Console::start_sized(dir, args, path_prefix, env, (40, 140))
+    }
+
+    /// As [`Console::start_with_env`], on a terminal of `(rows, cols)`.
+    pub fn start_sized(
+        dir: &Path,
+        args: &[&str],
+        path_prefix: Option<&Path>,
+        env: &[(&str, &str)],
+        (rows, cols): (u16, u16),
+    ) -> Console {
+        let pty = native_pty_system().openpty(PtySize { rows, cols, pixel_width: 0, pixel_height: 0 }).unwrap();
         let mut cmd = CommandBuilder::new(crate::bin_dir().join("apollo-tui"));
         cmd.args(args);
         cmd.cwd(dir);
@@ -39,7 +49,7 @@ impl Console {
         let child = pty.slave.spawn_command(cmd).unwrap();
         let mut reader = pty.master.try_clone_reader().unwrap();
         let writer = pty.master.take_writer().unwrap();
-        let screen = Arc::new((Mutex::new(vt100::Parser::new(40, 140, 0)), Condvar::new()));
+        let screen = Arc::new((Mutex::new(vt100::Parser::new(rows, cols, 0)), Condvar::new()));
         let s = screen.clone();
         let master = pty.master;
         std::thread::spawn(move || {

@@ -165,3 +165,68 @@ fn the_plugins_view_shows_runs_failures_durations_and_the_suggested_timeout() {
     assert_eq!(shell.get(3), Some(&"1s"), "p99 + 50 %, at least 1 s: {screen}");
     assert_eq!(c.quit(), 0);
 }
+
+/// The console's figures are the store's, for as long as it stays open:
+/// its header's hour and its queues view equal `agent.stats` after
+/// instances succeed, fail, roll back and are retried, every queue is
+/// listed, and a rolled-back instance counts among the failures.
+#[test]
+fn the_figures_on_screen_stay_equal_to_a_fresh_read() {
+    let agent = Agent::builder()
+        .task("ok.yaml", "task: ok\nqueue: ops\nsteps:\n  - plugin: shell\n    params: {command: 'true'}\n")
+        .task(
+            "bad.yaml",
+            "task: bad\non_failure: stop\nsteps:\n  - plugin: shell\n    retry: 0\n    params: {command: 'false'}\n",
+        )
+        .task(
+            "undo.yaml",
+            "task: undo\nqueue: ops\nsteps:\n  - plugin: shell\n    retry: 0\n    params: {command: 'false'}\n",
+        )
+        .start();
+    let sock = agent.socket.display().to_string();
+    let mut c = Console::start_sized(agent.path(), &["--socket", &sock], None, &[], (40, 120));
+    c.wait_for(&["connected", "0 ended in 1h"]);
+    let run = |task: &str| agent.cli(&["run", task, "--wait"]);
+    for task in ["ok", "ok", "ok", "bad", "bad", "undo", "undo"] {
+        run(task);
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let fresh = || {
+        rt.block_on(async {
+            let cl = agent.client().await;
+            cl.request::<m::AgentStats>(StatsParams { minutes: Some(60) }).await.unwrap()
+        })
+    };
+    let st = fresh();
+    assert_eq!(st.ended.iter().sum::<u64>(), 7, "{st:?}");
+    c.wait_for(&["7 ended in 1h"]);
+    c.keys(":queues\r");
+    let row = |screen: &str, q: &str| {
+        let q = format!("{q} ");
+        screen.lines().find(|l| l.trim_start_matches(['│', ' ']).starts_with(&q)).unwrap_or_default().to_string()
+    };
+    let screen = c.wait_until("ops 5 (2 failed) and default 2 (2 failed)", |s| {
+        row(s, "ops").contains("5 (2 failed)") && row(s, "default").contains("2 (2 failed)")
+    });
+    assert!(screen.contains("7 ended in 1h"), "{screen}");
+    // A FAILED instance retried that fails again is still one instance that
+    // ended: a fresh read says 8 after one more, and so does the screen.
+    let (_, failed) = agent.cli_json(&["ls", "--task", "bad", "--limit", "1"]);
+    let id = failed[0]["id"].as_str().unwrap().to_string();
+    let out = agent.cli(&["retry", &id, "--wait"]);
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    run("ok");
+    let st = fresh();
+    assert_eq!(st.ended.iter().sum::<u64>(), 8, "{st:?}");
+    c.wait_until("ops 6 (2 failed), default 2 (2 failed), 8 ended in 1h", |s| {
+        row(s, "ops").contains("6 (2 failed)")
+            && row(s, "default").contains("2 (2 failed)")
+            && s.contains("8 ended in 1h")
+    });
+    // `apollo plugins` counts every attempt: 4 succeeded, 5 failed.
+    let (_, plugins) = agent.cli_json(&["plugins"]);
+    let shell = plugins.as_array().unwrap().iter().find(|p| p["name"] == "shell").unwrap();
+    assert_eq!(shell["stats"]["runs"], 9, "{shell:#}");
+    assert!((shell["stats"]["failure_rate"].as_f64().unwrap() - 5.0 / 9.0).abs() < 1e-9, "{shell:#}");
+    assert_eq!(c.quit(), 0);
+}

@@ -19,6 +19,7 @@ mod failpoints;
 mod failures;
 mod faults;
 mod fleet;
+mod follow;
 mod hooks;
 mod hostile;
 mod metrics;

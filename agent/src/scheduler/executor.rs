@@ -180,6 +180,7 @@ async fn run_step(
     let version = prepared.as_ref().map(|(r, _, _)| r.version().to_string()).unwrap_or_default();
     let span = tracing::info_span!("step", step = %d.name, seq = step.seq, attempt);
     let log = StepLog::new(StepLog::path_for(&s.data_dir, id, step.seq), s.config().logging.step_log_bytes);
+    log.opening(&format!("[apollo: step {}, attempt {attempt}]", d.name));
     let result = async {
         let (reg, params, env) = prepared?;
         let timeout = d.timeout.map(Duration::from_secs_f64).unwrap_or(reg.timeout);

@@ -33,6 +33,9 @@ fn answer<M: Method>(r: Result<M::Result, RpcError>) -> Reply {
     serde_json::to_value(r?).map_err(|e| RpcError::new(code::INTERNAL, e.to_string()))
 }
 
+/// The most a `steps.logs` answer carries.
+const LOGS_READ_BYTES: usize = 256 * 1024;
+
 /// How many recent records a list method returns.
 fn limit(p: LimitParams) -> u32 {
     p.limit.unwrap_or(100).min(1000)
@@ -278,8 +281,29 @@ impl Api {
             )
         })?;
         let path = crate::logs::StepLog::path_for(&self.h.data_dir, &p.id, step.seq);
-        let (text, next_offset, eof) = crate::logs::read(&path, p.offset.unwrap_or(0), 256 * 1024)
-            .map_err(|e| RpcError::new(code::INTERNAL, format!("reading {}: {e}", path.display())))?;
+        let read = || {
+            crate::logs::read(&path, p.offset.unwrap_or(0), LOGS_READ_BYTES)
+                .map_err(|e| RpcError::new(code::INTERNAL, format!("reading {}: {e}", path.display())))
+        };
+        let wait = std::time::Duration::from_millis(p.wait_ms.unwrap_or(0).min(MAX_LOGS_WAIT_MS));
+        if wait.is_zero() || step.state != apollo_shared::state::StepState::Running {
+            let (text, next_offset, eof) = read()?;
+            return Ok(LogsResult { text, next_offset, eof });
+        }
+        // Following a running step: listen before reading, so a line written
+        // between the read and the wait is not missed. The log's notifier
+        // fires for each line and when the attempt ends; nothing else wakes
+        // this call.
+        let grew = crate::logs::growth(&path);
+        let woken = grew.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        let (text, next_offset, eof) = read()?;
+        if !text.is_empty() || !eof {
+            return Ok(LogsResult { text, next_offset, eof });
+        }
+        let _ = tokio::time::timeout(wait, woken).await;
+        let (text, next_offset, eof) = read()?;
         Ok(LogsResult { text, next_offset, eof })
     }
 
@@ -327,22 +351,7 @@ impl Api {
 
     /// Statistics of one plugin version's latest runs.
     async fn plugin_stats(&self, name: &str, version: &str) -> Option<PluginStats> {
-        let mut runs = self.listing.plugin_runs(name, version, 1000).await.ok()?;
-        if runs.is_empty() {
-            return None;
-        }
-        let n = runs.len();
-        let failed = runs.iter().filter(|(f, _)| *f).count();
-        runs.sort_by(|a, b| a.1.total_cmp(&b.1));
-        let at = |p: f64| runs[(((n - 1) as f64) * p).round() as usize].1;
-        let p99 = at(0.99);
-        Some(PluginStats {
-            runs: n as u64,
-            failure_rate: failed as f64 / n as f64,
-            p50_secs: at(0.5),
-            p99_secs: p99,
-            suggested_timeout_secs: (p99 * 1.5).max(1.0),
-        })
+        PluginStats::from_runs(&self.listing.plugin_runs(name, version, 1000).await.ok()?)
     }
 
     async fn plugins(&self) -> Vec<PluginInfo> {

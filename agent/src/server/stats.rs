@@ -1,6 +1,7 @@
 //! `agent.stats`: throughput over the last minutes, from the store.
 
 use apollo_shared::protocol::{QueueRate, StatsResult};
+use apollo_shared::state::TaskState;
 use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 use std::collections::BTreeMap;
 
@@ -25,12 +26,17 @@ pub fn fold(rows: &[(String, String, String, u64)], minutes: u32, now: DateTime<
             ended: 0,
             succeeded: 0,
             failed: 0,
+            rolled_back: 0,
             per_minute: 0.0,
         });
         q.ended += n;
-        match state.as_str() {
-            "SUCCESS" => q.succeeded += n,
-            "FAILED" => q.failed += n,
+        match state.parse::<TaskState>() {
+            Ok(TaskState::Success) => q.succeeded += n,
+            Ok(TaskState::Failed) => q.failed += n,
+            Ok(TaskState::RolledBack) => {
+                q.failed += n;
+                q.rolled_back += n;
+            }
             _ => {}
         }
     }
@@ -55,17 +61,19 @@ mod tests {
         let rows = [
             row("2026-11-30T08:15", "default", "SUCCESS", 2),
             row("2026-11-30T08:14", "default", "FAILED", 1),
+            row("2026-11-30T08:13", "default", "ROLLED_BACK", 1),
             row("2026-11-30T07:16", "reports", "SUCCESS", 3),
             row("2026-11-30T07:15", "reports", "SUCCESS", 9), // outside the hour
         ];
         let s = fold(&rows, 60, now);
         assert_eq!(s.ended.len(), 60);
         assert_eq!((s.ended[59], s.ended[58], s.ended[0]), (2, 1, 3));
-        assert_eq!(s.ended.iter().sum::<u64>(), 6);
+        assert_eq!(s.ended.iter().sum::<u64>(), 7);
         assert_eq!(
             s.queues.iter().map(|q| (q.queue.as_str(), q.ended)).collect::<Vec<_>>(),
-            [("default", 3), ("reports", 3)]
+            [("default", 4), ("reports", 3)]
         );
-        assert_eq!(s.queues[0].failed, 1);
+        // A rolled-back instance failed.
+        assert_eq!((s.queues[0].succeeded, s.queues[0].failed, s.queues[0].rolled_back), (2, 2, 1));
     }
 }

@@ -34,7 +34,7 @@ const TABLES: &[(&str, &str, &str)] = &[
     ),
     (
         "step_attempts",
-        "instance_id, seq, attempt, plugin_version, params, error, started_at, finished_at",
+        "instance_id, seq, attempt, plugin_version, params, error, started_at, finished_at, outcome",
         "instance_id, seq, attempt",
     ),
     ("transitions", "id, instance_id, step_seq, from_state, to_state, reason, actor, at", "id"),

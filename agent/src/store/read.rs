@@ -219,24 +219,45 @@ impl Store {
 
     /// The latest finished runs (at most `n`) of steps naming `plugin` at
     /// `version`: (failed, seconds) of each step's last attempt.
+    /// The attempts of a plugin version's latest `n` finished steps, newest
+    /// first: (failed, seconds). Every attempt counts, the failed ones kept in
+    /// `step_attempts` as well as each step's last: a step that failed twice
+    /// and then succeeded is two failures and a success, and a step rolled
+    /// back after it succeeded is a success. An interrupted attempt (a
+    /// restart, a cancel) is not the plugin's doing and does not count.
     pub async fn plugin_runs(&self, plugin: &str, version: &str, n: u32) -> Result<Vec<(bool, f64)>> {
         let (p, v) = (plugin.to_string(), version.to_string());
         self.read(move |c| {
-            c.query(
-                "SELECT state, started_at, finished_at FROM step_runs INDEXED BY step_runs_plugin \
-                 WHERE plugin = ?1 AND finished_at IS NOT NULL AND plugin_version = ?2 ORDER BY finished_at DESC LIMIT ?3",
-                p![p.as_str(), v.as_str(), n],
-            )?
-            .iter()
-            .map(|r| {
-                let state: String = r.get(0)?;
-                let secs = match (parse_ts(r.get(1)?), parse_ts(r.get(2)?)) {
-                    (Some(a), Some(b)) => (b - a).num_microseconds().unwrap_or(0) as f64 / 1e6,
-                    _ => 0.0,
-                };
-                Ok((state == "FAILED", secs))
-            })
-            .collect()
+            let mut runs: Vec<(bool, String, f64)> = c
+                .query(
+                    "WITH s AS (SELECT instance_id, seq, state, error, started_at, finished_at \
+                         FROM step_runs INDEXED BY step_runs_plugin \
+                         WHERE plugin = ?1 AND finished_at IS NOT NULL AND plugin_version = ?2 \
+                         ORDER BY finished_at DESC LIMIT ?3) \
+                     SELECT 0, started_at, finished_at FROM s \
+                         WHERE state = 'SUCCESS' OR (state = 'ROLLED_BACK' AND error IS NULL) \
+                     UNION ALL \
+                     SELECT 1, a.started_at, a.finished_at FROM step_attempts a \
+                         JOIN s ON a.instance_id = s.instance_id AND a.seq = s.seq \
+                         WHERE a.plugin_version = ?2 AND COALESCE(a.outcome, \
+                             CASE WHEN a.error LIKE 'interrupted:%' OR a.error LIKE 'cancelled:%' \
+                                  THEN 'interrupted' ELSE 'failed' END) = 'failed'",
+                    p![p.as_str(), v.as_str(), n],
+                )?
+                .iter()
+                .map(|r| {
+                    let failed: i64 = r.get(0)?;
+                    let (start, end): (Option<String>, Option<String>) = (r.get(1)?, r.get(2)?);
+                    let secs = match (parse_ts(start), parse_ts(end.clone())) {
+                        (Some(a), Some(b)) => (b - a).num_microseconds().unwrap_or(0) as f64 / 1e6,
+                        _ => 0.0,
+                    };
+                    Ok((failed == 1, end.unwrap_or_default(), secs))
+                })
+                .collect::<Result<_>>()?;
+            runs.sort_by(|a, b| b.1.cmp(&a.1));
+            runs.truncate(n as usize);
+            Ok(runs.into_iter().map(|(failed, _, secs)| (failed, secs)).collect())
         })
         .await
     }

@@ -156,7 +156,15 @@ CREATE INDEX step_runs_plugin ON step_runs(plugin, finished_at) WHERE finished_a
     AGENTS,
     // 9: earlier attempts of steps, to compare two attempts.
     STEP_ATTEMPTS,
+    // 10: whether an earlier attempt failed or was interrupted.
+    ATTEMPT_OUTCOME,
 ];
+
+/// How each attempt in `step_attempts` ended: `failed` (it counts against
+/// its plugin, in `apollo plugins`) or `interrupted` (a restart, a cancel:
+/// not the plugin's doing). Rows from before this column are read by their
+/// error's first word.
+const ATTEMPT_OUTCOME: &str = "ALTER TABLE step_attempts ADD COLUMN outcome TEXT;";
 
 /// Each failed or interrupted attempt of a step as it ended (both
 /// backends); the last attempt stays in `step_runs`. Written only when an
@@ -359,6 +367,7 @@ $$;
 "#,
     AGENTS,
     STEP_ATTEMPTS,
+    ATTEMPT_OUTCOME,
 ];
 
 /// The newest PostgreSQL schema this build knows.

@@ -497,10 +497,10 @@ pub fn step_fail(c: &dyn Db, id: &str, seq: u32, error: &str, counts: bool, acto
     let now = ts(Utc::now());
     // The attempt as it ended, kept: the row is overwritten by the next one.
     c.execute(
-        "INSERT INTO step_attempts (instance_id, seq, attempt, plugin_version, params, error, started_at, finished_at) \
-         SELECT instance_id, seq, attempts, plugin_version, params, ?3, started_at, ?4 FROM step_runs \
+        "INSERT INTO step_attempts (instance_id, seq, attempt, plugin_version, params, error, started_at, finished_at, outcome) \
+         SELECT instance_id, seq, attempts, plugin_version, params, ?3, started_at, ?4, ?5 FROM step_runs \
          WHERE instance_id = ?1 AND seq = ?2 ON CONFLICT DO NOTHING",
-        p![id, seq, error, now.as_str()],
+        p![id, seq, error, now.as_str(), if counts { "failed" } else { "interrupted" }],
     )?;
     c.execute(
         "UPDATE step_runs SET state = 'FAILED', error = ?3, finished_at = ?4, failures = ?5 WHERE instance_id = ?1 AND seq = ?2",

@@ -103,7 +103,16 @@ pub struct LogsParams {
     pub step: Value,
     #[serde(default)]
     pub offset: Option<u64>,
+    /// Follow: when nothing is left to read at `offset` and the step runs,
+    /// answer only once the log grows, the instance changes, or this many
+    /// milliseconds have passed (at most [`MAX_LOGS_WAIT_MS`]). A silent
+    /// step costs the agent nothing meanwhile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
 }
+
+/// The longest a `steps.logs` call waits for a log to grow.
+pub const MAX_LOGS_WAIT_MS: u64 = 30_000;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LogsResult {
@@ -304,6 +313,31 @@ pub struct PluginStats {
 }
 
 impl PluginStats {
+    /// The figures of a plugin version's latest attempts, `(failed,
+    /// seconds)` each: the failure rate over every attempt, the durations
+    /// over the successful ones (a failure's time, a timeout's above all,
+    /// says nothing of how long the work takes), or over all of them when
+    /// none succeeded. `None` for no attempt.
+    pub fn from_runs(runs: &[(bool, f64)]) -> Option<PluginStats> {
+        if runs.is_empty() {
+            return None;
+        }
+        let failed = runs.iter().filter(|(f, _)| *f).count();
+        let mut secs: Vec<f64> = runs.iter().filter(|(f, _)| !*f).map(|(_, s)| *s).collect();
+        if secs.is_empty() {
+            secs = runs.iter().map(|(_, s)| *s).collect();
+        }
+        secs.sort_by(f64::total_cmp);
+        let at = |p: f64| secs[(((secs.len() - 1) as f64) * p).round() as usize];
+        Some(PluginStats {
+            runs: runs.len() as u64,
+            failure_rate: failed as f64 / runs.len() as f64,
+            p50_secs: at(0.5),
+            p99_secs: at(0.99),
+            suggested_timeout_secs: (at(0.99) * 1.5).max(1.0),
+        })
+    }
+
     /// RUNS, FAIL%, P50, P99 and SUGGESTED as the CLI and the console show
     /// them; dashes for a plugin that has not run.
     pub fn columns(stats: Option<&PluginStats>) -> [String; 5] {
@@ -377,9 +411,14 @@ pub struct StatsResult {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct QueueRate {
     pub queue: String,
+    /// Instances that ended: succeeded plus failed.
     pub ended: u64,
     pub succeeded: u64,
+    /// Instances that ended FAILED or ROLLED_BACK: both are failures.
     pub failed: u64,
+    /// Of the failed, those rolled back.
+    #[serde(default)]
+    pub rolled_back: u64,
     /// Ended per minute over the window.
     pub per_minute: f64,
 }
@@ -501,4 +540,20 @@ pub struct AuditEntry {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct MetricsText {
     pub text: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PluginStats;
+
+    #[test]
+    fn plugin_figures_count_every_attempt_and_time_the_successful_ones() {
+        let runs = [(true, 30.0), (true, 30.0), (false, 1.0), (false, 2.0), (false, 3.0)];
+        let s = PluginStats::from_runs(&runs).unwrap();
+        assert_eq!((s.runs, s.failure_rate), (5, 0.4));
+        assert_eq!((s.p50_secs, s.p99_secs, s.suggested_timeout_secs), (2.0, 3.0, 4.5));
+        let failed = PluginStats::from_runs(&[(true, 4.0)]).unwrap();
+        assert_eq!((failed.failure_rate, failed.p99_secs), (1.0, 4.0));
+        assert!(PluginStats::from_runs(&[]).is_none());
+    }
 }

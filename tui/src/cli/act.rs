@@ -44,6 +44,9 @@ pub struct ActArgs {
     /// Act without asking (needed when stdin is not a terminal).
     #[arg(long, short = 'y')]
     yes: bool,
+    /// Then wait until the instance ends, a line per step as it starts and ends; exit 0 only for SUCCESS.
+    #[arg(long)]
+    wait: bool,
 }
 
 impl ActArgs {
@@ -241,8 +244,15 @@ pub async fn act(
     context: Option<&Context>,
     json: bool,
     out: &render::Out,
+    again: &super::watch::Reattach,
 ) -> Result<ExitCode, Failure> {
     let production = context.is_some_and(|c| c.production);
+    if a.wait && (a.id.is_none() || action == OperatorAction::Cancel) {
+        return Err(Failure::Usage(format!(
+            "--wait follows one instance: give its ID{}",
+            if action == OperatorAction::Cancel { " (and retry or roll it back: a cancel ends it)" } else { "" }
+        )));
+    }
     let Some(id) = &a.id else {
         if !a.selection() {
             return Err(Failure::Usage(format!(
@@ -276,7 +286,17 @@ pub async fn act(
         };
         reason = confirmed(typed, a.yes, true, reason)?;
     }
+    if a.wait {
+        client.subscribe(&[apollo_shared::protocol::Topic::Tasks]).await?;
+    }
     let inst = client.operate(action, id, reason.as_deref()).await?;
+    if a.wait {
+        if !json {
+            eprintln!("{} {id}: now {}; waiting for it to end (Ctrl-C leaves it running)", action.verb(), inst.state);
+        }
+        let done = super::watch::until_end(client, id, json, out).await?;
+        return Ok(super::watch::finish(done, id, json, out, again));
+    }
     if json {
         print_json(&inst);
     } else {

@@ -9,14 +9,14 @@
 
 mod act;
 mod render;
+mod watch;
 
 use crate::client::{socket_candidates, Client, ClientError};
 use crate::contexts::{Context, Contexts};
 use crate::local::{self, LocalAgent};
 use apollo_shared::protocol::methods as m;
 use apollo_shared::protocol::{
-    EventKind, IdParams, Instance, LimitParams, ListParams, LogsParams, Method, NoParams, PublishParams, Topic,
-    TriggerParams,
+    IdParams, Instance, LimitParams, ListParams, Method, NoParams, PublishParams, Topic, TriggerParams,
 };
 use apollo_shared::state::{OperatorAction, TaskState};
 use clap::{Parser, Subcommand};
@@ -87,14 +87,14 @@ enum Cmd {
     },
     /// Show one instance with its steps and history.
     Show { id: String },
-    /// Print a step's log.
+    /// Print an instance's logs: every step's, each attempt opened by a line naming it.
     Logs {
         id: String,
-        /// Step name or seq (default: the last step that ran).
+        /// Only this step's log (its name or seq).
         #[arg(long)]
         step: Option<String>,
-        /// Keep printing as the log grows, until the instance ends.
-        #[arg(long)]
+        /// Keep printing as the logs grow, across steps, until the instance ends; exit with its outcome.
+        #[arg(long, short = 'f')]
         follow: bool,
     },
     /// Retry a FAILED instance from its failed step, or every instance a selection matches.
@@ -301,13 +301,12 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
                 }
                 return Ok(ExitCode::SUCCESS);
             }
-            let inst = wait_for_end(&client, &r.id, json, &out).await?;
-            if json {
-                print_json(&inst);
-            } else {
-                render::instance(&out, &inst);
+            if !json {
+                let note = if r.created { "" } else { " (already existed for this dedup key)" };
+                eprintln!("created {task} {}{note}; waiting for it to end (Ctrl-C leaves it running)", r.id);
             }
-            Ok(if inst.state == TaskState::Success { ExitCode::SUCCESS } else { ExitCode::from(1) })
+            let inst = watch::until_end(&client, &r.id, json, &out).await?;
+            Ok(watch::finish(inst, &r.id, json, &out, &reattach(&args)))
         }
         Cmd::DryRun { task, params } => {
             let params = parse_params(params)?;
@@ -347,10 +346,24 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
             }
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Logs { id, step, follow } => logs(&client, id, step.as_deref(), *follow).await,
-        Cmd::Retry { act: a } => act::act(&client, OperatorAction::Retry, a, context.as_ref(), json, &out).await,
-        Cmd::Rollback { act: a } => act::act(&client, OperatorAction::Rollback, a, context.as_ref(), json, &out).await,
-        Cmd::Cancel { act: a } => act::act(&client, OperatorAction::Cancel, a, context.as_ref(), json, &out).await,
+        Cmd::Logs { id, step, follow } => {
+            let only = match step {
+                Some(s) => Some(step_seq(&client, id, s).await?),
+                None => None,
+            };
+            if *follow {
+                client.subscribe(&[Topic::Tasks]).await?;
+            }
+            watch::logs(&client, id, only, *follow, json, &out, &reattach(&args)).await
+        }
+        Cmd::Retry { act: a } | Cmd::Rollback { act: a } | Cmd::Cancel { act: a } => {
+            let action = match &args.command {
+                Cmd::Retry { .. } => OperatorAction::Retry,
+                Cmd::Rollback { .. } => OperatorAction::Rollback,
+                _ => OperatorAction::Cancel,
+            };
+            act::act(&client, action, a, context.as_ref(), json, &out, &reattach(&args)).await
+        }
         Cmd::Emit { name, data, dedup_key } => {
             let data: Option<Value> = match data {
                 Some(d) => Some(serde_json::from_str(d).map_err(|e| Failure::Usage(format!("--data: not JSON: {e}")))?),
@@ -413,58 +426,31 @@ pub fn ended(i: &Instance) -> bool {
         || (i.state == TaskState::Failed && i.finished_at.is_some())
 }
 
-/// Waits for the instance to end, woken by the subscription (no polling).
-async fn wait_for_end(client: &Client, id: &str, json: bool, out: &render::Out) -> Result<Instance, Failure> {
-    let mut events = client.take_events().ok_or(Failure::Unreachable("event stream already taken".into()))?;
-    let mut last_state = None;
-    loop {
-        let inst = get(client, id).await?;
-        if !json && last_state != Some(inst.state) {
-            eprintln!("{} {}", out.paint(inst.state.as_str(), inst.state.as_str()), inst.task);
-            last_state = Some(inst.state);
-        }
-        if ended(&inst) {
-            return Ok(inst);
-        }
-        loop {
-            let ev = events.recv().await.ok_or(Failure::Unreachable("the connection to the agent closed".into()))?;
-            if ev.kind == EventKind::Resync || ev.data["id"] == id {
-                break;
-            }
-        }
-    }
+/// The seq of `step` (a name or a seq) of instance `id`.
+async fn step_seq(client: &Client, id: &str, step: &str) -> Result<u32, Failure> {
+    let inst = get(client, id).await?;
+    let steps = inst.steps.unwrap_or_default();
+    steps.iter().find(|s| s.name == step || s.seq.to_string() == step).map(|s| s.seq).ok_or_else(|| {
+        let names: Vec<String> = steps.iter().map(|s| format!("{} ({})", s.name, s.seq)).collect();
+        Failure::Refused(format!("instance {id} has no step {step:?} (steps: {})", names.join(", ")))
+    })
 }
 
-async fn logs(client: &Client, id: &str, step: Option<&str>, follow: bool) -> Result<ExitCode, Failure> {
-    let step: Value = match step {
-        Some(s) => s.parse::<u64>().map(Value::from).unwrap_or_else(|_| Value::String(s.to_string())),
-        None => {
-            let inst = get(client, id).await?;
-            let steps = inst.steps.unwrap_or_default();
-            let last = steps.iter().rfind(|s| s.attempts > 0).or(steps.first());
-            json!(last.map(|s| s.seq).unwrap_or(0))
-        }
-    };
-    let mut offset = 0;
-    loop {
-        let r = client
-            .request::<m::StepsLogs>(LogsParams { id: id.into(), step: step.clone(), offset: Some(offset) })
-            .await?;
-        print!("{}", r.text);
-        offset = r.next_offset;
-        if r.eof {
-            if !follow {
-                break;
-            }
-            if ended(&get(client, id).await?) {
-                // What was written before it ended.
-                let p = LogsParams { id: id.into(), step: step.clone(), offset: Some(offset) };
-                let r = client.request::<m::StepsLogs>(p).await?;
-                print!("{}", r.text);
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-        }
+/// The command that attaches to an instance again, with the connection
+/// flags this one was given.
+fn reattach(args: &Args) -> watch::Reattach {
+    let mut cmd = String::from("apollo");
+    if let Some(c) = &args.context {
+        cmd.push_str(&format!(" --context {c}"));
     }
-    Ok(ExitCode::SUCCESS)
+    if let Some(t) = &args.ssh {
+        cmd.push_str(&format!(" --ssh {t}"));
+    }
+    if let Some(p) = &args.socket {
+        cmd.push_str(&format!(" --socket {}", p.display()));
+    }
+    if args.local {
+        cmd.push_str(" --local");
+    }
+    watch::Reattach(cmd)
 }

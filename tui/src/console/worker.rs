@@ -10,6 +10,7 @@ use apollo_shared::protocol::methods as m;
 use apollo_shared::protocol::{
     EventKind, IdParams, LimitParams, ListParams, LogsParams, NoParams, StatsParams, Topic, TriggerParams,
 };
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -56,7 +57,55 @@ const DEBOUNCE: Duration = Duration::from_millis(150);
 struct Watch {
     query: ListParams,
     instance: Option<String>,
+    /// The logs pane is open on this instance: its logs are followed.
     logs: Option<u32>,
+}
+
+/// An instance's logs being followed for the logs pane: where each step's
+/// log was read up to.
+struct Following {
+    id: String,
+    offsets: HashMap<u32, u64>,
+    /// Nothing sent yet: the first text replaces what the pane held.
+    fresh: bool,
+}
+
+/// How long one `steps.logs` call waits for the followed log to grow (the
+/// agent answers at once when it does, or when the attempt ends).
+const FOLLOW_WAIT_MS: u64 = 10_000;
+
+/// A round of following as it ended: the follow, and the text it read with
+/// whether a step runs.
+type Round = (Following, Result<(String, bool), ClientError>);
+
+/// One round of following: what every step's log holds past its offset,
+/// then (when a step runs and nothing was new) a wait for it to grow. The
+/// text comes in the order it was read, each attempt opened by the agent's
+/// `[apollo: step NAME, attempt N]` line. Also says whether a step runs
+/// (then the next round starts at once; else at the instance's next move).
+async fn follow_round(client: &Client, mut f: Following) -> Round {
+    async fn read(client: &Client, f: &mut Following, seq: u32, wait_ms: Option<u64>) -> Result<String, ClientError> {
+        let offset = f.offsets.get(&seq).copied().unwrap_or(0);
+        let p = LogsParams { id: f.id.clone(), step: seq.into(), offset: Some(offset), wait_ms };
+        let r = client.request::<m::StepsLogs>(p).await?;
+        f.offsets.insert(seq, r.next_offset);
+        Ok(r.text)
+    }
+    let r = async {
+        let inst = client.request::<m::TasksGet>(IdParams { id: f.id.clone(), reason: None }).await?;
+        let steps = inst.steps.unwrap_or_default();
+        let mut text = String::new();
+        for s in steps.iter().filter(|s| s.attempts > 0) {
+            text.push_str(&read(client, &mut f, s.seq, None).await?);
+        }
+        let running = steps.iter().find(|s| s.state == apollo_shared::state::StepState::Running);
+        if let (Some(s), true) = (running, text.is_empty()) {
+            text.push_str(&read(client, &mut f, s.seq, Some(FOLLOW_WAIT_MS)).await?);
+        }
+        Ok((text, running.is_some()))
+    }
+    .await;
+    (f, r)
 }
 
 pub async fn run(target: Target, mut cmds: mpsc::Receiver<Cmd>, news: mpsc::Sender<News>) {
@@ -140,17 +189,37 @@ async fn session(
     if let Err(e) = refresh(client, news, watch, true).await {
         return lost(e);
     }
-    // Throughput from the store, right after the first views are filled (an
-    // older agent has no agent.stats: the console counts from now on).
-    if let Ok(stats) = client.request::<m::AgentStats>(StatsParams { minutes: Some(60) }).await {
-        let _ = news.send(News::Stats(stats)).await;
-    }
     let mut due: Option<tokio::time::Instant> = None;
     let mut defs_changed = false;
-    // A log grows without notifications: while a log pane is open it is
-    // re-read every second (the one periodic read the console makes).
-    let mut follow = tokio::time::interval(Duration::from_secs(1));
+    // The logs pane's instance, followed a round at a time: the round in
+    // flight (kept across turns of the loop, so its wait on the agent is
+    // not dropped and asked again), or the follow parked between rounds
+    // until the instance moves.
+    let mut followed: Option<String> = None;
+    let mut round: Option<futures::future::BoxFuture<'_, Round>> = None;
+    let mut parked: Option<Following> = None;
+    let mut again = false;
+    // What ended over the last hour is read from the store (`agent.stats`),
+    // never counted from the news: right after the first views are filled,
+    // again after instances change (at most every STATS_GAP, and never more
+    // than a tenth of the time, so a big store is not read back to back),
+    // and as each minute passes (the hour's window slides on).
+    let mut stats = Throttle::new(tokio::time::Instant::now());
+    let mut next_minute = tokio::time::Instant::now() + until_next_minute();
     loop {
+        let want = watch.logs.and(watch.instance.clone());
+        if want != followed {
+            round = None;
+            parked = want.clone().map(|id| Following { id, offsets: HashMap::new(), fresh: true });
+            followed = want;
+            again = true;
+        }
+        if round.is_none() && again {
+            if let Some(f) = parked.take() {
+                round = Some(Box::pin(follow_round(client, f)));
+                again = false;
+            }
+        }
         let timer = async {
             match due {
                 Some(t) => tokio::time::sleep_until(t).await,
@@ -162,15 +231,45 @@ async fn session(
                 None => return Ended::Lost("the agent closed the connection".into()),
                 Some(ev) => {
                     defs_changed |= matches!(ev.topic, Topic::Defs | Topic::Alerts) || ev.kind == EventKind::Resync;
+                    // The followed instance moved: a parked follow goes on.
+                    again |= ev.kind == EventKind::Resync || followed.as_deref().is_some_and(|id| ev.data["id"] == id);
+                    if matches!(ev.topic, Topic::Tasks) || ev.kind == EventKind::Resync {
+                        stats.want(tokio::time::Instant::now() + DEBOUNCE);
+                    }
                     due.get_or_insert(tokio::time::Instant::now() + DEBOUNCE);
                     let _ = news.send(News::Event(ev)).await;
                 }
             },
-            _ = follow.tick(), if watch.logs.is_some() => {
-                if let (Some(id), Some(step)) = (&watch.instance, watch.logs) {
-                    if let Ok(l) = client.request::<m::StepsLogs>(logs(id, step)).await {
-                        let _ = news.send(News::Logs(l.text)).await;
+            _ = sleep_until(stats.due) => {
+                let began = tokio::time::Instant::now();
+                match client.request::<m::AgentStats>(StatsParams { minutes: Some(60) }).await {
+                    Ok(s) => {
+                        let _ = news.send(News::Stats(s)).await;
                     }
+                    // An older agent has no agent.stats: the hour stays as it is.
+                    Err(ClientError::Rpc(_)) => {}
+                    Err(e) => return lost(e),
+                }
+                stats.done(began);
+            }
+            _ = tokio::time::sleep_until(next_minute) => {
+                next_minute += Duration::from_secs(60);
+                stats.want(tokio::time::Instant::now());
+            }
+            (mut f, r) = async { round.as_mut().expect("a round").await }, if round.is_some() => {
+                round = None;
+                match r {
+                    Ok((text, running)) => {
+                        if !text.is_empty() || f.fresh {
+                            let _ = news.send(News::Logs { id: f.id.clone(), text, reset: f.fresh }).await;
+                            f.fresh = false;
+                        }
+                        again = running;
+                        parked = Some(f);
+                    }
+                    // An instance that went away (archived, a wrong id): nothing to follow.
+                    Err(ClientError::Rpc(_)) => {}
+                    Err(e) => return lost(e),
                 }
             }
             _ = timer => {
@@ -200,6 +299,46 @@ async fn session(
     }
 }
 
+/// The shortest time between two reads of `agent.stats`.
+const STATS_GAP: Duration = Duration::from_secs(1);
+
+/// When `agent.stats` is read next: wanted reads are held to [`STATS_GAP`]
+/// apart, and to ten times as long as the last read took.
+struct Throttle {
+    due: Option<tokio::time::Instant>,
+    earliest: tokio::time::Instant,
+}
+
+impl Throttle {
+    fn new(first: tokio::time::Instant) -> Throttle {
+        Throttle { due: Some(first), earliest: first }
+    }
+
+    fn want(&mut self, at: tokio::time::Instant) {
+        self.due.get_or_insert(at.max(self.earliest));
+    }
+
+    fn done(&mut self, began: tokio::time::Instant) {
+        let took = began.elapsed();
+        self.due = None;
+        self.earliest = tokio::time::Instant::now() + STATS_GAP.max(took * 10);
+    }
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// From now to the start of the next minute of the wall clock.
+fn until_next_minute() -> Duration {
+    let now = chrono::Utc::now();
+    let into = now.timestamp().rem_euclid(60) as u64 * 1000 + u64::from(now.timestamp_subsec_millis());
+    Duration::from_millis(60_000 - into.min(59_999))
+}
+
 /// Reloads what the views show. The tasks view gets one page; more pages
 /// come when the user scrolls to them.
 async fn refresh(
@@ -221,11 +360,6 @@ async fn refresh(
         if let Ok(i) = client.request::<m::TasksGet>(IdParams { id: id.clone(), reason: None }).await {
             let _ = news.send(News::Instance(Box::new(i))).await;
         }
-        if let Some(step) = watch.logs {
-            if let Ok(l) = client.request::<m::StepsLogs>(logs(id, step)).await {
-                let _ = news.send(News::Logs(l.text)).await;
-            }
-        }
     }
     if everything {
         let _ = news.send(News::Defs(client.request::<m::DefsList>(NoParams {}).await?)).await;
@@ -233,11 +367,6 @@ async fn refresh(
         let _ = news.send(News::Alerts(client.request::<m::AlertsList>(LimitParams { limit: Some(200) }).await?)).await;
     }
     Ok(())
-}
-
-/// The params of `steps.logs` for a step of an instance.
-fn logs(id: &str, step: u32) -> LogsParams {
-    LogsParams { id: id.to_string(), step: step.into(), offset: None }
 }
 
 /// An answer, or the agent's refusal as the agent worded it; a lost

@@ -4,7 +4,7 @@
 //! worker. Views draw `&App` and do no IO.
 
 use apollo_shared::protocol::{
-    AgentStatus, Alert, DefInfo, Event, HelloResult, Instance, ListParams, PluginInfo, QueueStats, Role,
+    AgentStatus, Alert, DefInfo, HelloResult, Instance, ListParams, PluginInfo, QueueStats, Role,
 };
 use serde_json::{Map, Value};
 use std::collections::{BTreeSet, VecDeque};
@@ -56,12 +56,11 @@ pub struct App {
     pub folds: BTreeSet<String>,
     pub message: Option<(String, bool)>,
     /// Instances that ended, per minute, oldest first, over the last hour
-    /// (the sparkline and the header's count): from `agent.stats` at attach,
-    /// then counted from the agent's news.
+    /// (the sparkline and the header's count): `agent.stats` as last read
+    /// (the worker reads it again as instances end and as minutes pass).
     pub throughput: VecDeque<u64>,
     /// Per queue, what ended over the last hour (`agent.stats`).
     pub rates: Vec<apollo_shared::protocol::QueueRate>,
-    pub minute: i64,
     /// Index into [`SORTS`].
     pub sort: usize,
     /// The tasks view lists the archive.
@@ -101,7 +100,6 @@ impl App {
             message: None,
             throughput: VecDeque::from(vec![0; THROUGHPUT_MINUTES]),
             rates: Vec::new(),
-            minute: 0,
             sort: 0,
             archived: false,
             quit: false,
@@ -171,8 +169,25 @@ impl App {
         }
         v
     }
-    pub fn visible_queues(&self) -> Vec<&QueueStats> {
-        self.queues.iter().filter(|q| self.keep(View::Queues, &q.queue)).collect()
+    /// Every queue with work now (`queues.stats`) or with instances that
+    /// ended in the last hour (`agent.stats`), by name.
+    pub fn visible_queues(&self) -> Vec<QueueStats> {
+        let mut all = self.queues.clone();
+        for r in &self.rates {
+            if !all.iter().any(|q| q.queue == r.queue) {
+                all.push(QueueStats {
+                    queue: r.queue.clone(),
+                    running: 0,
+                    limit: None,
+                    pending: 0,
+                    retrying: 0,
+                    oldest_pending_secs: None,
+                });
+            }
+        }
+        all.sort_by(|a, b| a.queue.cmp(&b.queue));
+        all.retain(|q| self.keep(View::Queues, &q.queue));
+        all
     }
     pub fn visible_defs(&self) -> Vec<&DefInfo> {
         self.defs

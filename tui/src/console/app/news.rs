@@ -36,7 +36,15 @@ impl App {
             News::Plugins(p) => self.plugins = p,
             News::Alerts(a) => self.alerts = a,
             News::Agents(a) => self.agents = a,
-            News::Logs(text) => self.logs = text,
+            News::Logs { id, text, reset } => {
+                if self.instance.as_ref().is_some_and(|i| i.id == id) {
+                    if reset {
+                        self.logs = text;
+                    } else {
+                        self.logs.push_str(&text);
+                    }
+                }
+            }
             News::DryRun(r) => self.mode = Mode::DryRun(r),
             News::Done(Ok(m)) => self.say(m, false),
             News::Done(Err(m)) => self.say(m, true),
@@ -47,47 +55,21 @@ impl App {
                 self.step = 0;
                 return self.go(View::Timeline);
             }
-            News::Event(e) => self.count(&e),
+            News::Event(_) => {}
             News::BatchDone(verb, results) => self.batch_done(verb, results),
             News::Fleet(name, state) => {
                 self.fleet.insert(name, state);
             }
             News::Stats(st) => {
-                // The store's counts replace what this console saw itself.
+                // The store's counts, as a fresh read says them.
                 self.throughput = st.ended.iter().rev().take(THROUGHPUT_MINUTES).rev().copied().collect();
                 while self.throughput.len() < THROUGHPUT_MINUTES {
                     self.throughput.push_front(0);
                 }
-                self.minute = st.until.timestamp() / 60;
                 self.rates = st.queues;
             }
         }
         Vec::new()
-    }
-
-    /// Counts ended instances into per-minute buckets for the sparkline.
-    fn count(&mut self, e: &Event) {
-        let ended = ["SUCCESS", "FAILED", "ROLLED_BACK"];
-        if e.topic != apollo_shared::protocol::Topic::Tasks
-            || e.data.get("step").is_some()
-            || !e.data["state"].as_str().is_some_and(|s| ended.contains(&s))
-        {
-            return;
-        }
-        let minute = chrono::Utc::now().timestamp() / 60;
-        if self.minute != minute {
-            let gap = if self.minute == 0 { 1 } else { (minute - self.minute).clamp(1, THROUGHPUT_MINUTES as i64) };
-            for _ in 0..gap {
-                self.throughput.push_back(0);
-                if self.throughput.len() > THROUGHPUT_MINUTES {
-                    self.throughput.pop_front();
-                }
-            }
-            self.minute = minute;
-        }
-        if let Some(last) = self.throughput.back_mut() {
-            *last += 1;
-        }
     }
 }
 

@@ -239,7 +239,12 @@ pub enum News {
     Plugins(Vec<PluginInfo>),
     Alerts(Vec<Alert>),
     Agents(Vec<AgentInfo>),
-    Logs(String),
+    /// The followed instance's logs: more text, or (`reset`) all of it.
+    Logs {
+        id: String,
+        text: String,
+        reset: bool,
+    },
     DryRun(DryRunResult),
     /// An action's outcome, as the agent worded it.
     Done(Result<String, String>),
