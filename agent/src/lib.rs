@@ -207,9 +207,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         let (s, me) = (scheduler.clone(), store.agent().to_string());
         bus.each(Topic::Control, shutdown.clone(), move |ev| {
             if ev.kind == EventKind::Cancel && ev.data["to"] == me.as_str() {
-                let (id, reason) =
-                    (ev.data["id"].as_str().unwrap_or_default(), ev.data["reason"].as_str().unwrap_or_default());
-                let _ = s.cancel(id, scheduler::StopReason::Cancel(reason.to_string()));
+                let text = |k: &str| ev.data[k].as_str().unwrap_or_default().to_string();
+                let why = scheduler::StopReason::Cancel { actor: text("actor"), reason: text("reason") };
+                let _ = s.cancel(&text("id"), why);
             }
         })
     };

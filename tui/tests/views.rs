@@ -185,7 +185,7 @@ fn timeline_with_operator_actions() {
         actor: "alice (uid 1000)".into(),
     };
     let ts = i.transitions.as_mut().unwrap();
-    ts.push(t("2026-11-29T11:00:00Z", "FAILED", "RETRYING", "retry by alice (uid 1000): disk cleaned"));
+    ts.push(t("2026-11-29T11:00:00Z", "FAILED", "RETRYING", "retry requested: disk cleaned"));
     ts.push(t("2026-11-29T11:05:00Z", "FAILED", "FAILED", "rollback requested: bad deploy"));
     insta::assert_snapshot!(render(&app, 100, 30));
 }

@@ -304,10 +304,11 @@ async fn failed(
             tracing::info!(step = %name, "step interrupted by shutdown");
             return Ok(Outcome::Ended);
         }
-        Some(StopReason::Cancel(reason)) => {
+        Some(StopReason::Cancel { actor, reason }) => {
             let msg = format!("cancelled: {reason}");
             let stop = msg.clone();
-            s.store.fail_step(id, seq, &msg, false, Box::new(move |_| (FailurePlan::Stop, stop.clone()))).await?;
+            let plan = Box::new(move |_| (FailurePlan::Stop, stop.clone()));
+            s.store.fail_step_by(id, seq, &msg, false, plan, &actor).await?;
             finished(&def.task, "FAILED");
             tracing::info!(step = %name, "instance cancelled");
             return Ok(Outcome::Ended);

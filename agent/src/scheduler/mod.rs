@@ -29,8 +29,9 @@ use tokio_util::task::TaskTracker;
 /// Why an executor was told to stop.
 #[derive(Debug, Clone)]
 pub enum StopReason {
-    /// An operator cancelled the instance.
-    Cancel(String),
+    /// An operator cancelled the instance: who (the history row's actor),
+    /// and why.
+    Cancel { actor: String, reason: String },
     /// The reaper found it running far longer than expected.
     Zombie(String),
     /// The agent is shutting down; the instance stays RUNNING and is

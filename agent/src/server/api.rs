@@ -33,6 +33,15 @@ fn answer<M: Method>(r: Result<M::Result, RpcError>) -> Reply {
     serde_json::to_value(r?).map_err(|e| RpcError::new(code::INTERNAL, e.to_string()))
 }
 
+/// An operator's request as its history row says it: `retry requested: WHY`
+/// (the row's actor says who).
+fn requested(what: &str, reason: Option<&str>) -> String {
+    match reason.map(str::trim).filter(|r| !r.is_empty()) {
+        Some(r) => format!("{what} requested: {r}"),
+        None => format!("{what} requested"),
+    }
+}
+
 /// The most a `steps.logs` answer carries.
 const LOGS_READ_BYTES: usize = 256 * 1024;
 
@@ -119,16 +128,16 @@ impl Api {
     }
 
     async fn retry(&self, p: IdParams, actor: &str) -> Result<Instance, RpcError> {
-        let reason = p.reason.unwrap_or_else(|| "retry requested".into());
-        self.h.store.manual_retry(&p.id, &format!("retry by {actor}: {reason}"), actor).await.map_err(store_err)?;
+        let reason = requested("retry", p.reason.as_deref());
+        self.h.store.manual_retry(&p.id, &reason, actor).await.map_err(store_err)?;
         self.h.control.wake();
         self.h.store.get(&p.id).await.map_err(store_err)
     }
 
     async fn rollback(&self, p: IdParams, actor: &str) -> Result<Instance, RpcError> {
-        let reason = p.reason.unwrap_or_else(|| "rollback requested".into());
         let lease = self.h.config().scheduler.lease;
-        self.h.store.manual_rollback(&p.id, lease, &format!("by {actor}: {reason}"), actor).await.map_err(store_err)?;
+        let reason = p.reason.as_deref().map(str::trim).filter(|r| !r.is_empty()).unwrap_or("no reason given");
+        self.h.store.manual_rollback(&p.id, lease, reason, actor).await.map_err(store_err)?;
         let inst = self.h.store.get(&p.id).await.map_err(store_err)?;
         self.h.control.adopt(inst, None);
         self.h.store.get(&p.id).await.map_err(store_err)
@@ -214,12 +223,14 @@ impl Api {
     }
 
     async fn cancel(&self, p: IdParams, actor: &str) -> Result<Instance, RpcError> {
-        let reason = format!("by {actor}: {}", p.reason.unwrap_or_else(|| "cancel requested".into()));
+        let reason =
+            p.reason.as_deref().map(str::trim).filter(|r| !r.is_empty()).unwrap_or("no reason given").to_string();
+        let stop = || StopReason::Cancel { actor: actor.to_string(), reason: reason.clone() };
         // A claim commits before the scheduler starts the executor; an
         // instance seen RUNNING but not yet held is waited for briefly.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
         loop {
-            if let Some(mut done) = self.h.control.cancel(&p.id, StopReason::Cancel(reason.clone())) {
+            if let Some(mut done) = self.h.control.cancel(&p.id, stop()) {
                 let grace = self.h.config().scheduler.kill_grace + std::time::Duration::from_secs(5);
                 let _ = tokio::time::timeout(grace, done.wait_for(|d| *d)).await;
                 break;
@@ -231,7 +242,8 @@ impl Api {
             if let (TaskState::Running, false, Some(owner)) = (inst.state, expired, elsewhere) {
                 // Another agent on the shared database runs it: it is asked to stop it.
                 let mut changes = store.bus().subscribe();
-                store.announce(Topic::Control, EventKind::Cancel, json!({ "id": p.id, "reason": reason, "to": owner }));
+                let ask = json!({ "id": p.id, "reason": reason, "actor": actor, "to": owner });
+                store.announce(Topic::Control, EventKind::Cancel, ask);
                 let grace = self.h.config().scheduler.kill_grace + std::time::Duration::from_secs(10);
                 let until = tokio::time::Instant::now() + grace;
                 while store.get(&p.id).await.map_err(store_err)?.state == TaskState::Running {
@@ -247,11 +259,11 @@ impl Api {
             }
             if inst.state == TaskState::Running && expired {
                 // Nobody works on it: its holder died or stopped on a store error.
-                self.h.store.cancel_orphan(&p.id, &format!("cancelled {reason}"), actor).await.map_err(store_err)?;
+                self.h.store.cancel_orphan(&p.id, &format!("cancelled: {reason}"), actor).await.map_err(store_err)?;
                 break;
             }
             if inst.state != TaskState::Running {
-                self.h.store.cancel_waiting(&p.id, &format!("cancelled {reason}"), actor).await.map_err(store_err)?;
+                self.h.store.cancel_waiting(&p.id, &format!("cancelled: {reason}"), actor).await.map_err(store_err)?;
                 break;
             }
             if std::time::Instant::now() > deadline {

@@ -372,7 +372,22 @@ impl Store {
         counts: bool,
         decide: write::Decide,
     ) -> Result<(u32, FailurePlan)> {
-        let (i, e, a) = (id.to_string(), error.to_string(), self.agent().to_string());
+        let agent = self.agent().to_string();
+        self.fail_step_by(id, seq, error, counts, decide, &agent).await
+    }
+
+    /// [`Store::fail_step`] caused by `actor` (an operator's cancel): the
+    /// history rows are theirs.
+    pub async fn fail_step_by(
+        &self,
+        id: &str,
+        seq: u32,
+        error: &str,
+        counts: bool,
+        decide: write::Decide,
+        actor: &str,
+    ) -> Result<(u32, FailurePlan)> {
+        let (i, e, a) = (id.to_string(), error.to_string(), actor.to_string());
         let (failures, plan) = self.write(move |c| write::fail_step(c, &i, seq, &e, counts, &decide, &a)).await?;
         self.changed(id, "RUNNING", Some((seq, "FAILED")));
         let state = if matches!(plan, FailurePlan::Retry(_)) { "RETRYING" } else { "FAILED" };

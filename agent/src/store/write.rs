@@ -232,7 +232,9 @@ pub fn create(c: &dyn Db, n: &NewInstance, actor: &str) -> Result<(String, bool)
     if !n.steps.is_empty() {
         c.execute(&sql, &params)?;
     }
-    history(c, &n.id, None, None, "PENDING", &format!("created by {}", n.trigger), actor)?;
+    // The trigger names who made it; the row's actor says so already.
+    let how = n.trigger.strip_suffix(&format!(" by {actor}")).unwrap_or(&n.trigger);
+    history(c, &n.id, None, None, "PENDING", &format!("created by {how}"), actor)?;
     Ok((n.id.clone(), true))
 }
 
