@@ -6,7 +6,7 @@
 /// space, and at most `max` characters are kept, the last of them `…` when
 /// anything was cut.
 pub fn one_line(text: &str, max: usize) -> String {
-    let mut out = String::with_capacity(text.len().min(max * 4));
+    let mut out = String::with_capacity(text.len().min(max.saturating_mul(4)));
     let mut n = 0;
     for word in text.split_whitespace() {
         let sep = usize::from(n > 0);

@@ -99,6 +99,19 @@ impl Console {
         self.writer.flush().unwrap();
     }
 
+    /// Waits (30 s at most) for the console to exit by itself; its exit code.
+    pub fn wait_exit(&mut self) -> u32 {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.exit_code();
+            }
+            assert!(Instant::now() < deadline, "apollo-tui did not exit in 30 s; it shows:\n{}", self.text());
+            // The exit is not signalled through the pty; poll it, briefly.
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Quits with `q` and waits (30 s at most) for the process; returns its
     /// exit code. A console that does not quit fails the test with its screen.
     pub fn quit(mut self) -> u32 {
@@ -113,6 +126,35 @@ impl Console {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+}
+
+/// Runs `apollo ARGS` on a terminal of `(rows, cols)` in `dir` and returns
+/// what it printed, a line each (the terminal's line ends removed).
+pub fn cli_on_terminal(dir: &Path, args: &[&str], (rows, cols): (u16, u16)) -> Vec<String> {
+    let pty = native_pty_system().openpty(PtySize { rows, cols, pixel_width: 0, pixel_height: 0 }).unwrap();
+    let mut cmd = CommandBuilder::new(crate::cli_bin());
+    cmd.args(args);
+    cmd.cwd(dir);
+    cmd.env("TERM", "xterm-256color");
+    cmd.env("NO_COLOR", "1");
+    let mut child = pty.slave.spawn_command(cmd).unwrap();
+    drop(pty.slave);
+    let mut reader = pty.master.try_clone_reader().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let _ = reader.read_to_end(&mut out);
+        let _ = tx.send(out);
+    });
+    let status = child.wait().unwrap();
+    drop(pty.master);
+    let out = rx.recv_timeout(Duration::from_secs(30)).expect("the output of apollo");
+    assert!(status.success(), "apollo {args:?} failed on a terminal: {}", String::from_utf8_lossy(&out));
+    String::from_utf8_lossy(&out)
+        .split("\r\n")
+        .map(|l| l.trim_end_matches('\r').to_string())
+        .filter(|l| !l.is_empty())
+        .collect()
 }
 
 impl Drop for Console {

@@ -28,6 +28,7 @@ mod panics;
 mod postgres;
 mod reload;
 mod s3;
+mod screen;
 mod sources;
 mod ssh;
 mod storage;

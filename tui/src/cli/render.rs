@@ -11,12 +11,17 @@ use std::io::IsTerminal;
 
 pub struct Out {
     color: bool,
+    /// The terminal's width when stdout is one: tables fit it. Into a pipe
+    /// or a file nothing is cut.
+    width: Option<usize>,
 }
 
 impl Out {
     pub fn new() -> Out {
         let no_color = std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty());
-        Out { color: !no_color && std::io::stdout().is_terminal() }
+        let tty = std::io::stdout().is_terminal();
+        let width = if tty { crossterm::terminal::size().ok().map(|(w, _)| w as usize) } else { None };
+        Out { color: !no_color && tty, width }
     }
 
     /// `text` in the colour of `state`.
@@ -52,26 +57,41 @@ fn took(a: Option<DateTime<Utc>>, b: Option<DateTime<Utc>>) -> String {
     }
 }
 
+/// `apollo ls`: on a terminal, the table fits its width (narrow ones drop
+/// the attempt and queue columns, dates of today lose their day, and each
+/// error is cut at the edge with `…`: `apollo show` has it whole); into a
+/// pipe every column and every error is whole.
 pub fn list(out: &Out, items: &[Instance]) {
     if items.is_empty() {
         println!("no instances");
         return;
     }
-    println!(
-        "{:<26}  {:<20}  {:<11}  {:>7}  {:<10}  {:<19}  ERROR",
-        "ID", "TASK", "STATE", "ATTEMPT", "QUEUE", "CREATED"
-    );
+    let wide = out.width.is_none_or(|w| w >= 140);
+    let task_w = items.iter().map(|i| i.task.chars().count()).max().unwrap_or(4).clamp(4, 20);
+    let today = chrono::Utc::now().date_naive();
+    let created = |t: DateTime<Utc>| match (wide, t.date_naive() == today) {
+        (false, true) => t.format("%H:%M:%S").to_string(),
+        (false, false) => t.format("%m-%d %H:%M").to_string(),
+        (true, _) => when(Some(t)),
+    };
+    let created_w = if wide { 19 } else { 11 };
+    let mut head = format!("{:<26}  {:<task_w$}  {:<11}  ", "ID", "TASK", "STATE");
+    if wide {
+        head.push_str(&format!("{:>7}  {:<10}  ", "ATTEMPT", "QUEUE"));
+    }
+    head.push_str(&format!("{:<created_w$}  ", "CREATED"));
+    let room = out.width.map(|w| w.saturating_sub(head.chars().count()).max(12));
+    println!("{head}ERROR");
     for i in items {
-        println!(
-            "{:<26}  {:<20}  {}  {:>7}  {:<10}  {:<19}  {}",
-            i.id,
-            i.task,
-            out.state(i.state.as_str(), 11),
-            i.attempt,
-            i.queue,
-            when(Some(i.created_at)),
-            i.error.as_deref().unwrap_or("").chars().take(60).collect::<String>()
-        );
+        let task: String = apollo_shared::text::one_line(&i.task, task_w);
+        let mut line = format!("{:<26}  {task:<task_w$}  {}  ", i.id, out.state(i.state.as_str(), 11));
+        if wide {
+            line.push_str(&format!("{:>7}  {:<10}  ", i.attempt, i.queue));
+        }
+        line.push_str(&format!("{:<created_w$}  ", created(i.created_at)));
+        let error = i.error.as_deref().unwrap_or("");
+        line.push_str(&apollo_shared::text::one_line(error, room.unwrap_or(usize::MAX)));
+        println!("{line}");
     }
 }
 

@@ -52,6 +52,13 @@ fn walk(
             }
             out.push((format!("{path}]"), format!("{indent}  ]")));
         }
+        // A string of several lines (a shell script) shows as its lines.
+        Value::String(s) if s.trim_end().contains('\n') => {
+            out.push((path.into(), format!("{indent}  {label}|")));
+            for (i, line) in s.trim_end().lines().enumerate() {
+                out.push((format!("{path}#{i}"), format!("{indent}    {line}")));
+            }
+        }
         other => out.push((path.into(), format!("{indent}  {label}{}", scalar(other)))),
     }
 }
@@ -96,6 +103,13 @@ mod tests {
         let folded: Vec<String> = lines(&v, &folds).into_iter().map(|l| l.1).collect();
         assert!(folded.contains(&"  ▸ summary: {…1 keys}".to_string()), "{folded:?}");
         assert!(folded.len() < open.len());
+    }
+
+    #[test]
+    fn a_string_of_several_lines_shows_as_its_lines() {
+        let v = json!({"command": "echo one\necho two\n"});
+        let text: Vec<String> = lines(&v, &BTreeSet::new()).into_iter().map(|l| l.1).collect();
+        assert_eq!(text, ["▾ {", "    command: |", "      echo one", "      echo two", "  }"]);
     }
 
     #[test]

@@ -61,6 +61,11 @@ pub struct App {
     pub throughput: VecDeque<u64>,
     /// Per queue, what ended over the last hour (`agent.stats`).
     pub rates: Vec<apollo_shared::protocol::QueueRate>,
+    /// How far the open overlay (help, dry-run, results) is scrolled.
+    pub overlay_scroll: usize,
+    /// The logs pane shows the newest lines as they come (until the user
+    /// scrolls up; End or G follows again).
+    pub logs_tail: bool,
     /// Index into [`SORTS`].
     pub sort: usize,
     /// The tasks view lists the archive.
@@ -100,6 +105,8 @@ impl App {
             message: None,
             throughput: VecDeque::from(vec![0; THROUGHPUT_MINUTES]),
             rates: Vec::new(),
+            overlay_scroll: 0,
+            logs_tail: true,
             sort: 0,
             archived: false,
             quit: false,
@@ -219,6 +226,7 @@ impl App {
             View::Agents => self.visible_agents().len(),
             View::Fleet => self.visible_fleet().len(),
             View::Timeline => self.instance.as_ref().and_then(|i| i.steps.as_ref()).map_or(0, Vec::len),
+            View::Step if self.pane == Pane::Logs => self.logs.lines().count(),
             View::Step => self.step_lines().len(),
         }
     }
@@ -254,9 +262,15 @@ impl App {
         if n == 0 {
             return Vec::new();
         }
-        let cur = self.sel(v) as isize;
+        // The logs pane: from the tail when it follows; at the last line it
+        // follows again.
+        let logs = v == View::Step && self.pane == Pane::Logs;
+        let cur = if logs && self.logs_tail { n as isize - 1 } else { self.sel(v) as isize };
         let next = (cur + delta).clamp(0, n as isize - 1) as usize;
         self.selected.insert(v, next);
+        if logs {
+            self.logs_tail = next + 1 == n;
+        }
         if v == View::Timeline {
             self.step = next as u32;
         }

@@ -196,6 +196,10 @@ pub enum Action {
     Yes,
     No,
     NextPane,
+    /// The previous pane (Shift-Tab); where there is none, back.
+    PrevPane,
+    /// Clear the line being typed (Ctrl-U).
+    ClearLine,
     /// Sort the tasks view by the next column.
     Sort,
     /// Show the archive in the tasks view, or the live instances again.

@@ -7,11 +7,22 @@ impl App {
     pub fn update(&mut self, a: Action) -> Vec<Cmd> {
         match std::mem::replace(&mut self.mode, Mode::Normal) {
             Mode::Normal => self.normal(a),
-            Mode::Help | Mode::Results(_) => Vec::new(),
-            Mode::DryRun(r) => {
-                if !matches!(a, Action::Back | Action::Enter | Action::Quit) {
-                    self.mode = Mode::DryRun(r);
-                }
+            // Overlays scroll; anything else closes them.
+            overlay @ (Mode::Help | Mode::Results(_) | Mode::DryRun(_)) => {
+                let step = match a {
+                    Action::Down => 1,
+                    Action::Up => -1,
+                    Action::PageDown => 10,
+                    Action::PageUp => -10,
+                    Action::Home => isize::MIN / 2,
+                    Action::End => isize::MAX / 2,
+                    _ => {
+                        self.overlay_scroll = 0;
+                        return Vec::new();
+                    }
+                };
+                self.overlay_scroll = self.overlay_scroll.saturating_add_signed(step);
+                self.mode = overlay;
                 Vec::new()
             }
             Mode::Command(mut text) => match a {
@@ -25,6 +36,10 @@ impl App {
                     self.mode = Mode::Command(text);
                     Vec::new()
                 }
+                Action::ClearLine => {
+                    self.mode = Mode::Command(String::new());
+                    Vec::new()
+                }
                 Action::Tab => {
                     if let Some(done) = self.complete_ctx(&text) {
                         text = done;
@@ -36,16 +51,17 @@ impl App {
                 }
                 Action::Enter => {
                     let t = text.trim();
+                    // `:q` quits (before `q` could complete to `queues`).
+                    if matches!(t, "q" | "q!" | "quit") {
+                        self.quit = true;
+                        return vec![Cmd::Quit];
+                    }
                     if let Some(cmds) = self.ctx_command(t) {
                         return cmds;
                     }
                     match View::NAMED.iter().find(|(n, _)| *n == t || (!t.is_empty() && n.starts_with(t))) {
                         Some((_, View::Fleet)) => self.open_fleet(),
                         Some((_, v)) => self.go(*v),
-                        None if matches!(t, "q" | "quit") => {
-                            self.quit = true;
-                            vec![Cmd::Quit]
-                        }
                         None => {
                             let names: Vec<&str> = View::NAMED.iter().map(|(n, _)| *n).collect();
                             self.say(format!("unknown view {t:?} (views: {}, ctx NAME)", names.join(", ")), true);
@@ -61,6 +77,7 @@ impl App {
             },
             Mode::Filter(mut text) => match a {
                 Action::Input(c) => {
+                    self.message = None;
                     text.push(c);
                     self.mode = Mode::Filter(text);
                     Vec::new()
@@ -70,7 +87,17 @@ impl App {
                     self.mode = Mode::Filter(text);
                     Vec::new()
                 }
+                Action::ClearLine => {
+                    self.mode = Mode::Filter(String::new());
+                    Vec::new()
+                }
                 Action::Enter => {
+                    if let Err(e) = filter_check(self.view, &text) {
+                        // Refused as the CLI refuses it; the line stays to be fixed.
+                        self.say(e, true);
+                        self.mode = Mode::Filter(text);
+                        return Vec::new();
+                    }
                     self.filters.insert(self.view, text.trim().to_string());
                     self.selected.insert(self.view, 0);
                     vec![self.watch()]
@@ -89,7 +116,13 @@ impl App {
                         f.focus = (f.focus + 1) % f.fields.len().max(1);
                         Vec::new()
                     }
-                    Action::Up => {
+                    Action::ClearLine => {
+                        if let Some(field) = f.fields.get_mut(f.focus) {
+                            field.1.clear();
+                        }
+                        Vec::new()
+                    }
+                    Action::Up | Action::PrevPane => {
                         f.focus = (f.focus + f.fields.len().max(1) - 1) % f.fields.len().max(1);
                         Vec::new()
                     }
@@ -152,13 +185,14 @@ impl App {
                 self.mode = Mode::Help;
                 Vec::new()
             }
-            Action::Back => match self.back.pop() {
-                Some(v) => {
-                    self.view = v;
-                    vec![self.watch()]
-                }
-                None => Vec::new(),
-            },
+            // Esc clears this view's filter first, then goes back.
+            Action::Back if !self.filter(self.view).is_empty() => {
+                self.filters.remove(&self.view);
+                self.selected.insert(self.view, 0);
+                self.say("filter cleared (Esc again goes back)", false);
+                vec![self.watch()]
+            }
+            Action::Back => self.go_back(),
             Action::Enter => match self.view {
                 View::Tasks => match self.focused_instance().cloned() {
                     Some(i) => {
@@ -204,12 +238,9 @@ impl App {
                 }
                 _ => Vec::new(),
             },
-            Action::NextPane | Action::Tab if self.view == View::Step => {
-                let i = Pane::ALL.iter().position(|p| *p == self.pane).unwrap_or(0);
-                self.pane = Pane::ALL[(i + 1) % Pane::ALL.len()];
-                self.selected.insert(View::Step, 0);
-                vec![self.watch()]
-            }
+            Action::NextPane | Action::Tab if self.view == View::Step => self.next_pane(1),
+            Action::PrevPane if self.view == View::Step => self.next_pane(Pane::ALL.len() - 1),
+            Action::PrevPane => self.go_back(),
             Action::Archive if self.view == View::Tasks => {
                 self.archived = !self.archived;
                 self.selected.insert(View::Tasks, 0);
@@ -345,4 +376,41 @@ impl App {
         self.say(format!("{} requested for {id}{why}", c.verb), false);
         vec![Cmd::Act { action: c.action, id, reason }]
     }
+
+    fn go_back(&mut self) -> Vec<Cmd> {
+        match self.back.pop() {
+            Some(v) => {
+                self.view = v;
+                vec![self.watch()]
+            }
+            None => Vec::new(),
+        }
+    }
+
+    /// The step view's pane `by` places on (wrapping round).
+    fn next_pane(&mut self, by: usize) -> Vec<Cmd> {
+        let i = Pane::ALL.iter().position(|p| *p == self.pane).unwrap_or(0);
+        self.pane = Pane::ALL[(i + by) % Pane::ALL.len()];
+        self.selected.insert(View::Step, 0);
+        self.logs_tail = true;
+        vec![self.watch()]
+    }
+}
+
+/// A filter the view can apply, or why not: the tasks view sends `state:`,
+/// `task:` and `queue:` to the agent, and a state must be one.
+pub fn filter_check(view: View, text: &str) -> Result<(), String> {
+    if view != View::Tasks {
+        return Ok(());
+    }
+    for word in text.split_whitespace() {
+        if let Some(("state", v)) = word.split_once(':') {
+            if v.to_ascii_uppercase().parse::<apollo_shared::state::TaskState>().is_err() {
+                let states: Vec<String> =
+                    apollo_shared::state::TaskState::ALL.iter().map(|s| s.as_str().to_ascii_lowercase()).collect();
+                return Err(format!("state:{v} is not a state (expected one of: {})", states.join(", ")));
+            }
+        }
+    }
+    Ok(())
 }

@@ -3,7 +3,7 @@
 
 use super::super::app::{App, View};
 use super::Theme;
-use ratatui::layout::{Constraint, Rect};
+use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Cell, Paragraph, Row, Table};
 use ratatui::Frame;
@@ -23,15 +23,50 @@ struct Shape<'a> {
     header: Vec<&'a str>,
     widths: Vec<Constraint>,
     empty: &'a str,
+    /// The selected row's long value (an error, a message), shown whole
+    /// under the table, wrapped: (its name, the text).
+    detail: Option<(&'a str, String)>,
 }
 
+/// The most lines the selected row's long value takes under a table.
+const DETAIL_LINES: usize = 6;
+
 fn table(f: &mut Frame, area: Rect, app: &App, theme: &Theme, view: View, shape: Shape, rows: Vec<Vec<Cell>>) {
-    let Shape { title, header, widths, empty } = shape;
+    let Shape { title, header, widths, empty, detail } = shape;
     let block = Block::default().borders(Borders::ALL).title(title);
     if rows.is_empty() {
-        f.render_widget(Paragraph::new(Line::styled(empty.to_string(), theme.dim())).block(block), area);
+        // Nothing to show, or a filter that hides everything: say which.
+        let filter = app.filter(view);
+        let text = if filter.is_empty() {
+            empty.to_string()
+        } else {
+            format!("nothing matches the filter {filter:?} (Esc clears it)")
+        };
+        f.render_widget(Paragraph::new(Line::styled(text, theme.dim())).block(block), area);
         return;
     }
+    // The last column's room: what the fixed columns and the gaps leave.
+    let fixed: u16 = widths.iter().map(|c| if let Constraint::Length(n) = c { *n } else { 0 }).sum();
+    let last = area.width.saturating_sub(2 + fixed + widths.len().saturating_sub(1) as u16) as usize;
+    let cut = |text: &String| text.chars().count() > last;
+    let area = match detail.filter(|(_, text)| !text.is_empty() && cut(text) && area.height >= 12) {
+        Some((name, text)) => {
+            let lines = super::wrap(&text, area.width.saturating_sub(2) as usize);
+            let shown = lines.len().min(DETAIL_LINES).min(area.height as usize / 3);
+            let [list, below] =
+                Layout::vertical([Constraint::Min(4), Constraint::Length(shown as u16 + 2)]).areas(area);
+            let more = if lines.len() > shown {
+                format!(", {} more lines: open it", lines.len() - shown)
+            } else {
+                String::new()
+            };
+            let body: Vec<Line> = lines.into_iter().take(shown).map(Line::from).collect();
+            let title = format!(" {name}{more} ");
+            f.render_widget(Paragraph::new(body).block(Block::default().borders(Borders::ALL).title(title)), below);
+            list
+        }
+        None => area,
+    };
     let height = area.height.saturating_sub(3) as usize;
     let sel = app.sel(view).min(rows.len() - 1);
     let first = offset(sel, height);
@@ -99,6 +134,7 @@ pub fn queues(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             header: vec!["QUEUE", "RUNNING", "PENDING", "RETRYING", "OLDEST PENDING", "ENDED IN 1H"],
             widths,
             empty: "no queues yet",
+            detail: None,
         },
         rows,
     );
@@ -110,31 +146,58 @@ pub fn tasks(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let what = if app.archived { "archived tasks" } else { "tasks" };
     let marked = if app.marked.is_empty() { String::new() } else { format!(", {} marked", app.marked.len()) };
     let title = format!(" {what} ({}{more}{marked}) sorted by {} ", visible.len(), super::super::app::SORTS[app.sort]);
+    // Narrow: the attempt and queue columns go, and times of today show
+    // without their date, so what stays is whole.
+    let wide = area.width >= 110;
+    let today = chrono::Utc::now().date_naive();
     let rows = visible
         .iter()
         .map(|i| {
             // A marked instance's id is shown with a leading "*".
             let id = if app.marked.contains(&i.id) { format!("*{}", i.id) } else { i.id.clone() };
-            vec![
+            let created = if wide || i.created_at.date_naive() != today {
+                i.created_at.format("%m-%d %H:%M:%S")
+            } else {
+                i.created_at.format("%H:%M:%S")
+            };
+            let mut cells = vec![
                 Cell::from(id),
                 Cell::from(i.task.clone()),
                 Cell::from(Span::styled(i.state.as_str(), theme.state(i.state.as_str()))),
-                Cell::from(i.attempt.to_string()),
-                Cell::from(i.queue.clone()),
-                Cell::from(i.created_at.format("%m-%d %H:%M:%S").to_string()),
-                Cell::from(i.error.clone().unwrap_or_default()),
-            ]
+            ];
+            if wide {
+                cells.extend([Cell::from(i.attempt.to_string()), Cell::from(i.queue.clone())]);
+            }
+            cells.extend([Cell::from(created.to_string()), Cell::from(i.error.clone().unwrap_or_default())]);
+            cells
         })
         .collect();
-    let widths = vec![
-        Constraint::Length(27),
-        Constraint::Length(16),
-        Constraint::Length(11),
-        Constraint::Length(3),
-        Constraint::Length(8),
-        Constraint::Length(14),
-        Constraint::Min(10),
-    ];
+    let (widths, header) = if wide {
+        (
+            vec![
+                Constraint::Length(27),
+                Constraint::Length(16),
+                Constraint::Length(11),
+                Constraint::Length(3),
+                Constraint::Length(8),
+                Constraint::Length(14),
+                Constraint::Min(10),
+            ],
+            vec!["ID", "TASK", "STATE", "ATT", "QUEUE", "CREATED", "ERROR"],
+        )
+    } else {
+        (
+            vec![
+                Constraint::Length(27),
+                Constraint::Length(14),
+                Constraint::Length(11),
+                Constraint::Length(14),
+                Constraint::Min(6),
+            ],
+            vec!["ID", "TASK", "STATE", "CREATED", "ERROR"],
+        )
+    };
+    let error = visible.get(app.sel(View::Tasks)).and_then(|i| i.error.clone()).unwrap_or_default();
     table(
         f,
         area,
@@ -143,8 +206,9 @@ pub fn tasks(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         View::Tasks,
         Shape {
             title,
-            header: vec!["ID", "TASK", "STATE", "ATT", "QUEUE", "CREATED", "ERROR"],
+            header,
             widths,
+            detail: Some(("error", error)),
             empty: if app.archived {
                 "nothing archived yet (a: back to the live instances)"
             } else {
@@ -198,6 +262,7 @@ pub fn defs(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             header: vec!["TASK", "QUEUE", "VERSION", "SCHEDULE", "NEXT", "STEPS / ERRORS"],
             widths,
             empty: "no definitions loaded",
+            detail: app.visible_defs().get(app.sel(View::Defs)).map(|d| ("load error", d.errors.join("; "))),
         },
         rows,
     );
@@ -264,7 +329,17 @@ pub fn plugins(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         app,
         theme,
         View::Plugins,
-        Shape { title: " plugins ".into(), header, widths, empty: "no plugins" },
+        Shape {
+            title: " plugins ".into(),
+            header,
+            widths,
+            empty: "no plugins",
+            detail: app
+                .visible_plugins()
+                .get(app.sel(View::Plugins))
+                .and_then(|p| p.error.clone())
+                .map(|e| ("why it is not usable", e)),
+        },
         rows,
     );
 }
@@ -294,6 +369,7 @@ pub fn alerts(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             header: vec!["AT", "KIND", "INSTANCE", "MESSAGE"],
             widths,
             empty: "no alerts",
+            detail: app.visible_alerts().get(app.sel(View::Alerts)).map(|a| ("message", a.message.clone())),
         },
         rows,
     );
@@ -342,6 +418,7 @@ pub fn agents(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             header: vec!["NAME", "HOST", "VERSION", "RUNNING", "HEARTBEAT", "STATE", "QUEUES"],
             widths,
             empty: "no agent has recorded a heartbeat yet",
+            detail: None,
         },
         rows,
     );
@@ -437,6 +514,7 @@ pub fn fleet(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             header,
             widths,
             empty: "no contexts: write them in $XDG_CONFIG_HOME/apollo/contexts.yaml",
+            detail: None,
         },
         rows,
     );

@@ -78,6 +78,81 @@ pub fn draw(f: &mut Frame, app: &App, theme: &Theme) {
     overlay::draw(f, app, theme);
 }
 
+/// `text` in lines of at most `width` characters, broken at spaces where
+/// it can be and mid-word where it cannot; continuation lines keep the
+/// first line's indentation. Nothing on screen is cut: what does not fit
+/// on a line goes on the next.
+pub fn wrap(text: &str, width: usize) -> Vec<String> {
+    let width = width.max(8);
+    let indent = text.chars().take_while(|c| *c == ' ').count().min(width / 2);
+    let mut out = Vec::new();
+    let mut line = String::new();
+    let mut len = 0;
+    let room = |first: bool| if first { width } else { width - indent };
+    for word in text.split_inclusive(' ') {
+        let mut word = word;
+        loop {
+            let wl = word.chars().count();
+            let fits = room(out.is_empty());
+            if len + wl <= fits || (len + word.trim_end().chars().count() <= fits) {
+                line.push_str(word);
+                len += wl;
+                break;
+            }
+            if len > 0 && wl <= room(false) {
+                out.push(std::mem::take(&mut line).trim_end().to_string());
+                len = 0;
+                continue;
+            }
+            // A word longer than a line: cut it.
+            let take = fits.saturating_sub(len).max(1);
+            let cut = word.char_indices().nth(take).map_or(word.len(), |(i, _)| i);
+            line.push_str(&word[..cut]);
+            out.push(std::mem::take(&mut line));
+            len = 0;
+            word = &word[cut..];
+            if word.is_empty() {
+                break;
+            }
+        }
+    }
+    if !line.is_empty() || out.is_empty() {
+        out.push(line.trim_end().to_string());
+    }
+    let pad = " ".repeat(indent);
+    out.into_iter().enumerate().map(|(i, l)| if i == 0 { l } else { format!("{pad}{}", l.trim_start()) }).collect()
+}
+
+/// Rows of text (a JSON tree's lines, a log's) wrapped to `width` and
+/// scrolled to fit `height`: to the last line when `tail`, else so that row
+/// `sel` shows in full, highlighted.
+pub fn scrolled(
+    rows: &[String],
+    width: usize,
+    height: usize,
+    sel: usize,
+    tail: bool,
+    theme: &Theme,
+) -> Vec<Line<'static>> {
+    let wrapped: Vec<Vec<String>> = rows.iter().map(|r| wrap(r, width)).collect();
+    let total: usize = wrapped.iter().map(Vec::len).sum();
+    let sel = sel.min(rows.len().saturating_sub(1));
+    let through_sel: usize = wrapped.iter().take(sel + 1).map(Vec::len).sum();
+    let first = if tail { total.saturating_sub(height) } else { through_sel.saturating_sub(height) };
+    let mut lines = Vec::new();
+    let mut n = 0;
+    for (i, parts) in wrapped.into_iter().enumerate() {
+        for part in parts {
+            if n >= first && lines.len() < height {
+                let selected = i == sel && !tail;
+                lines.push(if selected { Line::styled(part, theme.selected()) } else { Line::from(part) });
+            }
+            n += 1;
+        }
+    }
+    lines
+}
+
 fn uptime(secs: f64) -> String {
     let s = secs as u64;
     match s {
@@ -121,7 +196,14 @@ fn draw_header(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         line1.push(Span::styled(label, style));
         line1.push(Span::raw(" "));
     }
-    line1.extend([Span::raw(format!("{agent}  via {}  ", app.transport)), conn, Span::raw(role)]);
+    // The connection's state before the transport: a long socket path
+    // on a narrow terminal must not hide that the console is disconnected.
+    line1.extend([
+        Span::raw(format!("{agent}  ")),
+        conn,
+        Span::raw(role),
+        Span::raw(format!("  via {}", app.transport)),
+    ]);
     let line1 = Line::from(line1);
     let mut counts = Vec::new();
     if let Some(s) = &app.status {
@@ -130,17 +212,22 @@ fn draw_header(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             counts.push(Span::raw("  "));
         }
     }
-    let view = Line::from(vec![
+    let hour: u64 = app.throughput.iter().sum();
+    let mut view = vec![
         Span::styled(format!("<{}>", app.view.name()), Style::default().add_modifier(Modifier::BOLD)),
         Span::raw(format!("  filter: {}", app.filter(app.view))),
-    ]);
+    ];
+    if spark_w == 0 {
+        // No room for the sparkline: the hour's count goes on this line.
+        view.push(Span::styled(format!("  · {hour} ended in 1h"), theme.dim()));
+    }
+    let view = Line::from(view);
     f.render_widget(Paragraph::new(vec![line1, Line::from(counts), view]), text);
     if spark_w == 0 {
         return;
     }
     let skip = app.throughput.len().saturating_sub(spark_w as usize);
     let data: Vec<u64> = app.throughput.iter().skip(skip).copied().collect();
-    let hour: u64 = app.throughput.iter().sum();
     let title = Paragraph::new(format!("{hour} ended in 1h")).style(theme.dim());
     let [t, s] = Layout::vertical([Constraint::Length(1), Constraint::Length(2)]).areas(spark);
     f.render_widget(title, t);
@@ -148,12 +235,36 @@ fn draw_header(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
 }
 
 fn draw_status(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
+    // A line being typed shows with the refusal of the last Enter, if any.
+    let typing = |prompt: String| match &app.message {
+        Some((m, true)) => {
+            Line::from(vec![Span::raw(prompt), Span::raw("   "), Span::styled(m.clone(), theme.error())])
+        }
+        _ => Line::from(prompt),
+    };
     let line = match (&app.mode, &app.message) {
-        (Mode::Command(t), _) => Line::from(format!(":{t}")),
-        (Mode::Filter(t), _) => Line::from(format!("/{t}")),
+        (Mode::Command(t), _) => typing(format!(":{t}")),
+        (Mode::Filter(t), _) => typing(format!("/{t}")),
         (_, Some((m, true))) => Line::styled(m.clone(), theme.error()),
         (_, Some((m, false))) => Line::from(m.clone()),
         _ => Line::styled("? keys  : views  / filter  Enter open  Esc back  q quit", theme.dim()),
     };
     f.render_widget(Paragraph::new(line), area);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wrap;
+
+    #[test]
+    fn long_text_wraps_at_spaces_and_nothing_is_lost() {
+        assert_eq!(wrap("one two three four", 9), ["one two", "three", "four"]);
+        assert_eq!(wrap("    key: a long value here", 16), ["    key: a long", "    value here"]);
+        assert_eq!(wrap("abcdefghijklmnopqrstuvwxyz", 10), ["abcdefghij", "klmnopqrst", "uvwxyz"]);
+        assert_eq!(wrap("", 10), [""]);
+        let text = "step \"write\" (#0) failed: command ended with exit code 1; stderr: FATAL: disk quota exceeded";
+        let lines = wrap(text, 30);
+        assert!(lines.iter().all(|l| l.chars().count() <= 30), "{lines:?}");
+        assert_eq!(lines.join(" ").split_whitespace().collect::<Vec<_>>(), text.split_whitespace().collect::<Vec<_>>());
+    }
 }

@@ -4,6 +4,7 @@ use super::super::app::{App, Mode, Stage};
 use super::super::keys::HELP;
 use super::Theme;
 use ratatui::layout::{Constraint, Flex, Layout, Rect};
+use ratatui::style::Style;
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Clear, Paragraph, Wrap};
 use ratatui::Frame;
@@ -31,18 +32,44 @@ fn boxed(f: &mut Frame, area: Rect, title: &str, lines: Vec<Line>) {
     );
 }
 
+/// An overlay `w` wide of text lines, each wrapped to fit and styled whole,
+/// as tall as they need up to the screen's height, scrolled by `scroll`
+/// when they need more (the title says how much is left and how to scroll).
+fn scrolling(f: &mut Frame, area: Rect, w: u16, title: &str, lines: Vec<(String, Style)>, scroll: usize) {
+    let w = w.min(area.width);
+    let inner = w.saturating_sub(2) as usize;
+    let wrapped: Vec<Line> = lines
+        .into_iter()
+        .flat_map(|(text, style)| super::wrap(&text, inner).into_iter().map(move |l| Line::styled(l, style)))
+        .collect();
+    let room = area.height.saturating_sub(2) as usize;
+    let first = scroll.min(wrapped.len().saturating_sub(room));
+    let left = wrapped.len().saturating_sub(first + room);
+    let title = match (first, left) {
+        (0, 0) => title.to_string(),
+        (_, 0) => format!("{title} (k: scroll up)"),
+        _ => format!("{title} ({left} more lines: j or PgDn)"),
+    };
+    let shown: Vec<Line> = wrapped.into_iter().skip(first).take(room).collect();
+    let h = shown.len() as u16 + 2;
+    let r = centered(area, w, h);
+    f.render_widget(Clear, r);
+    f.render_widget(Paragraph::new(shown).block(Block::default().borders(Borders::ALL).title(format!(" {title} "))), r);
+}
+
 pub fn draw(f: &mut Frame, app: &App, theme: &Theme) {
     let area = f.area();
     match &app.mode {
         Mode::Help => {
-            let mut lines: Vec<Line> = HELP.iter().map(|(k, what)| Line::from(format!("{k:<24} {what}"))).collect();
-            lines.push(Line::styled("any key closes this", theme.dim()));
-            boxed(f, centered(area, 90, lines.len() as u16 + 2), "keys", lines);
+            let mut lines: Vec<(String, Style)> =
+                HELP.iter().map(|(k, what)| (format!("{k:<14} {what}"), Style::default())).collect();
+            lines.push(("any other key closes this".into(), theme.dim()));
+            scrolling(f, area, 84, "keys", lines, app.overlay_scroll);
         }
         Mode::Results(lines) => {
-            let mut lines: Vec<Line> = lines.iter().map(|l| Line::from(l.clone())).collect();
-            lines.push(Line::styled("any key closes", theme.dim()));
-            fitted(f, area, 110, "results", lines);
+            let mut lines: Vec<(String, Style)> = lines.iter().map(|l| (l.clone(), Style::default())).collect();
+            lines.push(("any other key closes".into(), theme.dim()));
+            scrolling(f, area, 110, "results", lines, app.overlay_scroll);
         }
         Mode::Confirm(c) => {
             let title = if c.stage == Stage::Yes { "confirm" } else { "confirm on production" };
@@ -69,30 +96,25 @@ pub fn draw(f: &mut Frame, app: &App, theme: &Theme) {
         }
         Mode::DryRun(r) => {
             let verdict = if r.valid { "valid" } else { "invalid" };
-            let mut lines = vec![Line::from(format!("{}: {verdict} — nothing was executed", r.task))];
+            let mut lines = vec![(format!("{}: {verdict} — nothing was executed", r.task), Style::default())];
             for s in &r.steps {
-                let mark = if s.valid {
-                    Span::styled("ok   ", theme.state("SUCCESS"))
-                } else {
-                    Span::styled("error", theme.state("FAILED"))
-                };
-                lines.push(Line::from(vec![
-                    mark,
-                    Span::raw(format!(" {} {} ({} {})", s.seq, s.name, s.plugin, s.version.as_deref().unwrap_or("?"))),
-                ]));
-                lines.push(Line::from(format!("      params: {}", s.params)));
+                let (mark, style) =
+                    if s.valid { ("ok   ", theme.state("SUCCESS")) } else { ("error", theme.state("FAILED")) };
+                let version = s.version.as_deref().unwrap_or("?");
+                lines.push((format!("{mark} {} {} ({} {version})", s.seq, s.name, s.plugin), style));
+                // Params as a readable block: a multi-line command keeps its lines.
+                let params: Vec<(String, String)> = super::super::json::lines(&s.params, &Default::default());
+                lines.push(("      params:".into(), Style::default()));
+                lines.extend(params.into_iter().map(|(_, l)| (format!("      {l}"), Style::default())));
                 if !s.unresolved.is_empty() {
-                    lines.push(Line::styled(
-                        format!("      resolved at run time: {}", s.unresolved.join(", ")),
-                        theme.dim(),
-                    ));
+                    lines.push((format!("      resolved at run time: {}", s.unresolved.join(", ")), theme.dim()));
                 }
                 if let Some(e) = &s.error {
-                    lines.push(Line::styled(format!("      {e}"), theme.error()));
+                    lines.push((format!("      {e}"), theme.error()));
                 }
             }
-            lines.push(Line::styled("Esc or Enter closes", theme.dim()));
-            boxed(f, centered(area, area.width.saturating_sub(4), lines.len() as u16 + 2), "dry-run", lines);
+            lines.push(("j/k scroll, any other key closes".into(), theme.dim()));
+            scrolling(f, area, area.width.saturating_sub(4), "dry-run", lines, app.overlay_scroll);
         }
         _ => {}
     }

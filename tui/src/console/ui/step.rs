@@ -94,28 +94,26 @@ pub fn draw(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     f.render_widget(t, tabs);
     let block =
         Block::default().borders(Borders::ALL).title(format!(" {} (Tab: next pane, Enter: fold) ", app.pane.title()));
-    let height = body.height.saturating_sub(2) as usize;
+    let (height, width) = (body.height.saturating_sub(2) as usize, body.width.saturating_sub(2) as usize);
+    // Long values and lines wrap: nothing is cut at the pane's edge.
     let lines: Vec<Line> = match pane_value(app) {
         Some(v) => {
-            let rows = json::lines(&v, &app.folds);
-            let cur = app.sel(View::Step).min(rows.len().saturating_sub(1));
-            let first = if cur < height { 0 } else { cur + 1 - height };
-            rows.into_iter()
-                .enumerate()
-                .skip(first)
-                .take(height)
-                .map(|(n, (_, text))| if n == cur { Line::styled(text, theme.selected()) } else { Line::from(text) })
-                .collect()
+            let rows: Vec<String> = json::lines(&v, &app.folds).into_iter().map(|(_, text)| text).collect();
+            super::scrolled(&rows, width, height, app.sel(View::Step), false, theme)
+        }
+        None if app.logs.is_empty() => {
+            vec![Line::styled("(no log lines yet; they show here as they are written)", theme.dim())]
         }
         None => {
-            let text: Vec<&str> = app.logs.lines().collect();
-            let first = text.len().saturating_sub(height);
-            if text.is_empty() {
-                vec![Line::styled("(no log lines)", theme.dim())]
-            } else {
-                text[first..].iter().map(|l| Line::from(l.to_string())).collect()
-            }
+            let rows: Vec<String> = app.logs.lines().map(str::to_string).collect();
+            super::scrolled(&rows, width, height, app.sel(View::Step), app.logs_tail, theme)
         }
+    };
+    let block = if app.pane == Pane::Logs {
+        let follow = if app.logs_tail { "following the instance" } else { "scrolled; G follows" };
+        Block::default().borders(Borders::ALL).title(format!(" logs of every step, {follow} (Tab: next pane) "))
+    } else {
+        block
     };
     f.render_widget(Paragraph::new(lines).block(block), body);
 }

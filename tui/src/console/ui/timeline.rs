@@ -8,7 +8,11 @@ use apollo_shared::protocol::Instance;
 use chrono::{DateTime, Utc};
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Block, Borders, Paragraph};
+use ratatui::widgets::{Block, Borders, Paragraph, Wrap};
+
+/// The most lines an instance's error takes under its bars (it is whole in
+/// the step's output pane and in `apollo show`).
+const ERROR_LINES: usize = 6;
 use ratatui::Frame;
 
 /// One attempt of a step: when it ran and how it ended ("RUNNING" if it still runs).
@@ -45,9 +49,18 @@ pub fn draw(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let operator: Vec<&apollo_shared::protocol::Transition> =
         i.transitions.iter().flatten().filter(|t| t.by_operator()).collect();
     let ops_h = if operator.is_empty() { 0 } else { (operator.len() as u16 + 2).min(6) };
+    // The error in full, wrapped under the bars (at most ERROR_LINES lines).
+    let error: Vec<String> = i
+        .error
+        .as_ref()
+        .map(|e| super::wrap(&format!("error: {e}"), area.width.saturating_sub(2) as usize))
+        .unwrap_or_default()
+        .into_iter()
+        .take(ERROR_LINES)
+        .collect();
+    let bars_h = steps.len() as u16 + 3 + error.len() as u16;
     let [bars, ops, history] =
-        Layout::vertical([Constraint::Length(steps.len() as u16 + 4), Constraint::Length(ops_h), Constraint::Min(3)])
-            .areas(area);
+        Layout::vertical([Constraint::Length(bars_h), Constraint::Length(ops_h), Constraint::Min(3)]).areas(area);
     let title = Line::from(vec![
         Span::raw(format!(" {} {} ", i.task, i.id)),
         Span::styled(format!("{} ", i.state.as_str()), theme.state(i.state.as_str())),
@@ -105,9 +118,7 @@ pub fn draw(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         format!("{:<w$}{} … {}", "", start.format("%H:%M:%S%.3f"), end.format("%H:%M:%S%.3f"), w = label_w),
         theme.dim(),
     ));
-    if let Some(e) = &i.error {
-        lines.push(Line::styled(format!("error: {e}"), theme.error()));
-    }
+    lines.extend(error.into_iter().map(|l| Line::styled(l, theme.error())));
     f.render_widget(Paragraph::new(lines), inner);
     if ops_h > 0 {
         // Who did what to it, and why: the operator's own words first.
@@ -124,7 +135,8 @@ pub fn draw(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             })
             .collect();
         let title = format!(" operator actions ({}, newest first) ", operator.len());
-        f.render_widget(Paragraph::new(rows).block(Block::default().borders(Borders::ALL).title(title)), ops);
+        let block = Block::default().borders(Borders::ALL).title(title);
+        f.render_widget(Paragraph::new(rows).wrap(Wrap { trim: false }).block(block), ops);
     }
     let hist: Vec<Line> = i
         .transitions
@@ -147,7 +159,9 @@ pub fn draw(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         })
         .collect();
     f.render_widget(
-        Paragraph::new(hist).block(Block::default().borders(Borders::ALL).title(" history (newest first) ")),
+        Paragraph::new(hist)
+            .wrap(Wrap { trim: false })
+            .block(Block::default().borders(Borders::ALL).title(" history (newest first) ")),
         history,
     );
 }

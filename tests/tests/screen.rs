@@ -1,0 +1,168 @@
+//! What the console shows fits the terminal, at 80×24 and at 120×40:
+//! long values wrap (an error in full, a multi-line command as its lines,
+//! a dry-run's every step), the help lists every key, filters belong to
+//! their view and clear as k9s's and lazygit's do, and the logs pane follows
+//! an instance across its steps. `apollo ls` fits its terminal.
+
+use apollo_tests::console::{cli_on_terminal, Console};
+use apollo_tests::*;
+
+const SIZES: [(u16, u16); 2] = [(24, 80), (40, 120)];
+
+/// A step whose command is several lines and whose error ends far past any
+/// terminal's edge, with a word at its very end.
+const LONG: &str = r#"task: long
+on_failure: stop
+steps:
+  - name: write
+    plugin: shell
+    retry: 0
+    params:
+      command: |
+        echo one
+        echo two
+        echo "the disk holding /var/lib/postgresql/15/main is full and the write ahead log cannot grow any further TAILTOKEN" >&2
+        exit 1
+"#;
+
+fn five_steps() -> String {
+    let mut t = String::from("task: five\nsteps:\n");
+    for n in ["alpha", "bravo", "charlie", "delta", "echo"] {
+        t.push_str(&format!(
+            "  - name: {n}\n    plugin: shell\n    params:\n      command: |\n        echo {n} starts\n        echo {n} ends\n"
+        ));
+    }
+    t
+}
+
+fn started(agent: &Agent, size: (u16, u16)) -> Console {
+    let sock = agent.socket.display().to_string();
+    let c = Console::start_sized(agent.path(), &["--socket", &sock], None, &[], size);
+    c.wait_for(&["connected"]);
+    c
+}
+
+#[test]
+fn long_values_wrap_and_every_key_is_listed_at_80x24_and_120x40() {
+    let agent = Agent::builder().task("long.yaml", LONG).task("five.yaml", &five_steps()).start();
+    let (code, inst) = agent.cli_json(&["run", "long", "--wait"]);
+    assert_eq!(code, 1, "{inst:#}");
+    for size in SIZES {
+        let mut c = started(&agent, size);
+        // The selected instance's error, whole, under the list.
+        c.wait_for(&["<tasks>", "TAILTOKEN"]);
+        // The timeline wraps it too.
+        c.keys("\r");
+        c.wait_for(&["<timeline>", "TAILTOKEN"]);
+        // The step's params: the command as its lines, not one escaped line.
+        c.keys("\r");
+        let screen = c.wait_for(&["<step>", "command: |", "echo one", "echo two"]);
+        assert!(!screen.contains("\\n"), "{screen}");
+        // One Esc at a time (two at once read as Alt-Esc).
+        c.keys("\x1b");
+        c.wait_for(&["<timeline>"]);
+        c.keys("\x1b");
+        c.wait_for(&["<tasks>"]);
+        // Every key in the help, without scrolling.
+        c.keys("?");
+        let help = c.wait_for(&["keys", "this help"]);
+        for key in ["Shift-Tab", "Space * u", "confirm a roll back", "cancel the selected", "q Ctrl-C", ":ctx NAME"] {
+            assert!(help.contains(key), "{key} at {size:?}:\n{help}");
+        }
+        assert!(!help.contains("more lines"), "{help}");
+        c.keys("x");
+        c.wait_until("the help to close", |s| !s.contains("this help"));
+        // A dry-run of five steps: its last step is reached by scrolling.
+        c.keys(":defs\r/five\r");
+        c.wait_for(&["<defs>", "five"]);
+        c.keys("d");
+        let plan = c.wait_for(&["dry-run", "five: valid"]);
+        if plan.contains("more lines") {
+            c.keys("G");
+        }
+        c.wait_for(&["4 echo (shell", "echo ends"]);
+        c.keys("q");
+        c.wait_until("the dry-run to close", |s| !s.contains("five: valid"));
+        // :q quits.
+        c.keys(":q\r");
+        assert_eq!(c.wait_exit(), 0, "{size:?}");
+    }
+}
+
+#[test]
+fn filters_belong_to_their_view_and_clear_with_ctrl_u_and_esc() {
+    let agent = Agent::builder().task("long.yaml", LONG).start();
+    agent.cli(&["run", "long", "--wait"]);
+    let mut c = started(&agent, (24, 80));
+    // Times of today are whole at 80 columns.
+    let screen = c.wait_for(&["<tasks>", "long"]);
+    let row = screen.lines().find(|l| l.contains("│") && l.contains(" long ")).unwrap_or_default();
+    assert!(row.split_whitespace().any(|w| w.len() == 8 && w.chars().filter(|c| *c == ':').count() == 2), "{row}");
+    // A state that is not one is refused, as the CLI refuses it.
+    c.keys("/state:bogus\r");
+    c.wait_for(&["state:bogus is not a state (expected one of: pending, running"]);
+    // Ctrl-U clears the line.
+    c.keys("\x15task:nosuch\r");
+    c.wait_for(&["filter: task:nosuch", "nothing matches the filter \"task:nosuch\" (Esc clears it)"]);
+    // Another view's filter is its own.
+    c.keys(":agents\r");
+    let agents = c.wait_for(&["<agents>", "live"]);
+    assert!(agents.contains("filter:  "), "{agents}");
+    c.keys("/nomatch\r");
+    c.wait_for(&["nothing matches the filter \"nomatch\" (Esc clears it)"]);
+    // Esc clears the filter first, then goes back.
+    c.keys("\x1b");
+    c.wait_for(&["<agents>", "live", "filter cleared"]);
+    c.keys("\x1b");
+    c.wait_for(&["<tasks>", "filter: task:nosuch"]);
+    c.keys("\x1b");
+    c.wait_for(&["<tasks>", "long", "FAILED"]);
+    // Shift-Tab goes to the previous pane of the step view.
+    c.keys("\r\r");
+    c.wait_for(&["<step>", "params (Tab"]);
+    c.keys("\x1b[Z");
+    c.wait_for(&["logs of every step"]);
+    c.keys("\x1b[Z");
+    c.wait_for(&["attempts (Tab"]);
+    assert_eq!(c.quit(), 0);
+}
+
+#[test]
+fn apollo_ls_fits_its_terminal_and_a_pipe_gets_everything() {
+    let agent = Agent::builder().task("long.yaml", LONG).start();
+    agent.cli(&["run", "long", "--wait"]);
+    let sock = agent.socket.display().to_string();
+    let lines = cli_on_terminal(agent.path(), &["--socket", &sock, "ls"], (24, 80));
+    assert!(lines.len() >= 2, "{lines:#?}");
+    for l in &lines {
+        assert!(l.chars().count() <= 80, "{} columns: {l}", l.chars().count());
+    }
+    assert!(lines[1].ends_with('…'), "the error is cut at the edge: {lines:?}");
+    let piped = String::from_utf8_lossy(&agent.cli(&["ls"]).stdout).to_string();
+    assert!(piped.contains("TAILTOKEN"), "{piped}");
+}
+
+#[test]
+fn the_logs_pane_follows_the_instance_across_its_steps() {
+    let gated = |name: &str| {
+        format!(
+            "  - name: {name}\n    plugin: shell\n    params:\n      command: |\n        echo {name}-1\n        \
+             while [ ! -e ../../gate-{name} ]; do sleep 0.02; done\n        echo {name}-2\n"
+        )
+    };
+    let agent = Agent::builder().task("two.yaml", &format!("task: two\nsteps:\n{}{}", gated("a"), gated("b"))).start();
+    let out = agent.cli(&["run", "two"]);
+    assert!(out.status.success());
+    let mut c = started(&agent, (40, 120));
+    c.wait_for(&["<tasks>", "two", "RUNNING"]);
+    // The instance's first step, its logs pane.
+    c.keys("\r\r");
+    c.wait_for(&["<step>", "step 0 a"]);
+    c.keys("\x1b[Z");
+    c.wait_for(&["logs of every step, following", "a-1"]);
+    std::fs::write(agent.path().join("data/gate-a"), "").unwrap();
+    c.wait_for(&["a-2", "[apollo: step b, attempt 1]", "b-1"]);
+    std::fs::write(agent.path().join("data/gate-b"), "").unwrap();
+    c.wait_for(&["b-2"]);
+    assert_eq!(c.quit(), 0);
+}
