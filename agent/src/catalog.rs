@@ -147,29 +147,37 @@ fn read_capped(path: &Path) -> Result<String, (Option<usize>, String)> {
     })
 }
 
-/// Loads every definition file directly under `dir`.
-pub fn load_dir(dir: &Path, registry: &Registry) -> Catalog {
-    let mut cat = Catalog::default();
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) => {
-            cat.errors.insert(
-                dir.to_path_buf(),
-                vec![DefError {
-                    file: dir.display().to_string(),
-                    line: None,
-                    field: String::new(),
-                    message: format!("cannot read the tasks directory: {e}"),
-                }],
-            );
-            return cat;
-        }
-    };
+/// The definition files (`*.yaml`, `*.yml`) directly under `dir`, sorted.
+pub fn files_in(dir: &Path) -> Result<Vec<PathBuf>, DefError> {
+    let entries = std::fs::read_dir(dir).map_err(|e| DefError {
+        file: dir.display().to_string(),
+        line: None,
+        field: String::new(),
+        message: format!("cannot read the tasks directory: {e}"),
+    })?;
     let mut files: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.is_file() && matches!(p.extension().and_then(|x| x.to_str()), Some("yaml" | "yml")))
         .collect();
     files.sort();
+    Ok(files)
+}
+
+/// Loads every definition file directly under `dir`.
+pub fn load_dir(dir: &Path, registry: &Registry) -> Catalog {
+    match files_in(dir) {
+        Ok(files) => load_files(Catalog::default(), files, registry),
+        Err(e) => {
+            let mut cat = Catalog::default();
+            cat.errors.insert(dir.to_path_buf(), vec![e]);
+            cat
+        }
+    }
+}
+
+/// Loads these definition files into `cat` (a task defined twice is an
+/// error of the second file).
+pub fn load_files(mut cat: Catalog, files: Vec<PathBuf>, registry: &Registry) -> Catalog {
     for file in files {
         let name = file.display().to_string();
         let err = |(line, message): (Option<usize>, String)| {

@@ -4,15 +4,45 @@
 use crate::catalog;
 use crate::config::Config;
 
-/// Returns the number of problems found, after printing them.
-pub async fn run(config: &Config, out: &mut impl std::io::Write) -> std::io::Result<usize> {
+/// Returns the number of problems found, after printing them. `paths`
+/// are definition files or directories of them to check instead of the
+/// tasks directory (which is checked when none is given).
+pub async fn run(
+    config: &Config,
+    paths: &[std::path::PathBuf],
+    out: &mut impl std::io::Write,
+) -> std::io::Result<usize> {
     let registry = crate::plugins::load(config).await;
     for b in &registry.broken {
         writeln!(out, "{}: plugin {:?}: {}", b.command.display(), b.name, b.error)?;
     }
     let mut problems = registry.broken.len();
     let dir = config.tasks_dir();
-    let cat = catalog::load_dir(&dir, &registry);
+    let cat = match paths {
+        [] => catalog::load_dir(&dir, &registry),
+        paths => {
+            let mut cat = catalog::Catalog::default();
+            let mut files = Vec::new();
+            for p in paths {
+                if p.is_dir() {
+                    match catalog::files_in(p) {
+                        Ok(found) => files.extend(found),
+                        Err(e) => {
+                            cat.errors.insert(p.clone(), vec![e]);
+                        }
+                    }
+                } else if p.exists() {
+                    files.push(p.clone());
+                } else {
+                    writeln!(out, "{}: no such file or directory", p.display())?;
+                    problems += 1;
+                }
+            }
+            files.sort();
+            files.dedup();
+            catalog::load_files(cat, files, &registry)
+        }
+    };
     for errs in cat.errors.values() {
         for e in errs {
             writeln!(out, "{e}")?;
@@ -30,10 +60,14 @@ pub async fn run(config: &Config, out: &mut impl std::io::Write) -> std::io::Res
     }
     let source =
         config.source.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "defaults (no config file)".into());
+    let checked = if paths.is_empty() {
+        dir.display().to_string()
+    } else {
+        paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+    };
     writeln!(
         out,
-        "config: {source}; tasks: {} — {} definition(s) valid, {} problem(s)",
-        dir.display(),
+        "config: {source}; tasks: {checked} — {} definition(s) valid, {} problem(s)",
         cat.defs.len() - invalid,
         problems
     )?;

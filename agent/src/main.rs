@@ -41,8 +41,12 @@ struct Args {
 enum Command {
     /// Run the agent in the foreground (the default).
     Run,
-    /// Validate the config and every definition; exit 1 when anything is wrong.
-    Check,
+    /// Validate the config and every definition (of the tasks directory, or
+    /// of the files and directories given); exit 1 when anything is wrong.
+    Check {
+        /// Definition files, or directories of them (default: the tasks directory).
+        paths: Vec<PathBuf>,
+    },
     /// Bridge stdin/stdout to the agent's socket (used through SSH).
     DialStdio,
     /// Print this command's man page (roff): `apollo-agent man > apollo-agent.1`.
@@ -160,9 +164,9 @@ fn real_main(args: Args) -> anyhow::Result<ExitCode> {
     }
     let cfg = load(&args)?;
     match args.command.unwrap_or(Command::Run) {
-        Command::Check => {
+        Command::Check { paths } => {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            let problems = rt.block_on(apollo_agent::check::run(&cfg, &mut std::io::stdout()))?;
+            let problems = rt.block_on(apollo_agent::check::run(&cfg, &paths, &mut std::io::stdout()))?;
             Ok(if problems == 0 { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
         Command::Plugin(PluginCmd::Test { exe, params }) => {

@@ -133,9 +133,10 @@ fn every_malformed_definition_is_reported_with_its_place_and_the_agent_runs_on()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let report = String::from_utf8_lossy(&out.stdout).to_string();
-    // The running agent shows the same errors in defs.list, and still works.
+    // The running agent shows the same errors in defs.list, and still works;
+    // `apollo defs` exits 1 when a definition did not load.
     let (code, defs) = agent.cli_json(&["defs"]);
-    assert_eq!(code, 0);
+    assert_eq!(code, 1);
     let defs = defs.as_array().unwrap().clone();
     for (file, _, fragment) in &cases {
         if fragment.is_empty() {

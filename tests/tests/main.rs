@@ -29,6 +29,7 @@ mod postgres;
 mod reload;
 mod s3;
 mod screen;
+mod scripts;
 mod sources;
 mod ssh;
 mod storage;

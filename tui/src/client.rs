@@ -19,8 +19,11 @@ use tokio_util::codec::{FramedRead, LinesCodec};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("cannot connect to the agent at {path}: {source}")]
+    #[error("cannot connect to the agent: {}", crate::reach::why_not(path, source))]
     Connect { path: PathBuf, source: std::io::Error },
+    /// No socket of the default places answered: each, and why.
+    #[error("{}", crate::reach::none_answered(.0))]
+    NoAgent(Vec<(PathBuf, std::io::Error)>),
     #[error("cannot start `{command}`: {source}")]
     Spawn { command: String, source: std::io::Error },
     #[error("{0}")]
@@ -223,15 +226,15 @@ pub fn socket_candidates(flag: Option<&Path>) -> Vec<PathBuf> {
 
 /// Connects to the first candidate that answers.
 pub async fn connect_default(flag: Option<&Path>) -> Result<Client, ClientError> {
-    let candidates = socket_candidates(flag);
-    let mut last = None;
-    for c in &candidates {
-        match Client::connect_unix(c).await {
+    let mut tried = Vec::new();
+    for c in socket_candidates(flag) {
+        match Client::connect_unix(&c).await {
             Ok(client) => return Ok(client),
-            Err(e) => last = Some(e),
+            Err(ClientError::Connect { path, source }) => tried.push((path, source)),
+            Err(e) => return Err(e),
         }
     }
-    Err(last.unwrap_or(ClientError::Closed))
+    Err(ClientError::NoAgent(tried))
 }
 
 #[cfg(test)]

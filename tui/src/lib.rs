@@ -7,6 +7,7 @@
 //! - [`cli`]: the `apollo` command line: arguments, human and JSON output.
 //! - [`console`]: `apollo-tui`, the terminal console (ratatui).
 //! - [`contexts`]: named agents (`contexts.yaml`), read-only and production flags.
+//! - [`reach`]: why a socket could not be reached, in words an operator acts on.
 //!
 //! This crate never imports the agent crate; the two meet only in the
 //! protocol types of `apollo-shared`.
@@ -20,3 +21,4 @@ pub mod client;
 pub mod console;
 pub mod contexts;
 pub mod local;
+pub mod reach;

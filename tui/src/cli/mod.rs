@@ -3,15 +3,20 @@
 //! Exit codes:
 //! - 0: success (with `--wait`: the instance ended SUCCESS);
 //! - 1: the instance ended FAILED or ROLLED_BACK, or the agent refused the request;
-//! - 2: usage error, or no agent reachable (the message names the socket tried).
+//! - 2: usage error, or no agent reachable (the message names the socket tried);
+//! - 130: interrupted (Ctrl-C) while waiting or following; the instance goes on.
 //!
-//! `--json` prints the protocol's objects as they are (see the README).
+//! `--json` prints the protocol's objects as they are (see the README), and
+//! an error as one JSON object on stdout, with the same exit code:
+//! `{"error": {"kind", "message", "exit", "code", "data", "command"}}` —
+//! `kind` is `usage`, `unreachable`, `refused` (by this command) or
+//! `agent` (the agent's refusal, with its JSON-RPC `code` and `data`).
 
 mod act;
 mod render;
 mod watch;
 
-use crate::client::{socket_candidates, Client, ClientError};
+use crate::client::{Client, ClientError};
 use crate::contexts::{Context, Contexts};
 use crate::local::{self, LocalAgent};
 use apollo_shared::protocol::methods as m;
@@ -158,15 +163,49 @@ enum Failure {
     Usage(String),
     Unreachable(String),
     Refused(String),
+    /// The agent's refusal, as it worded it.
+    Agent(apollo_shared::protocol::RpcError),
 }
 
 impl From<ClientError> for Failure {
     fn from(e: ClientError) -> Self {
         match e {
-            ClientError::Rpc(e) => Failure::Refused(format!("agent refused: {e}")),
+            ClientError::Rpc(e) => Failure::Agent(e),
             ClientError::Closed => Failure::Unreachable("the connection to the agent closed".into()),
             other => Failure::Unreachable(other.to_string()),
         }
+    }
+}
+
+impl Failure {
+    fn exit(&self) -> u8 {
+        match self {
+            Failure::Usage(_) | Failure::Unreachable(_) => 2,
+            Failure::Refused(_) | Failure::Agent(_) => 1,
+        }
+    }
+
+    fn message(&self) -> String {
+        match self {
+            Failure::Usage(m) | Failure::Unreachable(m) | Failure::Refused(m) => m.clone(),
+            Failure::Agent(e) => format!("agent refused: {e}"),
+        }
+    }
+
+    /// The error as `--json` prints it.
+    fn to_json(&self, command: &[String]) -> Value {
+        let (kind, code, data) = match self {
+            Failure::Usage(_) => ("usage", Value::Null, Value::Null),
+            Failure::Unreachable(_) => ("unreachable", Value::Null, Value::Null),
+            Failure::Refused(_) => ("refused", Value::Null, Value::Null),
+            Failure::Agent(e) => ("agent", json!(e.code), e.data.clone().unwrap_or(Value::Null)),
+        };
+        let message = match self {
+            Failure::Agent(e) => e.message.clone(),
+            other => other.message(),
+        };
+        json!({"error": {"kind": kind, "message": message, "exit": self.exit(), "code": code,
+                         "data": data, "command": command}})
     }
 }
 
@@ -191,19 +230,21 @@ pub async fn main(args: Args) -> ExitCode {
         _ => {}
     }
     let mut local_agent: Option<LocalAgent> = None;
+    let json = args.json;
     let result = run(args, &mut local_agent).await;
     if let Some(a) = local_agent {
         a.stop().await;
     }
     match result {
         Ok(code) => code,
-        Err(Failure::Usage(m)) | Err(Failure::Unreachable(m)) => {
-            eprintln!("apollo: {m}");
-            ExitCode::from(2)
-        }
-        Err(Failure::Refused(m)) => {
-            eprintln!("apollo: {m}");
-            ExitCode::from(1)
+        Err(f) => {
+            if json {
+                let command: Vec<String> = std::env::args().skip(1).collect();
+                println!("{}", f.to_json(&command));
+            } else {
+                eprintln!("apollo: {}", f.message());
+            }
+            ExitCode::from(f.exit())
         }
     }
 }
@@ -226,15 +267,7 @@ async fn connect(args: &Args, local_agent: &mut Option<LocalAgent>) -> Result<Cl
         *local_agent = started;
         return Ok(client);
     }
-    crate::client::connect_default(args.socket.as_deref()).await.map_err(|_| {
-        let tried: Vec<String> =
-            socket_candidates(args.socket.as_deref()).iter().map(|p| p.display().to_string()).collect();
-        Failure::Unreachable(format!(
-            "no agent is listening (tried {}); start one with `apollo-agent` in the project directory, \
-             pass --socket PATH, or use --local to start one for this command",
-            tried.join(", ")
-        ))
-    })
+    crate::client::connect_default(args.socket.as_deref()).await.map_err(|e| Failure::Unreachable(e.to_string()))
 }
 
 fn parse_params(raw: &[String]) -> Result<Map<String, Value>, Failure> {
@@ -378,7 +411,23 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
             }
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Defs => simple::<m::DefsList>(&client, NoParams {}, json, |v| render::defs(&out, v)).await,
+        Cmd::Defs => {
+            let defs = client.request::<m::DefsList>(NoParams {}).await?;
+            if json {
+                print_json(&defs);
+            } else if defs.is_empty() {
+                let status = client.request::<m::AgentStatus>(NoParams {}).await?;
+                println!(
+                    "no definitions: write one as a YAML file in {} (the agent loads it at once); \
+                     README.md \"Your first runbook\" shows one",
+                    status.tasks_dir
+                );
+            } else {
+                render::defs(&out, &defs);
+            }
+            // A definition that did not load is a failure a script must see.
+            Ok(if defs.iter().any(|d| !d.errors.is_empty()) { ExitCode::from(1) } else { ExitCode::SUCCESS })
+        }
         Cmd::Plugins => simple::<m::PluginsList>(&client, NoParams {}, json, |v| render::plugins(&out, v)).await,
         Cmd::Queues => simple::<m::QueuesStats>(&client, NoParams {}, json, |v| render::queues(&out, v)).await,
         Cmd::Status => simple::<m::AgentStatus>(&client, NoParams {}, json, |v| render::status(&out, v)).await,
