@@ -90,12 +90,39 @@ impl Metrics {
         Metrics { registry, ..m }
     }
 
-    /// The exposition text.
+    /// The exposition text, in OpenMetrics.
     pub fn text(&self) -> String {
         let mut out = String::new();
         let _ = encode(&mut out, &self.registry);
         out
     }
+}
+
+/// The content types of the two formats `/metrics` serves.
+pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// OpenMetrics text in Prometheus's classic text format (0.0.4), for the
+/// scrapers and linters that do not ask for OpenMetrics (`promtool check
+/// metrics`, curl): a counter's HELP and TYPE name its samples, `_total`
+/// included, and there is no `# EOF`.
+pub fn classic(open_metrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> =
+        open_metrics.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter")).collect();
+    let mut out = String::with_capacity(open_metrics.len() + 16 * counters.len());
+    for line in open_metrics.lines() {
+        if line == "# EOF" {
+            continue;
+        }
+        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|tag| {
+            let rest = line.strip_prefix(tag)?;
+            let (name, tail) = rest.split_once(' ')?;
+            counters.contains(name).then(|| format!("{tag}{name}_total {tail}"))
+        });
+        out.push_str(renamed.as_deref().unwrap_or(line));
+        out.push('\n');
+    }
+    out
 }
 
 /// The agent's metrics (one set per process).
@@ -162,9 +189,16 @@ pub async fn serve(
                 let scheduler = scheduler.clone();
                 async move {
                     let resp = if req.uri().path() == "/metrics" {
-                        hyper::Response::builder()
-                            .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
-                            .body(Full::new(Bytes::from(scrape(&scheduler).await)))
+                        // OpenMetrics to whoever asks for it (Prometheus
+                        // does), the classic text to everyone else.
+                        let open = req
+                            .headers()
+                            .get(hyper::header::ACCEPT)
+                            .and_then(|a| a.to_str().ok())
+                            .is_some_and(|a| a.contains("application/openmetrics-text"));
+                        let text = scrape(&scheduler).await;
+                        let (kind, body) = if open { (OPENMETRICS, text) } else { (PROMETHEUS_TEXT, classic(&text)) };
+                        hyper::Response::builder().header("content-type", kind).body(Full::new(Bytes::from(body)))
                     } else {
                         hyper::Response::builder().status(404).body(Full::new(Bytes::from("see /metrics\n")))
                     };
@@ -212,5 +246,21 @@ pub async fn follow(scheduler: crate::handles::Handles, shutdown: tokio_util::sy
         if stopping {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_classic_text_names_counters_as_their_samples() {
+        let open = "# HELP apollo_reaped Instances reaped.\n# TYPE apollo_reaped counter\napollo_reaped_total 0\n\
+                    # HELP apollo_clients_connected Connections.\n# TYPE apollo_clients_connected gauge\n\
+                    apollo_clients_connected 1\n# EOF\n";
+        assert_eq!(
+            super::classic(open),
+            "# HELP apollo_reaped_total Instances reaped.\n# TYPE apollo_reaped_total counter\napollo_reaped_total 0\n\
+             # HELP apollo_clients_connected Connections.\n# TYPE apollo_clients_connected gauge\n\
+             apollo_clients_connected 1\n"
+        );
     }
 }

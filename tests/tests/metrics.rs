@@ -9,38 +9,95 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 
 fn scrape(port: u16) -> String {
+    get(port, "", "content-type: text/plain; version=0.0.4")
+}
+
+/// `GET /metrics` with `extra` headers; the body, its head holding `kind`.
+fn get(port: u16, extra: &str, kind: &str) -> String {
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
+    s.write_all(format!("GET /metrics HTTP/1.0\r\nHost: localhost\r\n{extra}\r\n").as_bytes()).unwrap();
     let mut text = String::new();
     s.read_to_string(&mut text).unwrap();
     let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP answer");
     assert!(head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"), "{head}");
-    assert!(head.to_ascii_lowercase().contains("content-type: text/plain"), "{head}");
+    assert!(head.to_ascii_lowercase().contains(kind), "{head}");
     body.to_string()
 }
 
-/// Every sample line is `name{labels} value`; comments are HELP, TYPE, UNIT or EOF.
+/// The exposition parsed strictly, as Prometheus's text format (0.0.4)
+/// has it: every family has HELP then TYPE before its samples; a counter's
+/// samples are its name, which ends in `_total`; a histogram's are
+/// `_bucket` (with `le`), `_sum` and `_count`; names and label names are
+/// valid, label values quoted; no series twice. Returns series → value.
 fn parse(text: &str) -> BTreeMap<String, f64> {
+    let name_ok = |n: &str| {
+        n.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
+            && n.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+    };
+    let mut help: BTreeMap<String, String> = BTreeMap::new();
+    let mut kind: BTreeMap<String, String> = BTreeMap::new();
     let mut out = BTreeMap::new();
     for line in text.lines().filter(|l| !l.is_empty()) {
-        if let Some(c) = line.strip_prefix("# ") {
-            assert!(["HELP ", "TYPE ", "UNIT ", "EOF"].iter().any(|p| c.starts_with(p)), "bad comment: {line}");
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            let (name, h) = rest.split_once(' ').unwrap_or_else(|| panic!("HELP without text: {line}"));
+            assert!(name_ok(name) && !h.trim().is_empty(), "bad HELP: {line}");
+            assert!(help.insert(name.to_string(), h.to_string()).is_none(), "HELP twice: {line}");
             continue;
         }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, t) = rest.split_once(' ').unwrap_or_else(|| panic!("TYPE without a type: {line}"));
+            assert!(help.contains_key(name), "TYPE before HELP: {line}");
+            assert!(["counter", "gauge", "histogram"].contains(&t), "unexpected type: {line}");
+            assert!(t != "counter" || name.ends_with("_total"), "a counter's name ends in _total: {line}");
+            kind.insert(name.to_string(), t.to_string());
+            continue;
+        }
+        assert!(!line.starts_with('#'), "a comment that is not HELP or TYPE: {line}");
         let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("no value: {line}"));
         let name_end = series.find('{').unwrap_or(series.len());
         let name = &series[..name_end];
-        assert!(
-            !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
-            "bad metric name: {line}"
-        );
+        assert!(name_ok(name), "bad metric name: {line}");
+        let mut labels = Vec::new();
         if name_end < series.len() {
-            assert!(series.ends_with('}'), "unclosed labels: {line}");
+            let body = series[name_end + 1..].strip_suffix('}').unwrap_or_else(|| panic!("unclosed labels: {line}"));
+            for pair in body.split("\",").filter(|p| !p.is_empty()) {
+                let (k, v) = pair.split_once("=\"").unwrap_or_else(|| panic!("bad label {pair:?}: {line}"));
+                assert!(name_ok(k) && !k.contains(':'), "bad label name {k:?}: {line}");
+                assert!(!v.trim_end_matches('"').contains('"'), "unescaped quote: {line}");
+                labels.push(k.to_string());
+            }
         }
+        let family = if kind.contains_key(name) {
+            name.to_string()
+        } else {
+            let base = ["_bucket", "_sum", "_count"].iter().find_map(|s| name.strip_suffix(s)).unwrap_or(name);
+            assert_eq!(kind.get(base).map(String::as_str), Some("histogram"), "a sample of no declared family: {line}");
+            assert!(!name.ends_with("_bucket") || labels.contains(&"le".to_string()), "a bucket without le: {line}");
+            base.to_string()
+        };
+        assert!(help.contains_key(&family), "no HELP for {family}: {line}");
         let v: f64 = value.parse().unwrap_or_else(|_| panic!("bad value: {line}"));
-        out.insert(series.to_string(), v);
+        assert!(out.insert(series.to_string(), v).is_none(), "the same series twice: {line}");
     }
     out
+}
+
+/// `promtool check metrics`, the linter Prometheus ships: silent on good text.
+fn promtool_check(text: &str) {
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("cannot run promtool ({e}): `bash .ci/run` installs Debian's prometheus, which has it")
+        });
+    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && said.trim().is_empty(), "promtool check metrics:\n{said}\n{text}");
 }
 
 #[tokio::test]
@@ -61,7 +118,12 @@ async fn metrics_count_what_ran_and_parse_as_prometheus_text() {
     for id in &ids {
         wait_until(&c, &mut events, id, "the end", ended).await;
     }
-    let m = parse(&scrape(port));
+    let text = scrape(port);
+    let m = parse(&text);
+    promtool_check(&text);
+    // Prometheus asks for OpenMetrics, and gets it.
+    let open = get(port, "Accept: application/openmetrics-text; version=1.0.0\r\n", "application/openmetrics-text");
+    assert!(open.ends_with("# EOF\n") && open.contains("# TYPE apollo_reaped counter"), "{open}");
     let get = |k: &str| m.get(k).copied().unwrap_or_else(|| panic!("no {k} in {m:#?}"));
     assert_eq!(get(r#"apollo_instances_created_total{task="ok"}"#), 3.0);
     assert_eq!(get(r#"apollo_instances_finished_total{task="ok",state="SUCCESS"}"#), 3.0);
@@ -91,5 +153,6 @@ async fn metrics_count_what_ran_and_parse_as_prometheus_text() {
     let out = agent.cli(&["metrics"]);
     assert_eq!(out.status.code(), Some(0));
     let over_socket = parse(&String::from_utf8_lossy(&out.stdout));
+    promtool_check(&String::from_utf8_lossy(&out.stdout));
     assert_eq!(over_socket[r#"apollo_instances_finished_total{task="ok",state="SUCCESS"}"#], 3.0);
 }

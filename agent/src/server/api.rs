@@ -71,7 +71,8 @@ impl Api {
             Call::Hello(h) => answer::<m::Hello>(self.hello(h, role)),
             Call::AgentStatus(_) => answer::<m::AgentStatus>(Ok(self.status().await)),
             Call::AgentMetrics(_) => {
-                answer::<m::AgentMetrics>(Ok(MetricsText { text: crate::metrics::scrape(&self.h).await }))
+                let text = crate::metrics::classic(&crate::metrics::scrape(&self.h).await);
+                answer::<m::AgentMetrics>(Ok(MetricsText { text }))
             }
             Call::AgentStats(p) => answer::<m::AgentStats>(self.stats(p).await),
             Call::TasksTrigger(p) => answer::<m::TasksTrigger>(self.trigger(p, actor).await),
