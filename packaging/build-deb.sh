@@ -17,11 +17,16 @@ bin=target/$dir
 gen=packaging/generated
 rm -rf "$gen"
 mkdir -p "$gen/man" "$gen/completions"
-"$bin/apollo" man > "$gen/man/apollo.1"
-"$bin/apollo-agent" man > "$gen/man/apollo-agent.1"
+# Every page: apollo.1 and apollo-run.1, …, apollo-agent.1 and its commands'.
+"$bin/apollo" man --dir "$gen/man"
+"$bin/apollo-agent" man --dir "$gen/man"
 "$bin/apollo-tui" --man > "$gen/man/apollo-tui.1"
 gzip -9n "$gen"/man/*.1
-"$bin/apollo" completions bash > "$gen/completions/apollo"
-"$bin/apollo" completions zsh > "$gen/completions/_apollo"
-"$bin/apollo" completions fish > "$gen/completions/apollo.fish"
+# apollo's completion asks the running agent for task names and instance
+# ids; the other two complete their flags.
+for sh in bash zsh fish; do
+    "$bin/apollo" completions $sh > "$gen/completions/apollo.$sh"
+    "$bin/apollo-agent" completions $sh > "$gen/completions/apollo-agent.$sh"
+    "$bin/apollo-tui" --completions $sh > "$gen/completions/apollo-tui.$sh"
+done
 cargo deb -p apollo-agent --no-build --profile "$profile" "$@"

@@ -49,8 +49,14 @@ enum Command {
     },
     /// Bridge stdin/stdout to the agent's socket (used through SSH).
     DialStdio,
-    /// Print this command's man page (roff): `apollo-agent man > apollo-agent.1`.
-    Man,
+    /// Print this command's man page (roff), or with --dir write every page (apollo-agent.1,
+    /// apollo-agent-check.1, …) there.
+    Man {
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Print a shell completion script: `apollo-agent completions bash > /etc/bash_completion.d/apollo-agent`.
+    Completions { shell: clap_complete::Shell },
     /// Write a consistent copy of the store to FILE, while the agent runs or
     /// not. To restore: stop the agent, put the copy at <data dir>/apollo.db
     /// (removing apollo.db-wal and apollo.db-shm), start it.
@@ -86,6 +92,49 @@ enum PluginCmd {
         #[arg(long)]
         params: Option<String>,
     },
+}
+
+/// The agent's exit statuses, on every man page.
+const EXIT_STATUS: &[(&str, &str)] = &[
+    ("0", "The agent stopped as asked (SIGTERM, SIGINT); check found nothing wrong; a command succeeded."),
+    ("1", "check found a problem in the config or a definition (each printed as file: line N: field: message); plugin test failed."),
+    ("2", "The agent could not start or a command could not run: an unreadable or invalid config, a data dir another agent holds, a store that cannot be opened; the reason is on stderr."),
+];
+
+/// The examples of each command, by its path.
+fn examples(path: &str) -> Vec<(&'static str, &'static str)> {
+    match path {
+        "apollo-agent" => vec![
+            ("Run the agent on the project in the current directory:", "apollo-agent"),
+            ("Run it as the installed service does:", "apollo-agent --config /etc/apollo/apollo.yaml"),
+        ],
+        "apollo-agent run" => vec![("The same as apollo-agent alone:", "apollo-agent run --log-format json")],
+        "apollo-agent check" => vec![
+            ("Check the config and every definition before a reload:", "apollo-agent check"),
+            ("Check one file you are writing:", "apollo-agent check tasks/restart_service.yaml"),
+        ],
+        "apollo-agent dial-stdio" => {
+            vec![("What apollo-tui --ssh runs on the remote host:", "ssh ops@db-7 apollo-agent dial-stdio")]
+        }
+        "apollo-agent man" => vec![("Write every page:", "apollo-agent man --dir /usr/local/share/man/man1")],
+        "apollo-agent completions" => vec![(
+            "Completion for bash:",
+            "apollo-agent completions bash > ~/.local/share/bash-completion/completions/apollo-agent",
+        )],
+        "apollo-agent backup" => {
+            vec![("A consistent copy while the agent runs:", "apollo-agent backup /var/backups/apollo.db")]
+        }
+        "apollo-agent migrate" => {
+            vec![("Move the store to PostgreSQL:", "apollo-agent migrate --to postgres://apollo@db:5432/ops")]
+        }
+        "apollo-agent plugin" | "apollo-agent plugin test" => {
+            vec![(
+                "Check an external plugin before registering it:",
+                "apollo-agent plugin test tasks/plugins/inventory.py",
+            )]
+        }
+        _ => Vec::new(),
+    }
 }
 
 fn env_socket() -> Option<PathBuf> {
@@ -157,10 +206,25 @@ fn main() -> ExitCode {
 }
 
 fn real_main(args: Args) -> anyhow::Result<ExitCode> {
-    if let Some(Command::Man) = args.command {
-        use clap::CommandFactory;
-        clap_mangen::Man::new(Args::command()).render(&mut std::io::stdout())?;
-        return Ok(ExitCode::SUCCESS);
+    use clap::CommandFactory;
+    match &args.command {
+        Some(Command::Man { dir }) => {
+            let extra = apollo_shared::man::Extra { exit_status: EXIT_STATUS, examples: &examples };
+            match dir {
+                Some(d) => drop(apollo_shared::man::write_all(Args::command(), &extra, d)?),
+                None => {
+                    let mut cmd = Args::command();
+                    cmd.build();
+                    apollo_shared::man::render(cmd, "apollo-agent", &extra, &mut std::io::stdout())?;
+                }
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        Some(Command::Completions { shell }) => {
+            clap_complete::generate(*shell, &mut Args::command(), "apollo-agent", &mut std::io::stdout());
+            return Ok(ExitCode::SUCCESS);
+        }
+        _ => {}
     }
     let cfg = load(&args)?;
     match args.command.unwrap_or(Command::Run) {
@@ -178,7 +242,7 @@ fn real_main(args: Args) -> anyhow::Result<ExitCode> {
             let ok = rt.block_on(apollo_agent::plugins::kit::run(&exe, params, &mut std::io::stdout()))?;
             Ok(if ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
-        Command::Man => Ok(ExitCode::SUCCESS),
+        Command::Man { .. } | Command::Completions { .. } => Ok(ExitCode::SUCCESS),
         Command::Backup { file } => {
             let db = cfg.db_path();
             let report = apollo_agent::store::backup(&db, &file)?;

@@ -14,10 +14,13 @@
 //! - [`protocol`]: JSON-RPC 2.0 types, methods, error codes, frame limit.
 //! - [`paths`]: the one resolution order of config, tasks, data and socket.
 //! - [`text`]: text shortened to one line for tables, history and alerts.
+//! - `man` (feature `man`): the binaries' man pages, with EXIT STATUS and EXAMPLES.
 
 pub mod context;
 pub mod cron;
 pub mod def;
+#[cfg(feature = "man")]
+pub mod man;
 pub mod paths;
 pub mod protocol;
 pub mod state;

@@ -203,7 +203,8 @@ fn completions_and_man_pages_are_generated() {
     let cli = cli_bin();
     assert!(run(&cli, &["completions", "bash"]).contains("_apollo()"));
     assert!(run(&cli, &["completions", "zsh"]).starts_with("#compdef apollo"));
-    assert!(run(&cli, &["completions", "fish"]).contains("complete -c apollo"));
+    // Dynamic: the shell calls back into apollo, which asks the agent.
+    assert!(run(&cli, &["completions", "fish"]).contains("--command apollo --arguments \"(COMPLETE=fish"));
     for (bin, args, name) in [
         (cli.clone(), vec!["man"], "apollo"),
         (agent_bin(), vec!["man"], "apollo-agent"),
@@ -238,4 +239,34 @@ fn the_agent_name_signs_history_and_status_and_a_bad_one_is_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("--name: \"db 7\" is not a valid agent name"), "{err}");
+}
+
+/// `apollo`'s completion offers the running agent's task names and
+/// instance ids, and only the flags, quietly, when no agent answers.
+#[test]
+fn completion_offers_task_names_and_instance_ids_from_the_agent() {
+    let agent = Agent::builder().task("deploy_web.yaml", "task: deploy_web\nsteps:\n  - plugin: sleep\n").start();
+    let (_, inst) = agent.cli_json(&["run", "deploy_web", "--wait"]);
+    let id = inst["id"].as_str().unwrap().to_string();
+    let complete = |socket: &std::path::Path, words: &[&str]| {
+        let out = std::process::Command::new(cli_bin())
+            .arg("--")
+            .args(words)
+            .env("COMPLETE", "bash")
+            .env("_CLAP_COMPLETE_INDEX", (words.len() - 1).to_string())
+            .env("_CLAP_IFS", "\n")
+            .env("APOLLO_SOCKET", socket)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect::<Vec<_>>()
+    };
+    assert!(complete(&agent.socket, &["apollo", "run", ""]).contains(&"deploy_web".to_string()));
+    assert!(complete(&agent.socket, &["apollo", "show", ""]).contains(&id));
+    assert!(complete(&agent.socket, &["apollo", "retry", "--task", ""]).contains(&"deploy_web".to_string()));
+    let none = complete(std::path::Path::new("/nonexistent/agent.sock"), &["apollo", "run", ""]);
+    assert!(none.iter().all(|w| w.starts_with('-')), "only flags without an agent: {none:?}");
+    // The registration a shell sources calls back into apollo.
+    let reg = agent.cli(&["completions", "bash"]);
+    assert!(String::from_utf8_lossy(&reg.stdout).contains("COMPLETE=\"bash\""));
 }

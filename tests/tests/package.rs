@@ -40,6 +40,10 @@ fn the_package_holds_binaries_unit_config_man_pages_and_completions() {
         "./usr/share/bash-completion/completions/apollo",
         "./usr/share/zsh/vendor-completions/_apollo",
         "./usr/share/fish/vendor_completions.d/apollo.fish",
+        "./usr/share/bash-completion/completions/apollo-agent",
+        "./usr/share/bash-completion/completions/apollo-tui",
+        "./usr/share/man/man1/apollo-run.1.gz",
+        "./usr/share/man/man1/apollo-agent-check.1.gz",
     ] {
         assert!(listing.lines().any(|l| l.ends_with(path)), "{path} is not in the package:\n{listing}");
     }
@@ -50,4 +54,21 @@ fn the_package_holds_binaries_unit_config_man_pages_and_completions() {
     assert!(info("conffiles").contains("/etc/apollo/apollo.yaml"));
     assert!(info("postinst").contains("adduser --system"), "the postinst creates the user");
     assert!(info("control").contains("Package: apollo"));
+    // Every page a page refers to is in the package, and each has its exit
+    // statuses and examples.
+    let root = tempfile::tempdir().unwrap();
+    assert!(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(root.path()).status().unwrap().success());
+    let man = root.path().join("usr/share/man/man1");
+    let pages: Vec<String> =
+        std::fs::read_dir(&man).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    for page in &pages {
+        let out = Command::new("gzip").arg("-dc").arg(man.join(page)).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).replace("\\-", "-");
+        assert!(text.contains(".SH \"EXIT STATUS\"") && text.contains(".SH EXAMPLES"), "{page} lacks a section");
+        for word in text.split_whitespace() {
+            if let Some(name) = word.strip_suffix("(1)") {
+                assert!(pages.contains(&format!("{name}.1.gz")), "{page} refers to {name}(1), which is not shipped");
+            }
+        }
+    }
 }

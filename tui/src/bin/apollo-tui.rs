@@ -27,16 +27,41 @@ struct Args {
     /// Print the man page (roff) and exit.
     #[arg(long, hide = true)]
     man: bool,
+    /// Print a shell completion script and exit (bash, zsh, fish, elvish, powershell).
+    #[arg(long, hide = true, value_name = "SHELL")]
+    completions: Option<clap_complete::Shell>,
+}
+
+const EXIT_STATUS: &[(&str, &str)] = &[
+    ("0", "The console was quit (q, :q or Ctrl-C)."),
+    ("2", "The console could not start: a context that is not in contexts.yaml, no terminal, an agent that --local could not start."),
+];
+
+fn examples(_: &str) -> Vec<(&'static str, &'static str)> {
+    vec![
+        ("Attach to the agent of this directory, or of this host:", "apollo-tui"),
+        ("Attach to an agent on another host through SSH:", "apollo-tui --ssh ops@db-7"),
+        ("Start an agent for this directory and attach:", "apollo-tui --local"),
+        ("A named context of contexts.yaml, read-only:", "apollo-tui --context prod-eu --readonly"),
+    ]
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
     if args.man {
         use clap::CommandFactory;
-        return match clap_mangen::Man::new(Args::command()).render(&mut std::io::stdout()) {
+        let extra = apollo_shared::man::Extra { exit_status: EXIT_STATUS, examples: &examples };
+        let mut cmd = Args::command();
+        cmd.build();
+        return match apollo_shared::man::render(cmd, "apollo-tui", &extra, &mut std::io::stdout()) {
             Ok(()) => ExitCode::SUCCESS,
             Err(_) => ExitCode::from(2),
         };
+    }
+    if let Some(shell) = args.completions {
+        use clap::CommandFactory;
+        clap_complete::generate(shell, &mut Args::command(), "apollo-tui", &mut std::io::stdout());
+        return ExitCode::SUCCESS;
     }
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,

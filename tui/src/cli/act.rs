@@ -22,6 +22,7 @@ use std::process::ExitCode;
 #[derive(clap::Args)]
 pub struct ActArgs {
     /// The instance (omit to select by --state, --task, --queue, --since).
+    #[arg(add = clap_complete::engine::ArgValueCandidates::new(super::docs::instances))]
     id: Option<String>,
     /// Why, recorded with the action (`apollo audit`, the instance's history).
     #[arg(long)]
@@ -30,7 +31,7 @@ pub struct ActArgs {
     #[arg(long)]
     state: Option<TaskState>,
     /// Select instances of this task.
-    #[arg(long)]
+    #[arg(long, add = clap_complete::engine::ArgValueCandidates::new(super::docs::tasks))]
     task: Option<String>,
     /// Select instances in this queue.
     #[arg(long)]

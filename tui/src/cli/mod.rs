@@ -13,6 +13,7 @@
 //! `agent` (the agent's refusal, with its JSON-RPC `code` and `data`).
 
 mod act;
+mod docs;
 mod render;
 mod watch;
 
@@ -25,6 +26,7 @@ use apollo_shared::protocol::{
 };
 use apollo_shared::state::{OperatorAction, TaskState};
 use clap::{Parser, Subcommand};
+use clap_complete::engine::ArgValueCandidates;
 use serde_json::{json, Map, Value};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -56,6 +58,7 @@ pub struct Args {
 enum Cmd {
     /// Create an instance of TASK.
     Run {
+        #[arg(add = ArgValueCandidates::new(docs::tasks))]
         task: String,
         /// A parameter, KEY=VALUE (VALUE is read as JSON when it parses, else as text).
         #[arg(short = 'p', long = "param")]
@@ -72,6 +75,7 @@ enum Cmd {
     },
     /// Validate and describe every step of TASK without running anything.
     DryRun {
+        #[arg(add = ArgValueCandidates::new(docs::tasks))]
         task: String,
         #[arg(short = 'p', long = "param")]
         params: Vec<String>,
@@ -80,7 +84,7 @@ enum Cmd {
     Ls {
         #[arg(long)]
         state: Option<TaskState>,
-        #[arg(long)]
+        #[arg(long, add = ArgValueCandidates::new(docs::tasks))]
         task: Option<String>,
         #[arg(long)]
         queue: Option<String>,
@@ -91,9 +95,13 @@ enum Cmd {
         archived: bool,
     },
     /// Show one instance with its steps and history.
-    Show { id: String },
+    Show {
+        #[arg(add = ArgValueCandidates::new(docs::instances))]
+        id: String,
+    },
     /// Print an instance's logs: every step's, each attempt opened by a line naming it.
     Logs {
+        #[arg(add = ArgValueCandidates::new(docs::instances))]
         id: String,
         /// Only this step's log (its name or seq).
         #[arg(long)]
@@ -145,10 +153,17 @@ enum Cmd {
     Status,
     /// The agent's Prometheus metrics, as text (the same as its /metrics).
     Metrics,
-    /// Print a shell completion script: `apollo completions bash > /etc/bash_completion.d/apollo`.
-    Completions { shell: clap_complete::Shell },
-    /// Print this command's man page (roff): `apollo man > apollo.1`.
-    Man,
+    /// Print the shell's completion registration (task names and instance ids come from the running agent):
+    /// `source <(apollo completions bash)`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: String,
+    },
+    /// Print this command's man page (roff), or with --dir write every page (apollo.1, apollo-run.1, …) there.
+    Man {
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
     /// Every agent on the store: name, host, version, queues, running, last heartbeat, late or not.
     Agents,
     /// What operators did (run, retry, rollback, cancel), who, and why; newest first.
@@ -213,13 +228,35 @@ pub async fn main(args: Args) -> ExitCode {
     // These need no agent.
     match &args.command {
         Cmd::Completions { shell } => {
-            use clap::CommandFactory;
-            clap_complete::generate(*shell, &mut Args::command(), "apollo", &mut std::io::stdout());
-            return ExitCode::SUCCESS;
+            let shells = clap_complete::env::Shells::builtins();
+            let Some(sh) = shells.completer(shell) else {
+                let known: Vec<&str> = shells.names().collect();
+                eprintln!(
+                    "apollo: completions: {shell:?} is not a shell this knows (expected one of: {})",
+                    known.join(", ")
+                );
+                return ExitCode::from(2);
+            };
+            let mut out = std::io::stdout();
+            return match sh.write_registration("COMPLETE", "apollo", "apollo", "apollo", &mut out) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("apollo: {e}");
+                    ExitCode::from(2)
+                }
+            };
         }
-        Cmd::Man => {
+        Cmd::Man { dir } => {
             use clap::CommandFactory;
-            return match clap_mangen::Man::new(Args::command()).render(&mut std::io::stdout()) {
+            let done = match dir {
+                Some(d) => apollo_shared::man::write_all(Args::command(), &docs::extra(), d).map(|_| ()),
+                None => {
+                    let mut cmd = Args::command();
+                    cmd.build();
+                    apollo_shared::man::render(cmd, "apollo", &docs::extra(), &mut std::io::stdout())
+                }
+            };
+            return match done {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("apollo: {e}");
@@ -432,7 +469,7 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
         Cmd::Queues => simple::<m::QueuesStats>(&client, NoParams {}, json, |v| render::queues(&out, v)).await,
         Cmd::Status => simple::<m::AgentStatus>(&client, NoParams {}, json, |v| render::status(&out, v)).await,
         Cmd::Agents => simple::<m::AgentsList>(&client, NoParams {}, json, |v| render::agents(&out, v)).await,
-        Cmd::Completions { .. } | Cmd::Man => Ok(ExitCode::SUCCESS),
+        Cmd::Completions { .. } | Cmd::Man { .. } => Ok(ExitCode::SUCCESS),
         Cmd::Audit { limit } => {
             let p = LimitParams { limit: Some(*limit) };
             simple::<m::AuditList>(&client, p, json, |v| render::audit(&out, v)).await
