@@ -9,6 +9,7 @@
 //! - [`plugins`]: the plugin contract, the built-ins and their registry.
 //! - [`catalog`]: definitions loaded from the tasks directory.
 //! - [`reload`]: live definitions (file watcher, SIGHUP).
+//! - [`repeats`]: an error that repeats, logged once, then as a count.
 //! - [`settings`]: the settings in force, which SIGHUP replaces.
 //! - [`handles`]: what the API, triggers and schedules hold instead of the scheduler.
 //! - [`triggers`]: manual, scheduled and event triggers; the clock.
@@ -36,6 +37,7 @@ pub mod metrics;
 pub mod notify;
 pub mod plugins;
 pub mod reload;
+pub mod repeats;
 pub mod scheduler;
 pub mod server;
 pub mod settings;
@@ -165,11 +167,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         watch: config.watch_tasks,
         hangup: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok(),
     };
-    let cron = triggers::cron::CronRunner {
-        triggers: triggers.clone(),
-        clock: Arc::new(triggers::clock::SystemClock),
-        reloaded,
-    };
+    let cron = triggers::cron::CronRunner::new(triggers.clone(), Arc::new(triggers::clock::SystemClock), reloaded);
     let api = Arc::new(server::Api {
         triggers: triggers.clone(),
         h: scheduler.handles(),

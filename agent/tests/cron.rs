@@ -45,7 +45,7 @@ fn rig(dir: tempfile::TempDir, defs: &[(&str, &str)], start: DateTime<Utc>) -> R
         Scheduler::new(store.clone(), catalog, registry, Arc::new(Settings::new(config)), CancellationToken::new());
     let triggers = Arc::new(Triggers::new(scheduler.handles()));
     let clock = Arc::new(ManualClock::new(start));
-    let runner = CronRunner { triggers, clock: clock.clone(), reloaded: Default::default() };
+    let runner = CronRunner::new(triggers, clock.clone(), Default::default());
     Rig { _dir: dir, store, clock, runner }
 }
 

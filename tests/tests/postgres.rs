@@ -404,6 +404,39 @@ async fn a_cut_connection_loses_nothing_and_the_agent_recovers_on_its_own() {
     assert!(kinds.contains(&"store_unwritable") && kinds.contains(&"store_writable"), "{alerts:#}");
 }
 
+/// While PostgreSQL cannot be reached, the schedule's state is not read
+/// again at every wake-up (a reload, a clock jump) and the failure is
+/// logged once, not once a wake-up; its end is logged once too.
+#[test]
+fn an_unreachable_store_is_logged_once_and_the_schedule_reader_backs_off() {
+    let schema = PgSchema::new("quiet");
+    let (proxy, url) = pg_proxy();
+    let agent = Agent::builder()
+        .config(&format!("database:\n  url: {url}\n  schema: {}\n", schema.name))
+        .task("tick.yaml", "task: tick\nschedule: \"0 3 * * *\"\nsteps:\n  - plugin: sleep\n")
+        .start();
+    let schedule_errors = |log: &str| log.lines().filter(|l| l.contains("cannot read the schedule state")).count();
+    let hup =
+        || nix::sys::signal::kill(nix::unistd::Pid::from_raw(agent.pid()), nix::sys::signal::Signal::SIGHUP).unwrap();
+    proxy.cut();
+    // Twenty reloads in two seconds: each wakes the schedule runner.
+    for _ in 0..20 {
+        hup();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let log = agent.log();
+    assert!(log.contains("cannot read the schedule state"), "the outage is logged:\n{log}");
+    assert!(schedule_errors(&log) <= 2, "logged {} times:\n{log}", schedule_errors(&log));
+    proxy.restore();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !agent.log().contains("cannot read the schedule state: works again, after") {
+        assert!(std::time::Instant::now() < deadline, "the end of the outage is not logged:\n{}", agent.log());
+        hup();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    assert!(schedule_errors(&agent.log()) <= 3, "{}", agent.log());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sqlite_installation_is_promoted_and_its_unfinished_work_finishes_on_postgres() {
     let schema = PgSchema::new("migrate");

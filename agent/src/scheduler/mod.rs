@@ -14,6 +14,7 @@ mod slots;
 use crate::catalog::Catalog;
 use crate::config::Config;
 use crate::plugins::Plugins;
+use crate::repeats::Repeats;
 use crate::settings::Settings;
 use crate::store::{Claimed, Recover, Store};
 use apollo_shared::def::TaskDef;
@@ -78,6 +79,48 @@ pub struct Scheduler {
     /// Instances whose executors stopped on a store error: taken up again
     /// as soon as the store can be written.
     stalled: Mutex<Vec<String>>,
+    /// The store's work of each turn that can fail turn after turn while
+    /// the store is out of reach: each logged once, then as a count.
+    failing: Failing,
+}
+
+/// One [`Repeats`] for each store call the loop makes every turn.
+struct Failing {
+    retry_due: Repeats,
+    leases: Repeats,
+    heartbeat: Repeats,
+    lease_check: Repeats,
+    fold: Repeats,
+    archive: Repeats,
+    claim: Repeats,
+}
+
+impl Failing {
+    const fn new() -> Failing {
+        Failing {
+            retry_due: Repeats::new("cannot read the next retry time"),
+            leases: Repeats::new("lease renewal failed"),
+            heartbeat: Repeats::new("heartbeat not recorded"),
+            lease_check: Repeats::new("lease check failed"),
+            fold: Repeats::new("state counts not folded"),
+            archive: Repeats::new("archiving failed"),
+            claim: Repeats::new("claim failed"),
+        }
+    }
+}
+
+/// Logs a failing call through its [`Repeats`], or that it works again.
+fn noted<T, E: std::fmt::Display>(r: Result<T, E>, repeats: &Repeats) -> Option<T> {
+    match r {
+        Ok(v) => {
+            repeats.ok();
+            Some(v)
+        }
+        Err(e) => {
+            repeats.failed(&e);
+            None
+        }
+    }
 }
 
 /// A wall clock that moved more than this against the monotonic clock jumped.
@@ -110,6 +153,7 @@ impl Scheduler {
             clock_anchor: Mutex::new((Utc::now(), Instant::now())),
             clock_jumped: Arc::new(Notify::new()),
             stalled: Mutex::new(Vec::new()),
+            failing: Failing::new(),
         })
     }
 
@@ -130,9 +174,8 @@ impl Scheduler {
 
     /// The first retry due after `after`, from the store.
     async fn load_retry_due(&self, after: chrono::DateTime<Utc>) {
-        match self.store.next_retry_due(after).await {
-            Ok(t) => *self.retry_due.lock().expect("retry due") = t,
-            Err(e) => tracing::error!(error = %e, "cannot read the next retry time"),
+        if let Some(t) = noted(self.store.next_retry_due(after).await, &self.failing.retry_due) {
+            *self.retry_due.lock().expect("retry due") = t;
         }
     }
 
@@ -275,9 +318,7 @@ impl Scheduler {
                         // Retries another agent scheduled (it may have died
                         // since) fall due here too.
                         self.load_retry_due(Utc::now()).await;
-                        if let Err(e) = self.store.fold_counts().await {
-                            tracing::warn!(error = %e, "state counts not folded");
-                        }
+                        noted(self.store.fold_counts().await, &self.failing.fold);
                     }
                 }
                 _ = watchdog.tick(), if watching => {
@@ -319,12 +360,8 @@ impl Scheduler {
         let held: Vec<(String, Arc<Active>)> =
             self.active.lock().expect("active").iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         let ids: Vec<String> = held.iter().map(|(k, _)| k.clone()).collect();
-        if let Err(e) = self.store.renew_leases(ids.clone(), self.lease()).await {
-            tracing::error!(error = %e, "lease renewal failed");
-        }
-        if let Err(e) = self.store.heartbeat(self.heartbeat(), false).await {
-            tracing::warn!(error = %e, "heartbeat not recorded");
-        }
+        noted(self.store.renew_leases(ids.clone(), self.lease()).await, &self.failing.leases);
+        noted(self.store.heartbeat(self.heartbeat(), false).await, &self.failing.heartbeat);
         let factor = self.config().scheduler.zombie_factor;
         for (id, a) in held {
             let expected = *a.expected.lock().expect("expected");
@@ -345,18 +382,16 @@ impl Scheduler {
         if self.shutdown.is_cancelled() {
             return;
         }
-        match self.store.recover(self.lease(), Recover::Expired { held: ids }).await {
-            Ok(found) => {
-                self.stop_leftovers(&found).await;
-                for i in found {
-                    let msg =
-                        format!("instance {} was RUNNING with an expired lease and no holder; resumed here", i.id);
-                    tracing::warn!(task_id = %i.id, "{msg}");
-                    let _ = self.store.alert("lease_expired", &msg, Some(&i.id)).await;
-                    self.adopt(i, None);
-                }
+        let found =
+            noted(self.store.recover(self.lease(), Recover::Expired { held: ids }).await, &self.failing.lease_check);
+        if let Some(found) = found {
+            self.stop_leftovers(&found).await;
+            for i in found {
+                let msg = format!("instance {} was RUNNING with an expired lease and no holder; resumed here", i.id);
+                tracing::warn!(task_id = %i.id, "{msg}");
+                let _ = self.store.alert("lease_expired", &msg, Some(&i.id)).await;
+                self.adopt(i, None);
             }
-            Err(e) => tracing::error!(error = %e, "lease check failed"),
         }
     }
 
@@ -449,17 +484,14 @@ impl Scheduler {
         let Ok(window) = chrono::Duration::from_std(self.config().scheduler.retention) else { return };
         let mut total = 0;
         for _ in 0..20 {
-            match self.store.archive(Utc::now() - window, 1000).await {
-                Ok(n) => {
+            match noted(self.store.archive(Utc::now() - window, 1000).await, &self.failing.archive) {
+                Some(n) => {
                     total += n;
                     if n < 1000 {
                         break;
                     }
                 }
-                Err(e) => {
-                    tracing::error!(error = %e, "archiving failed");
-                    break;
-                }
+                None => break,
             }
         }
         if total > 0 {

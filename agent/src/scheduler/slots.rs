@@ -70,17 +70,15 @@ impl Scheduler {
         }
         let (plugins, catalog) = (self.registry.clone(), self.catalog.clone());
         let ready = move |i: &Claimed| calls::ready_first(&plugins, &catalog, i);
-        match self.store.claim_starting(free, self.lease(), self.queue_policy(), ready).await {
-            Ok((claimed, waiting)) => {
-                self.slots.backlog.store(waiting || claimed.len() >= free, Ordering::Relaxed);
-                self.slots.limited.store(waiting, Ordering::Relaxed);
-                for (i, started) in claimed {
-                    let first =
-                        started.map(|(ready, attempt)| Box::new(calls::FirstStart { ready, attempt, checked: None }));
-                    self.adopt(i, first);
-                }
+        let claim = self.store.claim_starting(free, self.lease(), self.queue_policy(), ready).await;
+        if let Some((claimed, waiting)) = super::noted(claim, &self.failing.claim) {
+            self.slots.backlog.store(waiting || claimed.len() >= free, Ordering::Relaxed);
+            self.slots.limited.store(waiting, Ordering::Relaxed);
+            for (i, started) in claimed {
+                let first =
+                    started.map(|(ready, attempt)| Box::new(calls::FirstStart { ready, attempt, checked: None }));
+                self.adopt(i, first);
             }
-            Err(e) => tracing::error!(error = %e, "claim failed"),
         }
         self.release_slots(free);
     }

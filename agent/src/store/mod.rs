@@ -70,6 +70,11 @@ pub enum StoreError {
 
 pub type Result<T> = std::result::Result<T, StoreError>;
 
+/// The first pause after a reader could not connect, and the longest one
+/// (it doubles while connecting fails).
+const CONNECT_PAUSE_FIRST: std::time::Duration = std::time::Duration::from_millis(100);
+const CONNECT_PAUSE_MAX: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Reader connections a SQLite store keeps open.
 const READERS: usize = 4;
 /// Writer connections (and threads) of a PostgreSQL store. Two: one's
@@ -114,6 +119,11 @@ struct Inner {
     /// Connection failures seen (a cut, the database gone): an idle reader
     /// pooled before the latest one is checked before it is used again.
     failures: std::sync::atomic::AtomicU64,
+    /// After a reader could not connect: no new connection is tried before
+    /// this time (the pause doubles while connecting fails), and reads that
+    /// need one fail at once with why, instead of opening connection after
+    /// connection against a server that is full or down.
+    connect_pause: Mutex<Option<(std::time::Instant, std::time::Duration, String)>>,
     /// How many readers are kept open.
     pool: usize,
     bus: Bus,
@@ -204,6 +214,7 @@ impl Store {
                 readers: Mutex::new(Vec::new()),
                 replica_readers: Mutex::new(Vec::new()),
                 failures: std::sync::atomic::AtomicU64::new(0),
+                connect_pause: Mutex::new(None),
                 pool,
                 bus,
                 agent,
@@ -458,15 +469,19 @@ impl Store {
     pub async fn read<R, F>(&self, f: F) -> Result<R>
     where
         R: Send + 'static,
-        F: FnOnce(&dyn Db) -> Result<R> + Send + 'static,
+        F: Fn(&dyn Db) -> Result<R> + Send + 'static,
     {
         let store = self.clone();
         tokio::task::spawn_blocking(move || store.read_blocking(f)).await.map_err(|_| StoreError::Closed)?
     }
 
+    /// A read, on an idle reader or a new connection. A read is side-effect
+    /// free: one that failed because its pooled connection was dead (a
+    /// killed backend, a restarted server) is made once more on a new one,
+    /// so the first read after a cut does not fail for an old connection.
     pub fn read_blocking<R, F>(&self, f: F) -> Result<R>
     where
-        F: FnOnce(&dyn Db) -> Result<R>,
+        F: Fn(&dyn Db) -> Result<R>,
     {
         let replica = match &self.inner.backend {
             Backend::Postgres { read: Some(r), .. } if self.replica => Some(r),
@@ -479,16 +494,21 @@ impl Store {
         // checked first (a cut one is replaced rather than failing the read);
         // otherwise it is used as it is, without a round trip.
         let pooled = pooled.filter(|(c, seen)| *seen == failures() || c.alive());
-        let conn: Reader = match pooled {
-            Some((c, _)) => c,
-            None => match &self.inner.backend {
-                Backend::Sqlite { path } => Box::new(sqlite::open_reader(path)?),
-                Backend::Postgres { target, .. } => Box::new(replica.unwrap_or(target).connect()?),
-            },
+        let (conn, old) = match pooled {
+            Some((c, _)) => (c, true),
+            None => (self.new_reader(replica.map(|r| &**r))?, false),
         };
-        let result = f(conn.as_ref());
+        let mut result = f(conn.as_ref());
+        let dead =
+            |r: &Result<R>| matches!(r, Err(StoreError::Postgres(e)) if e.is_closed() || e.as_db_error().is_none());
+        let mut conn = conn;
+        if old && dead(&result) {
+            self.inner.failures.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            conn = self.new_reader(replica.map(|r| &**r))?;
+            result = f(conn.as_ref());
+        }
         // A reader whose connection failed is not kept.
-        let broken = matches!(&result, Err(StoreError::Postgres(e)) if e.is_closed() || e.as_db_error().is_none());
+        let broken = dead(&result);
         if broken {
             self.inner.failures.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         }
@@ -497,6 +517,32 @@ impl Store {
             pool.push((conn, failures()));
         }
         result
+    }
+
+    /// A new reader connection, unless connecting failed a moment ago (then
+    /// that failure, at once: see `connect_pause`).
+    fn new_reader(&self, replica: Option<&postgres::Target>) -> Result<Reader> {
+        let target = match &self.inner.backend {
+            Backend::Sqlite { path } => return Ok(Box::new(sqlite::open_reader(path)?)),
+            Backend::Postgres { target, .. } => replica.unwrap_or(target),
+        };
+        if let Some((until, _, why)) = &*self.inner.connect_pause.lock().expect("connect pause") {
+            if std::time::Instant::now() < *until {
+                return Err(StoreError::Unwritable(why.clone()));
+            }
+        }
+        match target.connect() {
+            Ok(c) => {
+                self.inner.connect_pause.lock().expect("connect pause").take();
+                Ok(Box::new(c))
+            }
+            Err(e) => {
+                let mut pause = self.inner.connect_pause.lock().expect("connect pause");
+                let next = pause.as_ref().map_or(CONNECT_PAUSE_FIRST, |(_, d, _)| (*d * 2).min(CONNECT_PAUSE_MAX));
+                *pause = Some((std::time::Instant::now() + next, next, e.to_string()));
+                Err(e)
+            }
+        }
     }
 
     /// Stops the writer after it has committed everything queued so far.

@@ -96,10 +96,13 @@ impl Store {
                  AND (CAST(?2 AS TEXT) IS NULL OR task = ?2) AND (CAST(?3 AS TEXT) IS NULL OR queue = ?3) \
                  AND (CAST(?4 AS TEXT) IS NULL OR id < ?4) ORDER BY id DESC LIMIT ?5"
             );
-            c.query(&sql, p![f.state.map(|s| s.as_str()), f.task, f.queue, f.before, f.limit])?
-                .iter()
-                .map(rows::instance)
-                .collect()
+            c.query(
+                &sql,
+                p![f.state.map(|s| s.as_str()), f.task.as_deref(), f.queue.as_deref(), f.before.as_deref(), f.limit],
+            )?
+            .iter()
+            .map(rows::instance)
+            .collect()
         })
         .await
     }
@@ -111,7 +114,7 @@ impl Store {
                 "SELECT doc FROM archive WHERE (CAST(?1 AS TEXT) IS NULL OR state = ?1) \
                  AND (CAST(?2 AS TEXT) IS NULL OR task = ?2) AND (CAST(?3 AS TEXT) IS NULL OR queue = ?3) \
                  AND (CAST(?4 AS TEXT) IS NULL OR id < ?4) ORDER BY id DESC LIMIT ?5",
-                p![f.state.map(|s| s.as_str()), f.task, f.queue, f.before, f.limit],
+                p![f.state.map(|s| s.as_str()), f.task.as_deref(), f.queue.as_deref(), f.before.as_deref(), f.limit],
             )?;
             Ok(docs
                 .iter()

@@ -8,6 +8,7 @@
 use super::clock::Clock;
 use super::{Request, Triggers};
 use crate::catalog::Loaded;
+use crate::repeats::Repeats;
 use apollo_shared::cron::{self, Fire};
 use apollo_shared::def::Catchup;
 use chrono::{DateTime, Utc};
@@ -55,18 +56,49 @@ pub struct CronRunner {
     pub clock: Arc<dyn Clock>,
     /// Notified when definitions were reloaded.
     pub reloaded: Arc<Notify>,
+    /// The schedule state's reads while they fail: logged once, then as a
+    /// count; and the time before which none is tried again.
+    pub reads: Repeats,
+    pub retry: std::sync::Mutex<Option<(DateTime<Utc>, std::time::Duration)>>,
 }
 
+/// The first pause after the schedule state could not be read, and the
+/// longest (it doubles while reads fail): however often the runner is woken
+/// meanwhile (reloads, clock jumps), the store is not asked before.
+const READ_RETRY_FIRST: std::time::Duration = std::time::Duration::from_secs(1);
+const READ_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl CronRunner {
+    pub fn new(triggers: Arc<Triggers>, clock: Arc<dyn Clock>, reloaded: Arc<Notify>) -> CronRunner {
+        CronRunner {
+            triggers,
+            clock,
+            reloaded,
+            reads: Repeats::new("cannot read the schedule state"),
+            retry: std::sync::Mutex::new(None),
+        }
+    }
+
     /// Fires whatever is due now; returns when the next fire is.
     pub async fn tick(&self) -> Option<DateTime<Utc>> {
         let now = self.clock.now();
         let store = &self.triggers.h.store;
+        let waiting = *self.retry.lock().expect("cron retry");
+        if let Some((at, _)) = waiting.filter(|(at, _)| now < *at) {
+            return Some(at);
+        }
         let last_fires = match store.cron_state().await {
-            Ok(s) => s,
+            Ok(s) => {
+                self.reads.ok();
+                self.retry.lock().expect("cron retry").take();
+                s
+            }
             Err(e) => {
-                tracing::error!(error = %e, "cannot read the schedule state");
-                return Some(now + chrono::Duration::seconds(60));
+                self.reads.failed(&e);
+                let pause = waiting.map_or(READ_RETRY_FIRST, |(_, p)| (p * 2).min(READ_RETRY_MAX));
+                let at = now + chrono::Duration::from_std(pause).unwrap_or_default();
+                *self.retry.lock().expect("cron retry") = Some((at, pause));
+                return Some(at);
             }
         };
         let scheduled: Vec<Loaded> = self
