@@ -70,11 +70,6 @@ pub enum StoreError {
 
 pub type Result<T> = std::result::Result<T, StoreError>;
 
-/// The first pause after a reader could not connect, and the longest one
-/// (it doubles while connecting fails).
-const CONNECT_PAUSE_FIRST: std::time::Duration = std::time::Duration::from_millis(100);
-const CONNECT_PAUSE_MAX: std::time::Duration = std::time::Duration::from_secs(5);
-
 /// Reader connections a SQLite store keeps open.
 const READERS: usize = 4;
 /// Writer connections (and threads) of a PostgreSQL store. Two: one's
@@ -119,11 +114,6 @@ struct Inner {
     /// Connection failures seen (a cut, the database gone): an idle reader
     /// pooled before the latest one is checked before it is used again.
     failures: std::sync::atomic::AtomicU64,
-    /// After a reader could not connect: no new connection is tried before
-    /// this time (the pause doubles while connecting fails), and reads that
-    /// need one fail at once with why, instead of opening connection after
-    /// connection against a server that is full or down.
-    connect_pause: Mutex<Option<(std::time::Instant, std::time::Duration, String)>>,
     /// How many readers are kept open.
     pool: usize,
     bus: Bus,
@@ -214,7 +204,6 @@ impl Store {
                 readers: Mutex::new(Vec::new()),
                 replica_readers: Mutex::new(Vec::new()),
                 failures: std::sync::atomic::AtomicU64::new(0),
-                connect_pause: Mutex::new(None),
                 pool,
                 bus,
                 agent,
@@ -519,30 +508,14 @@ impl Store {
         result
     }
 
-    /// A new reader connection, unless connecting failed a moment ago (then
-    /// that failure, at once: see `connect_pause`).
+    /// A new reader connection. (The loops that read while the store is
+    /// out of reach pause between reads themselves: see `repeats` and the
+    /// schedule runner; a client's read tries now.)
     fn new_reader(&self, replica: Option<&postgres::Target>) -> Result<Reader> {
-        let target = match &self.inner.backend {
-            Backend::Sqlite { path } => return Ok(Box::new(sqlite::open_reader(path)?)),
-            Backend::Postgres { target, .. } => replica.unwrap_or(target),
-        };
-        if let Some((until, _, why)) = &*self.inner.connect_pause.lock().expect("connect pause") {
-            if std::time::Instant::now() < *until {
-                return Err(StoreError::Unwritable(why.clone()));
-            }
-        }
-        match target.connect() {
-            Ok(c) => {
-                self.inner.connect_pause.lock().expect("connect pause").take();
-                Ok(Box::new(c))
-            }
-            Err(e) => {
-                let mut pause = self.inner.connect_pause.lock().expect("connect pause");
-                let next = pause.as_ref().map_or(CONNECT_PAUSE_FIRST, |(_, d, _)| (*d * 2).min(CONNECT_PAUSE_MAX));
-                *pause = Some((std::time::Instant::now() + next, next, e.to_string()));
-                Err(e)
-            }
-        }
+        Ok(match &self.inner.backend {
+            Backend::Sqlite { path } => Box::new(sqlite::open_reader(path)?),
+            Backend::Postgres { target, .. } => Box::new(replica.unwrap_or(target).connect()?),
+        })
     }
 
     /// Stops the writer after it has committed everything queued so far.
