@@ -9,7 +9,7 @@ use crate::triggers::store_error as store_err;
 use apollo_shared::context::Context;
 use apollo_shared::protocol::methods as m;
 use apollo_shared::protocol::*;
-use apollo_shared::state::TaskState;
+use apollo_shared::state::{StepState, TaskState};
 use serde_json::{json, Map, Value};
 use std::sync::Arc;
 use std::time::Instant;
@@ -279,29 +279,40 @@ impl Api {
     }
 
     async fn logs(&self, p: LogsParams) -> Result<LogsResult, RpcError> {
-        let inst = self.h.store.get(&p.id).await.map_err(store_err)?;
-        let steps = inst.steps.unwrap_or_default();
-        let step = match &p.step {
-            Value::Number(n) => n.as_u64().and_then(|n| steps.iter().find(|s| s.seq as u64 == n)),
-            Value::String(s) => steps.iter().find(|st| st.name == *s || st.seq.to_string() == *s),
+        // The steps' rows only (a follower asks many times a second); an
+        // archived instance's from its document.
+        let mut steps: Vec<(u32, String, StepState, u32)> = self.h.store.step_states(&p.id).await.map_err(store_err)?;
+        if steps.is_empty() {
+            let inst = self.h.store.get(&p.id).await.map_err(store_err)?;
+            steps = inst.steps.unwrap_or_default().into_iter().map(|s| (s.seq, s.name, s.state, s.attempts)).collect();
+        }
+        let found = match &p.step {
+            Value::Number(n) => n.as_u64().and_then(|n| steps.iter().find(|s| s.0 as u64 == n)),
+            Value::String(s) => steps.iter().find(|st| st.1 == *s || st.0.to_string() == *s),
             _ => None,
         };
-        let names: Vec<String> = steps.iter().map(|s| format!("{} ({})", s.name, s.seq)).collect();
-        let step = step.ok_or_else(|| {
+        let names: Vec<String> = steps.iter().map(|s| format!("{} ({})", s.1, s.0)).collect();
+        let &(seq, _, state, attempts) = found.ok_or_else(|| {
             RpcError::new(
                 code::NOT_FOUND,
                 format!("instance {} has no step {} (steps: {})", p.id, p.step, names.join(", ")),
             )
         })?;
-        let path = crate::logs::StepLog::path_for(&self.h.data_dir, &p.id, step.seq);
+        let path = crate::logs::StepLog::path_for(&self.h.data_dir, &p.id, seq);
         let read = || {
             crate::logs::read(&path, p.offset.unwrap_or(0), LOGS_READ_BYTES)
                 .map_err(|e| RpcError::new(code::INTERNAL, format!("reading {}: {e}", path.display())))
         };
+        let answer = |(text, next_offset, eof), (step_state, attempts)| LogsResult {
+            text,
+            next_offset,
+            eof,
+            step_state: Some(step_state),
+            attempts,
+        };
         let wait = std::time::Duration::from_millis(p.wait_ms.unwrap_or(0).min(MAX_LOGS_WAIT_MS));
-        if wait.is_zero() || step.state != apollo_shared::state::StepState::Running {
-            let (text, next_offset, eof) = read()?;
-            return Ok(LogsResult { text, next_offset, eof });
+        if wait.is_zero() || state != StepState::Running {
+            return Ok(answer(read()?, (state, attempts)));
         }
         // Following a running step: listen before reading, so a line written
         // between the read and the wait is not missed. The log's notifier
@@ -313,11 +324,21 @@ impl Api {
         woken.as_mut().enable();
         let (text, next_offset, eof) = read()?;
         if !text.is_empty() || !eof {
-            return Ok(LogsResult { text, next_offset, eof });
+            return Ok(answer((text, next_offset, eof), (state, attempts)));
         }
-        let _ = tokio::time::timeout(wait, woken).await;
-        let (text, next_offset, eof) = read()?;
-        Ok(LogsResult { text, next_offset, eof })
+        // The attempt may have ended since its state was read, its notifier
+        // fired before this call listened: the state is read again, now that
+        // it listens (an attempt's log is dropped after its end commits).
+        let state_now = || async {
+            let now = self.h.store.step_states(&p.id).await.map_err(store_err)?;
+            Ok::<_, RpcError>(now.iter().find(|s| s.0 == seq).map_or((state, attempts), |s| (s.2, s.3)))
+        };
+        let now = state_now().await?;
+        if now.0 == StepState::Running && now.1 == attempts {
+            let _ = tokio::time::timeout(wait, woken).await;
+            return Ok(answer(read()?, state_now().await?));
+        }
+        Ok(answer(read()?, now))
     }
 
     pub fn defs(&self) -> Vec<DefInfo> {

@@ -5,7 +5,7 @@ use super::db::{p, Db};
 use super::rows::{self, parse_ts, ts, INSTANCE_COLS, STEP_COLS, SUMMARY_COLS};
 use super::{Result, Store, StoreError};
 use apollo_shared::protocol::{Alert, AttemptRun, AuditEntry, EventRecord, Instance, QueueStats, Transition};
-use apollo_shared::state::TaskState;
+use apollo_shared::state::{StepState, TaskState};
 use chrono::{DateTime, Utc};
 use std::collections::BTreeMap;
 
@@ -86,6 +86,25 @@ impl Store {
             Err(e) => Err(e),
         })
         .await
+    }
+
+    /// An instance's steps as `steps.logs` needs them: (seq, name, state,
+    /// attempts), one small query (no history, no context); an archived
+    /// instance's from its document.
+    pub async fn step_states(&self, id: &str) -> Result<Vec<(u32, String, StepState, u32)>> {
+        let id = id.to_string();
+        let rows = self
+            .read(move |c| {
+                c.query(
+                    "SELECT seq, name, state, attempts FROM step_runs WHERE instance_id = ?1 ORDER BY seq",
+                    p![id.as_str()],
+                )?
+                .iter()
+                .map(|r| Ok((r.get::<u32>(0)?, r.get::<String>(1)?, r.get::<String>(2)?, r.get::<u32>(3)?)))
+                .collect::<Result<Vec<_>>>()
+            })
+            .await?;
+        rows.into_iter().map(|(seq, name, s, a)| Ok((seq, name, s.parse().map_err(StoreError::Invalid)?, a))).collect()
     }
 
     /// Instances newest first, as summaries: no steps, no context.

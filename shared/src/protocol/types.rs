@@ -119,6 +119,13 @@ pub struct LogsResult {
     pub text: String,
     pub next_offset: u64,
     pub eof: bool,
+    /// The step's state and attempts as the answer left it: a follower goes
+    /// on waiting on this step while it is RUNNING, and looks at the
+    /// instance again only when it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_state: Option<crate::state::StepState>,
+    #[serde(default)]
+    pub attempts: u32,
 }
 
 /// One task instance as the protocol shows it.

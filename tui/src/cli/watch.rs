@@ -175,8 +175,11 @@ pub async fn logs(
                 return Ok(if inst.state == TaskState::Success { ExitCode::SUCCESS } else { ExitCode::from(1) });
             }
             match steps.iter().find(|s| s.state == StepState::Running) {
-                // The agent answers when the log grows or the attempt ends.
-                Some(s) => drain(client, id, s, &mut offsets, json, FOLLOW_WAIT).await?,
+                // The agent answers when the log grows or the attempt ends;
+                // while the step runs, the instance need not be read again.
+                Some(s) => {
+                    while drain(client, id, s, &mut offsets, json, FOLLOW_WAIT).await? == Some(StepState::Running) {}
+                }
                 // Between steps (a retry's backoff, a queue): the next move.
                 None => {
                     let events = events.as_mut().ok_or(Failure::Unreachable("no event stream".into()))?;
@@ -199,7 +202,8 @@ pub async fn logs(
 }
 
 /// Prints what step `s`'s log holds past its offset (with `wait`, waiting
-/// that long for it to grow when there is nothing yet).
+/// that long for it to grow when there is nothing yet); returns the step's
+/// state as the agent's last answer left it.
 async fn drain(
     client: &Client,
     id: &str,
@@ -207,7 +211,7 @@ async fn drain(
     offsets: &mut HashMap<u32, u64>,
     json: bool,
     wait: Duration,
-) -> Result<(), Failure> {
+) -> Result<Option<StepState>, Failure> {
     use std::io::Write;
     let mut wait_ms = (!wait.is_zero()).then_some(wait.as_millis() as u64);
     loop {
@@ -227,14 +231,14 @@ async fn drain(
                 println!("{}", json!({"id": id, "step": s.seq, "name": s.name, "line": line}));
             }
             if whole < r.text.len() && offsets[&s.seq] != r.next_offset {
-                return Ok(());
+                return Ok(r.step_state);
             }
         } else {
             print!("{}", r.text);
         }
         let _ = std::io::stdout().flush();
         if r.eof {
-            return Ok(());
+            return Ok(r.step_state);
         }
     }
 }

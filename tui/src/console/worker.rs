@@ -10,6 +10,7 @@ use apollo_shared::protocol::methods as m;
 use apollo_shared::protocol::{
     EventKind, IdParams, LimitParams, ListParams, LogsParams, NoParams, StatsParams, Topic, TriggerParams,
 };
+use apollo_shared::state::StepState;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -68,6 +69,8 @@ struct Following {
     offsets: HashMap<u32, u64>,
     /// Nothing sent yet: the first text replaces what the pane held.
     fresh: bool,
+    /// The step the last round waited on, while it still runs.
+    running: Option<u32>,
 }
 
 /// How long one `steps.logs` call waits for the followed log to grow (the
@@ -84,23 +87,41 @@ type Round = (Following, Result<(String, bool), ClientError>);
 /// `[apollo: step NAME, attempt N]` line. Also says whether a step runs
 /// (then the next round starts at once; else at the instance's next move).
 async fn follow_round(client: &Client, mut f: Following) -> Round {
-    async fn read(client: &Client, f: &mut Following, seq: u32, wait_ms: Option<u64>) -> Result<String, ClientError> {
+    async fn read(
+        client: &Client,
+        f: &mut Following,
+        seq: u32,
+        wait_ms: Option<u64>,
+    ) -> Result<(String, Option<StepState>), ClientError> {
         let offset = f.offsets.get(&seq).copied().unwrap_or(0);
         let p = LogsParams { id: f.id.clone(), step: seq.into(), offset: Some(offset), wait_ms };
         let r = client.request::<m::StepsLogs>(p).await?;
         f.offsets.insert(seq, r.next_offset);
-        Ok(r.text)
+        Ok((r.text, r.step_state))
+    }
+    // While the step it waited on still runs, the next round waits on it
+    // again without reading the instance (`f.running`).
+    if let Some(seq) = f.running.take() {
+        return match read(client, &mut f, seq, Some(FOLLOW_WAIT_MS)).await {
+            Ok((text, state)) => {
+                f.running = (state == Some(StepState::Running)).then_some(seq);
+                (f, Ok((text, true)))
+            }
+            Err(e) => (f, Err(e)),
+        };
     }
     let r = async {
         let inst = client.request::<m::TasksGet>(IdParams { id: f.id.clone(), reason: None }).await?;
         let steps = inst.steps.unwrap_or_default();
         let mut text = String::new();
         for s in steps.iter().filter(|s| s.attempts > 0) {
-            text.push_str(&read(client, &mut f, s.seq, None).await?);
+            text.push_str(&read(client, &mut f, s.seq, None).await?.0);
         }
-        let running = steps.iter().find(|s| s.state == apollo_shared::state::StepState::Running);
+        let running = steps.iter().find(|s| s.state == StepState::Running);
         if let (Some(s), true) = (running, text.is_empty()) {
-            text.push_str(&read(client, &mut f, s.seq, Some(FOLLOW_WAIT_MS)).await?);
+            let (more, state) = read(client, &mut f, s.seq, Some(FOLLOW_WAIT_MS)).await?;
+            text.push_str(&more);
+            f.running = (state == Some(StepState::Running)).then_some(s.seq);
         }
         Ok((text, running.is_some()))
     }
@@ -210,7 +231,7 @@ async fn session(
         let want = watch.logs.and(watch.instance.clone());
         if want != followed {
             round = None;
-            parked = want.clone().map(|id| Following { id, offsets: HashMap::new(), fresh: true });
+            parked = want.clone().map(|id| Following { id, offsets: HashMap::new(), fresh: true, running: None });
             followed = want;
             again = true;
         }
