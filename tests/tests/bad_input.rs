@@ -181,7 +181,9 @@ fn malformed_configs_are_refused_with_file_line_and_field() {
         ("tasks: {a: b}\n", "tasks"),
         ("unknown_section: 1\n", "unknown field `unknown_section`"),
         ("a: [1, 2\n", "line"),
-        ("", "document is empty"),
+        ("database:\n  url: mysql://db/apollo\n", "mysql: is not a store this agent knows (expected sqlite:PATH"),
+        ("database:\n  url: postgres://a:secret@db/apollo\n", "the URL holds a password"),
+        ("socket:\n  operators: [nosuchuser]\n", "socket.operators[0]: there is no user \"nosuchuser\" on this host"),
     ];
     let dir = tempfile::tempdir().unwrap();
     for (i, (content, fragment)) in cases.iter().enumerate() {
@@ -193,6 +195,23 @@ fn malformed_configs_are_refused_with_file_line_and_field() {
         assert!(err.contains(&format!("bad{i}.yaml")), "{content:?}: message does not name the file: {err}");
         assert!(err.contains(fragment), "{content:?}: {err:?} lacks {fragment:?}");
     }
+    // Every problem of a file at once.
+    let path = dir.path().join("many.yaml");
+    std::fs::write(
+        &path,
+        "scheduler:\n  concurrency: 0\nlogging:\n  format: xml\nsocket:\n  observers: [nosuchuser]\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(agent_bin()).arg("--config").arg(&path).arg("check").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    for fragment in ["scheduler.concurrency: 0", "logging.format: \"xml\"", "socket.observers[0]"] {
+        assert!(err.contains(fragment), "{err}");
+    }
+    // A file of nothing but comments means the defaults.
+    let path = dir.path().join("empty.yaml");
+    std::fs::write(&path, "# nothing here yet\n").unwrap();
+    let out = std::process::Command::new(agent_bin()).arg("--config").arg(&path).arg("check").output().unwrap();
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("empty"), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 fn ask(stream: &mut UnixStream, reader: &mut BufReader<UnixStream>, frame: &[u8]) -> Value {

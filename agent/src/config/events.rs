@@ -2,7 +2,6 @@
 //! `storage` section (object stores the downloader reads).
 
 use super::{duration, secs};
-use anyhow::bail;
 use serde::Deserialize;
 use std::time::Duration;
 
@@ -132,63 +131,71 @@ pub fn has_no_subdomains(endpoint: &str) -> bool {
 }
 
 impl StorageConf {
-    pub fn validate(&self, file: &str) -> anyhow::Result<()> {
+    pub fn problems(&self, file: &str) -> Vec<String> {
+        let mut problems = Vec::new();
         let s3 = &self.s3;
         if let Some(e) = &s3.endpoint {
             if !(e.starts_with("http://") || e.starts_with("https://")) {
-                bail!("{file}: storage.s3.endpoint: {e:?} is not an http:// or https:// URL (for example http://minio.internal:9000)");
+                problems.push(format!("{file}: storage.s3.endpoint: {e:?} is not an http:// or https:// URL (for example http://minio.internal:9000)"));
             }
             if s3.path_style == Some(false) && has_no_subdomains(e) {
-                bail!(
+                problems.push(format!(
                     "{file}: storage.s3.path_style: false cannot reach a bucket at {e} (an IP address or localhost \
                      has no bucket subdomains); set storage.s3.path_style: true"
-                );
+                ));
             }
         }
-        Ok(())
+        problems
     }
 }
 
 impl EventsConf {
-    pub fn validate(&self, file: &str) -> anyhow::Result<()> {
+    pub fn problems(&self, file: &str) -> Vec<String> {
+        let mut problems = Vec::new();
         let env_name_ok = |v: &Option<String>| v.as_deref().is_none_or(|n| !n.is_empty() && !n.contains('='));
         for (i, s) in self.sources.iter().enumerate() {
             let at = format!("{file}: events.sources[{i}]");
             if s.kind != "nats" {
-                bail!("{at}.kind: {:?} is not a known source kind (expected nats)", s.kind);
+                problems.push(format!("{at}.kind: {:?} is not a known source kind (expected nats)", s.kind));
             }
             if !s.url.split(',').all(|u| u.trim().starts_with("nats://") || u.trim().starts_with("tls://")) {
-                bail!("{at}.url: {:?} is not a NATS URL (expected nats://host:port)", s.url);
+                problems.push(format!("{at}.url: {:?} is not a NATS URL (expected nats://host:port)", s.url));
             }
             if s.stream.is_empty() || s.stream.contains(['.', ' ', '*', '>']) {
-                bail!("{at}.stream: {:?} is not a stream name (no dots, spaces or wildcards)", s.stream);
+                problems
+                    .push(format!("{at}.stream: {:?} is not a stream name (no dots, spaces or wildcards)", s.stream));
             }
             if s.durable.is_empty() || s.durable.contains(['.', ' ', '*', '>']) {
-                bail!("{at}.durable: {:?} is not a consumer name (no dots, spaces or wildcards)", s.durable);
+                problems.push(format!(
+                    "{at}.durable: {:?} is not a consumer name (no dots, spaces or wildcards)",
+                    s.durable
+                ));
             }
             if !env_name_ok(&s.token_env) || !env_name_ok(&s.user_env) || !env_name_ok(&s.password_env) {
-                bail!("{at}: token_env, user_env and password_env name environment variables (not their values)");
+                problems.push(format!(
+                    "{at}: token_env, user_env and password_env name environment variables (not their values)"
+                ));
             }
             if s.user_env.is_some() != s.password_env.is_some() {
-                bail!("{at}: user_env and password_env go together");
+                problems.push(format!("{at}: user_env and password_env go together"));
             }
         }
         if let Some(h) = &self.http {
             if !env_name_ok(&h.token_env) {
-                bail!("{file}: events.http.token_env names an environment variable (not its value)");
+                problems.push(format!("{file}: events.http.token_env names an environment variable (not its value)"));
             }
             if h.token_env.is_none() && !h.listen.ip().is_loopback() {
-                bail!(
+                problems.push(format!(
                     "{file}: events.http: listening on {} needs a bearer token (set token_env to the variable holding it), \
                      or listen on 127.0.0.1",
                     h.listen
-                );
+                ));
             }
             if h.max_body == 0 {
-                bail!("{file}: events.http.max_body: expected a size in bytes above 0");
+                problems.push(format!("{file}: events.http.max_body: expected a size in bytes above 0"));
             }
         }
-        Ok(())
+        problems
     }
 }
 

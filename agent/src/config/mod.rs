@@ -111,6 +111,83 @@ pub struct Database {
     pub password_env: Option<String>,
 }
 
+impl Database {
+    /// The URL's problems: a scheme other than sqlite: and postgres://
+    /// (a `mysql://x` was taken for a file path), and a password in it (a
+    /// password comes only from the environment).
+    fn problems(&self, file: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        for (field, url) in [("url", &self.url), ("read_url", &self.read_url)] {
+            let Some(url) = url else { continue };
+            let scheme = url.split_once(':').map(|(s, _)| s).filter(|s| {
+                s.len() > 1 && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+            });
+            match scheme {
+                Some("sqlite") if field == "url" => {}
+                Some("postgres" | "postgresql") => {
+                    if !url.contains("://") {
+                        out.push(format!(
+                            "{file}: database.{field}: {url:?} is not valid (expected postgres://user@host:port/db)"
+                        ));
+                    }
+                    let userinfo =
+                        url.split_once("://").map(|(_, r)| r.split(['/', '?']).next().unwrap_or("")).unwrap_or("");
+                    let in_query =
+                        url.split_once('?').is_some_and(|(_, q)| q.split('&').any(|kv| kv.starts_with("password=")));
+                    if userinfo.rsplit_once('@').is_some_and(|(u, _)| u.contains(':')) || in_query {
+                        out.push(format!(
+                            "{file}: database.{field}: the URL holds a password, and passwords are never read from the \
+                             config file: remove it from the URL and set database.password_env: APOLLO_DB_PASSWORD \
+                             (the environment variable that holds it)"
+                        ));
+                    }
+                }
+                Some(other) => out.push(format!(
+                    "{file}: database.{field}: {url:?} is not valid: {other}: is not a store this agent knows (expected {})",
+                    if field == "url" {
+                        "sqlite:PATH for the embedded store, or postgres://user@host:port/db (postgresql:// too)"
+                    } else {
+                        "postgres://user@host:port/db (postgresql:// too)"
+                    }
+                )),
+                None => {}
+            }
+        }
+        out
+    }
+}
+
+impl Socket {
+    /// Users and groups that do not exist on this host (numbers are taken
+    /// as they are: a uid or gid need not have a name).
+    fn problems(&self, file: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        for (field, names) in [("operators", &self.operators), ("observers", &self.observers)] {
+            for (i, n) in names.iter().enumerate() {
+                match n.strip_prefix('@') {
+                    Some(g) if g.parse::<u32>().is_ok() => {}
+                    Some(g) => {
+                        if nix::unistd::Group::from_name(g).ok().flatten().is_none() {
+                            out.push(format!(
+                                "{file}: socket.{field}[{i}]: there is no group {g:?} on this host (a group is @name or @gid)"
+                            ));
+                        }
+                    }
+                    None if n.parse::<u32>().is_ok() => {}
+                    None => {
+                        if nix::unistd::User::from_name(n).ok().flatten().is_none() {
+                            out.push(format!(
+                                "{file}: socket.{field}[{i}]: there is no user {n:?} on this host (a user name or uid; a group is @name)"
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
 fn default_sync() -> String {
     "full".into()
 }
@@ -309,11 +386,11 @@ pub struct PluginReg {
 pub struct Socket {
     #[serde(default)]
     pub path: Option<PathBuf>,
-    /// Users (names or uids) with the operator role besides the agent's own
-    /// user and root.
+    /// Users (names or uids) and groups (`@name` or `@gid`) with the
+    /// operator role besides the agent's own user and root.
     #[serde(default)]
     pub operators: Vec<String>,
-    /// Users (names or uids) allowed to read.
+    /// Users and groups allowed to read.
     #[serde(default)]
     pub observers: Vec<String>,
 }
@@ -404,6 +481,12 @@ impl Default for Config {
 impl Config {
     /// Parses a config document; `file` is used in messages.
     pub fn parse(src: &str, file: &str) -> anyhow::Result<Config> {
+        // A file of nothing but comments (or nothing) means the defaults.
+        if src.lines().all(|l| l.trim().is_empty() || l.trim_start().starts_with('#') || l.trim() == "---") {
+            let cfg = Config::default();
+            cfg.validate(file)?;
+            return Ok(cfg);
+        }
         let cfg: Config = apollo_shared::yaml::from_str(src).map_err(|e| match e.line {
             Some(line) => anyhow::anyhow!("{file}: line {line}: {}", e.message),
             None => anyhow::anyhow!("{file}: {}", e.message),
@@ -467,82 +550,111 @@ impl Config {
         Ok(())
     }
 
+    /// Every problem of the file, not just the first: `check` lists them all.
     fn validate(&self, file: &str) -> anyhow::Result<()> {
-        self.validate_name(&format!("{file}: agent.name"))?;
-        self.events.validate(file)?;
-        self.storage.validate(file)?;
+        let problems = self.problems(file);
+        if problems.is_empty() {
+            return Ok(());
+        }
+        bail!("{}", problems.join("\n"))
+    }
+
+    fn problems(&self, file: &str) -> Vec<String> {
+        let mut problems = Vec::new();
+        if let Err(e) = self.validate_name(&format!("{file}: agent.name")) {
+            problems.push(format!("{e:#}"));
+        }
+        problems.extend(self.events.problems(file));
+        problems.extend(self.storage.problems(file));
+        problems.extend(self.database.problems(file));
+        problems.extend(self.socket.problems(file));
         let s = &self.scheduler;
         if s.concurrency == 0 || s.concurrency > 10_000 {
-            bail!("{file}: scheduler.concurrency: {} is out of range (expected 1 to 10000)", s.concurrency);
+            problems.push(format!(
+                "{file}: scheduler.concurrency: {} is out of range (expected 1 to 10000)",
+                s.concurrency
+            ));
         }
         if s.zombie_factor.is_nan() || s.zombie_factor < 1.0 {
-            bail!("{file}: scheduler.zombie_factor: {} is out of range (expected 1 or more)", s.zombie_factor);
+            problems.push(format!(
+                "{file}: scheduler.zombie_factor: {} is out of range (expected 1 or more)",
+                s.zombie_factor
+            ));
         }
         if !["full", "normal"].contains(&self.database.synchronous.as_str()) {
-            bail!(
+            problems.push(format!(
                 "{file}: database.synchronous: {:?} is not valid (expected full or normal)",
                 self.database.synchronous
-            );
+            ));
         }
         let schema = &self.database.schema;
         if schema.is_empty()
             || schema.len() > 63
             || !schema.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
         {
-            bail!(
+            problems.push(format!(
                 "{file}: database.schema: {schema:?} is not valid (expected 1 to 63 lower-case letters, digits or '_')"
-            );
+            ));
         }
         if !(1..=64).contains(&self.database.pool_size) {
-            bail!("{file}: database.pool_size: {} is out of range (expected 1 to 64)", self.database.pool_size);
-        }
-        if let Some(url) = &self.database.url {
-            if url.starts_with("postgres") && !self.database.is_postgres() {
-                bail!("{file}: database.url: {url:?} is not valid (expected postgres://user@host:port/db)");
-            }
+            problems.push(format!(
+                "{file}: database.pool_size: {} is out of range (expected 1 to 64)",
+                self.database.pool_size
+            ));
         }
         if self.database.read_url.is_some() && !self.database.is_postgres() {
-            bail!("{file}: database.read_url: a read replica needs database.url to be a postgres:// URL");
+            problems
+                .push(format!("{file}: database.read_url: a read replica needs database.url to be a postgres:// URL"));
         }
         if !["pretty", "json"].contains(&self.logging.format.as_str()) {
-            bail!("{file}: logging.format: {:?} is not valid (expected pretty or json)", self.logging.format);
+            problems.push(format!(
+                "{file}: logging.format: {:?} is not valid (expected pretty or json)",
+                self.logging.format
+            ));
         }
         let level = self.logging.level.as_str();
         let named = ["error", "warn", "info", "debug", "trace", "off"].contains(&level);
         if !(named || level.contains('=')) || tracing_subscriber::EnvFilter::try_new(level).is_err() {
-            bail!(
+            problems.push(format!(
                 "{file}: logging.level: {:?} is not valid (expected error, warn, info, debug, trace, or directives like \"info,apollo_agent=debug\")",
                 self.logging.level
-            );
+            ));
         }
         for (i, h) in self.alerts.hooks.iter().enumerate() {
             match (&h.command, &h.webhook) {
                 (Some(c), None) if !c.is_empty() => {}
                 (None, Some(u)) if u.starts_with("http://") || u.starts_with("https://") => {}
-                (None, Some(u)) => bail!("{file}: alerts.hooks[{i}].webhook: {u:?} is not an http:// or https:// URL"),
-                _ => bail!("{file}: alerts.hooks[{i}]: expected exactly one of command: [argv…] or webhook: URL"),
+                (None, Some(u)) => {
+                    problems.push(format!("{file}: alerts.hooks[{i}].webhook: {u:?} is not an http:// or https:// URL"))
+                }
+                _ => problems.push(format!(
+                    "{file}: alerts.hooks[{i}]: expected exactly one of command: [argv…] or webhook: URL"
+                )),
             }
         }
         for (i, p) in self.plugins.iter().enumerate() {
             match (&p.class, &p.command) {
                 (Some(_), Some(_)) | (None, None) => {
-                    bail!("{file}: plugins[{i}] ({}): give exactly one of class or command", p.name)
+                    problems.push(format!("{file}: plugins[{i}] ({}): give exactly one of class or command", p.name))
                 }
-                (Some(c), None) if !crate::plugins::CLASSES.contains(&c.as_str()) => bail!(
+                (Some(c), None) if !crate::plugins::CLASSES.contains(&c.as_str()) => problems.push(format!(
                     "{file}: plugins[{i}] ({}): unknown class {c:?} (expected one of: {})",
                     p.name,
                     crate::plugins::CLASSES.join(", ")
-                ),
+                )),
                 _ => {}
             }
             if let Some(w) = &p.workers {
                 if p.command.is_none() {
-                    bail!("{file}: plugins[{i}] ({}).workers: only a command plugin has workers", p.name);
+                    problems
+                        .push(format!("{file}: plugins[{i}] ({}).workers: only a command plugin has workers", p.name));
                 }
-                w.check().map_err(|e| anyhow::anyhow!("{file}: plugins[{i}] ({}).workers.{e}", p.name))?;
+                if let Err(e) = w.check() {
+                    problems.push(format!("{file}: plugins[{i}] ({}).workers.{e}", p.name));
+                }
             }
         }
-        Ok(())
+        problems
     }
 
     fn base_dir(&self) -> PathBuf {
@@ -648,6 +760,34 @@ mod tests {
         assert!(e.contains("scheduler.lease") && e.contains("duration like"), "{e}");
         let e = Config::parse("plugins:\n  - name: x\n    class: nope\n", "a.yaml").unwrap_err().to_string();
         assert!(e.contains("unknown class \"nope\""), "{e}");
+    }
+
+    #[test]
+    fn the_config_is_checked_as_strictly_as_definitions_and_every_problem_is_listed() {
+        let err = |src: &str| format!("{:#}", Config::parse(src, "apollo.yaml").unwrap_err());
+        let e = err("database:\n  url: mysql://x\n");
+        assert!(e.contains("database.url: \"mysql://x\" is not valid: mysql: is not a store this agent knows (expected sqlite:PATH"), "{e}");
+        assert!(e.contains("postgres://user@host:port/db (postgresql:// too)"), "{e}");
+        let e = err("database:\n  url: postgres://apollo:hunter2@db:5432/ops\n");
+        assert!(e.contains("the URL holds a password") && e.contains("database.password_env"), "{e}");
+        assert!(!e.contains("hunter2"), "the password is not repeated: {e}");
+        let e = err("database:\n  url: postgres://apollo@db/ops?password=x\n");
+        assert!(e.contains("the URL holds a password"), "{e}");
+        let e = err("socket:\n  operators: [nosuchuser, \"@nosuchgroup\", 4242, \"@4343\", root, \"@root\"]\n");
+        assert!(e.contains("socket.operators[0]: there is no user \"nosuchuser\" on this host"), "{e}");
+        assert!(e.contains("socket.operators[1]: there is no group \"nosuchgroup\" on this host"), "{e}");
+        assert_eq!(e.lines().count(), 2, "numbers and existing names pass: {e}");
+        // Every problem, not the first one only.
+        let e = err("scheduler:\n  concurrency: 0\ndatabase:\n  url: mysql://x\nlogging:\n  format: xml\n");
+        assert_eq!(e.lines().count(), 3, "{e}");
+        // Nothing but comments: the defaults.
+        let c = Config::parse("# nothing set here yet\n\n", "apollo.yaml").unwrap();
+        assert_eq!(c.scheduler.concurrency, Config::default().scheduler.concurrency);
+        assert!(Config::parse("", "apollo.yaml").is_ok());
+        // What passes: sqlite:, a plain path, postgres:// and postgresql://.
+        for url in ["sqlite:data/a.db", "data/a.db", "postgres://apollo@db:5432/ops", "postgresql://db/ops"] {
+            assert!(Config::parse(&format!("database:\n  url: {url}\n"), "a").is_ok(), "{url}");
+        }
     }
 
     #[test]

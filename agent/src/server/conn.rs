@@ -79,10 +79,14 @@ fn answer(method: &str, r: &Response) -> String {
     to_line(&Response::err(r.id, e))
 }
 
+/// The uid an unmapped user has inside a user namespace.
+const OVERFLOW_UID: u32 = 65534;
+
 pub async fn handle(stream: UnixStream, api: Arc<Api>, access: Arc<Access>, shutdown: CancellationToken) {
     let cred = stream.peer_cred().ok();
     let uid = cred.map(|c| c.uid());
-    let role = uid.and_then(|u| access.role(u));
+    let groups = cred.map(|c| super::peer_groups(std::os::fd::AsRawFd::as_raw_fd(&stream), c.uid(), c.gid()));
+    let role = uid.and_then(|u| access.role(u, groups.as_deref().unwrap_or_default()));
     let mut actor = match uid {
         Some(u) => nix::unistd::User::from_uid(u.into())
             .ok()
@@ -119,8 +123,21 @@ pub async fn handle(stream: UnixStream, api: Arc<Api>, access: Arc<Access>, shut
     });
     let Some(role) = role else {
         tracing::warn!(peer = %actor, "refused a connection: not an operator or observer");
-        let e = RpcError::new(code::FORBIDDEN, format!("{actor} may not use this agent"))
-            .with_hint("add the user to socket.operators or socket.observers in the agent's config");
+        let e = if uid == Some(OVERFLOW_UID) {
+            // The agent runs in a user namespace that hides who connects
+            // (systemd's PrivateUsers=yes): everyone looks like this.
+            RpcError::new(
+                code::FORBIDDEN,
+                format!(
+                    "{actor} may not use this agent: the agent cannot see who connects (uid {OVERFLOW_UID} is how a user \
+                     namespace shows every unmapped user); do not add it to socket.operators, remove PrivateUsers= \
+                     from the agent's unit"
+                ),
+            )
+        } else {
+            RpcError::new(code::FORBIDDEN, format!("{actor} may not use this agent"))
+                .with_hint("add the user (a name or a uid) or one of its groups (@group) to socket.operators or socket.observers in the agent's config")
+        };
         let _ = tx.send(answer("hello", &Response::err(Value::Null, e))).await;
         drop(tx);
         let _ = writer.await;
