@@ -148,6 +148,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         let _ = store.alert("definition_error", &msg, None).await;
     }
     tracing::info!(tasks_dir = %tasks_dir.display(), loaded = cat.defs.len(), errors = cat.errors.len(), "definitions loaded");
+    if cat.defs.is_empty() && cat.errors.is_empty() {
+        tracing::warn!(
+            "no definitions in {}: write one there as a YAML file (it is loaded at once); \
+             `apollo defs` lists what loaded",
+            tasks_dir.display()
+        );
+    }
     let catalog = Arc::new(RwLock::new(cat));
     let socket = config.socket_path();
     let listener = server::bind(&socket)?;
