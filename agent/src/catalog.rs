@@ -73,6 +73,35 @@ pub fn check_plugins(d: &TaskDef, file: &str, registry: &Registry) -> Vec<DefErr
         .collect()
 }
 
+/// A template's `steps.X.F` must be an output X's plugin gives, where the
+/// plugin says what it gives (a shell step's `result` is its command's own:
+/// what is under it is not checked).
+pub fn check_outputs(d: &TaskDef, file: &str, registry: &Registry) -> Vec<DefError> {
+    let mut out = Vec::new();
+    for (i, field, step, output) in def::step_refs(&d.steps) {
+        let Some(x) = d.steps.iter().find(|s| s.name == step) else { continue };
+        let Ok(reg) = registry.resolve(&x.plugin, x.version.as_deref()) else { continue };
+        let Some(outputs) = reg.plugin.outputs() else { continue };
+        if outputs.contains(&output) {
+            continue;
+        }
+        let known: Vec<&str> = outputs.iter().map(String::as_str).collect();
+        let near =
+            apollo_shared::text::closest(&output, &known).map(|k| format!("; did you mean {k:?}?")).unwrap_or_default();
+        out.push(DefError {
+            file: file.into(),
+            line: d.steps[i].line,
+            field: format!("steps[{i}].{field}"),
+            message: format!(
+                "steps.{step}.{output}: step {step:?} ({} plugin) gives no output {output:?} (its outputs: {}{near})",
+                x.plugin,
+                known.join(", ")
+            ),
+        });
+    }
+    out
+}
+
 /// Whether a step's params hold a template (checked only once rendered).
 fn has_template(params: &serde_json::Map<String, Value>) -> bool {
     template::strings(&Value::Object(params.clone()), "").iter().any(|(_, t)| t.contains("{{") || t.contains("{%"))
@@ -118,6 +147,7 @@ pub fn load_source(source: &str, file: &Path, registry: &Registry) -> Result<Loa
     let d = def::parse(source, &name).map_err(|e| e.0)?;
     let mut errors = check_plugins(&d, &name, registry);
     errors.extend(check_builtin_params(&d, &name, registry));
+    errors.extend(check_outputs(&d, &name, registry));
     if !errors.is_empty() {
         return Err(errors);
     }

@@ -30,6 +30,19 @@ pub fn one_line(text: &str, max: usize) -> String {
     out
 }
 
+/// The known name closest to `name`, when one is close enough to be what
+/// was meant (a typo: at most a third of its letters differ): for "did you
+/// mean …?". Swapped letters count as one change.
+pub fn closest<'a>(name: &str, known: &[&'a str]) -> Option<&'a str> {
+    let limit = (name.chars().count() / 3).max(1);
+    known
+        .iter()
+        .map(|k| (strsim::osa_distance(name, k), *k))
+        .filter(|(d, _)| *d <= limit)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
+}
+
 /// The last `n` non-blank lines of `text`, in the order they were written,
 /// each on one line of at most `width` characters.
 pub fn last_lines(text: &str, n: usize, width: usize) -> Vec<String> {
@@ -81,6 +94,13 @@ mod tests {
         assert_eq!(one_line("ab cd", 3), "ab…");
         assert_eq!(one_line("", 5), "");
         assert!(one_line(&"x ".repeat(500), 100).chars().count() <= 100);
+    }
+
+    #[test]
+    fn the_closest_name_is_offered_only_when_close() {
+        assert_eq!(closest("parms", &["params", "steps", "name"]), Some("params"));
+        assert_eq!(closest("stpes", &["params", "steps"]), Some("steps"));
+        assert_eq!(closest("zzz", &["params", "steps"]), None);
     }
 
     #[test]

@@ -302,3 +302,51 @@ fn malformed_frames_get_json_rpc_errors_and_the_connection_survives() {
     let (code, _) = agent.cli_json(&["status"]);
     assert_eq!(code, 0, "the agent stopped answering:\n{}", agent.log());
 }
+
+const TWO_STEPS: &str = "task: t\nsteps:\n  - name: first\n    plugin: shell\n    params:\n      command: echo hi\n  - name: second\n    plugin: shell\n    params:\n      command: \"echo {{ steps.first.exit_code }}\"\n";
+
+/// A template name that cannot resolve is found when the file is loaded —
+/// by check, by a reload (which keeps the version in force and alerts) and
+/// in apollo defs — never half-way through a run.
+#[tokio::test]
+async fn a_template_that_cannot_resolve_is_refused_at_load_and_a_reload_keeps_the_version_in_force() {
+    let agent = Agent::builder().task("t.yaml", TWO_STEPS).start();
+    let c = agent.client().await;
+    c.subscribe(&[Topic::Alerts]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    let check = |text: &str| {
+        let file = agent.path().join("candidate.yaml");
+        std::fs::write(&file, text).unwrap();
+        let out = std::process::Command::new(agent_bin()).arg("check").arg(&file).output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).to_string())
+    };
+    let cases = [
+        ("{{ steps.first.exit_code }}", "{{ steps.nope.output }}", "line 10: steps[1].params.command: steps.nope: no step \"nope\" runs before this one (earlier steps: first)"),
+        ("{{ steps.first.exit_code }}", "{{ steps.first.exitcode }}", "steps.first.exitcode: step \"first\" (shell plugin) gives no output \"exitcode\" (its outputs: exit_code, duration_ms, stdout_tail, result; did you mean \"exit_code\"?)"),
+        ("{{ steps.first.exit_code }}", "{{ steps.first.exit_code | uper }}", "unknown filter \"uper\" (did you mean \"upper\"?"),
+    ];
+    for (good, bad, said) in cases {
+        let (code, text) = check(&TWO_STEPS.replace(good, bad));
+        assert_eq!(code, Some(1), "{text}");
+        assert!(text.contains(said), "{bad}: {text}");
+    }
+    let later = TWO_STEPS.replace("command: echo hi", "command: \"echo {{ steps.second.exit_code }}\"");
+    let (_, text) = check(&later);
+    assert!(text.contains("steps[0].params.command: steps.second: step \"second\" runs after this one"), "{text}");
+    // A reload of the broken file keeps the version in force and says why.
+    std::fs::write(
+        agent.path().join("tasks/t.yaml"),
+        TWO_STEPS.replace("{{ steps.first.exit_code }}", "{{ steps.nope.output }}"),
+    )
+    .unwrap();
+    let alert = wait_event(&mut events, "the definition_error alert", |e| e.data["kind"] == "definition_error").await;
+    assert!(alert.data["message"].as_str().unwrap().contains("no step \"nope\" runs before this one"), "{alert:?}");
+    let defs = agent.cli(&["defs"]);
+    assert_eq!(defs.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&defs.stdout).contains("no step \"nope\""));
+    let (code, inst) = agent.cli_json(&["run", "t", "--wait"]);
+    assert_eq!((code, inst["state"].as_str()), (0, Some("SUCCESS")), "the version in force runs: {inst:#}");
+    // Dry-run sees the same (of the version in force: it is valid).
+    let (code, _) = agent.cli_json(&["dry-run", "t"]);
+    assert_eq!(code, 0);
+}

@@ -201,6 +201,9 @@ impl Plugin for FileDownloader {
     fn description(&self) -> &str {
         "Downloads a file://, http(s):// or s3:// source to a target, verifying md5/sha256, atomically"
     }
+    fn outputs(&self) -> Option<Vec<String>> {
+        Some(["path", "bytes", "md5", "sha256", "skipped", "created"].map(String::from).to_vec())
+    }
     fn params(&self) -> Vec<ParamDoc> {
         vec![
             ParamDoc {

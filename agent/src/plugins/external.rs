@@ -335,6 +335,10 @@ impl Plugin for External {
         d["command"] = json!(self.path);
         d
     }
+    fn outputs(&self) -> Option<Vec<String>> {
+        let fields = self.describe.get("outputs")?.as_array()?;
+        Some(fields.iter().filter_map(|f| f.as_str().map(str::to_string)).collect())
+    }
     fn pool(&self) -> Option<apollo_shared::protocol::PoolStats> {
         self.pool.as_ref().map(Pool::stats)
     }

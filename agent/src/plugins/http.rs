@@ -115,6 +115,9 @@ impl Plugin for HttpRequest {
     fn idempotent(&self) -> bool {
         false
     }
+    fn outputs(&self) -> Option<Vec<String>> {
+        Some(["status", "body", "bytes"].map(String::from).to_vec())
+    }
     fn params(&self) -> Vec<ParamDoc> {
         vec![
             ParamDoc { name: "url", kind: "url", required: true, description: "http:// or https://" },

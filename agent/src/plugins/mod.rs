@@ -134,6 +134,12 @@ pub trait Plugin: Send + Sync {
     fn idempotent(&self) -> bool {
         true
     }
+    /// The fields of its output, when the plugin says (the built-ins do; an
+    /// external plugin may, as `outputs` in its describe): a template that
+    /// reads `steps.X.F` is refused at load when F is not among them.
+    fn outputs(&self) -> Option<Vec<String>> {
+        None
+    }
     /// Whether a step of this plugin may use the instance's work dir (its
     /// files, or as the current directory): the executor creates the dir
     /// before the first such step. Every plugin is taken to, unless it says
@@ -171,6 +177,7 @@ pub trait Plugin: Send + Sync {
             "description": self.description(),
             "idempotent": self.idempotent(),
             "params": params,
+            "outputs": self.outputs(),
         })
     }
 }

@@ -178,6 +178,9 @@ impl Plugin for DataParser {
     fn description(&self) -> &str {
         "Parses csv/json/jsonl: a summary into the context, the full result to a jsonl file"
     }
+    fn outputs(&self) -> Option<Vec<String>> {
+        Some(["rows", "columns", "summary", "path", "sha256"].map(String::from).to_vec())
+    }
     fn params(&self) -> Vec<ParamDoc> {
         vec![
             ParamDoc {

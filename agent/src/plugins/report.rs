@@ -54,6 +54,9 @@ impl Plugin for ReportGenerator {
     fn description(&self) -> &str {
         "Renders a template with the context into an HTML (or any text) file"
     }
+    fn outputs(&self) -> Option<Vec<String>> {
+        Some(["path", "bytes", "sha256", "created"].map(String::from).to_vec())
+    }
     fn params(&self) -> Vec<ParamDoc> {
         vec![
             ParamDoc {

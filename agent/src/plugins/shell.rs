@@ -159,6 +159,9 @@ impl Plugin for Shell {
     fn idempotent(&self) -> bool {
         false
     }
+    fn outputs(&self) -> Option<Vec<String>> {
+        Some(["exit_code", "duration_ms", "stdout_tail", "result"].map(String::from).to_vec())
+    }
     fn params(&self) -> Vec<ParamDoc> {
         vec![
             ParamDoc {

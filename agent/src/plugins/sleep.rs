@@ -31,6 +31,9 @@ impl Plugin for Sleep {
     fn description(&self) -> &str {
         "Waits the given number of seconds"
     }
+    fn outputs(&self) -> Option<Vec<String>> {
+        Some(["slept"].map(String::from).to_vec())
+    }
     fn params(&self) -> Vec<ParamDoc> {
         vec![ParamDoc { name: "seconds", kind: "number", required: false, description: "how long (default 0)" }]
     }

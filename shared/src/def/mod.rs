@@ -13,10 +13,12 @@ use steps::parse_steps;
 
 mod lines;
 mod steps;
+mod templates;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 use std::fmt;
+pub use templates::step_refs;
 
 /// One problem in a definition or config file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -334,6 +336,8 @@ pub fn parse(src: &str, file: &str) -> Result<TaskDef, DefErrors> {
             Vec::new()
         }
     };
+    let scope = templates::Scope { params: &params, on_event: on_event.is_some() };
+    templates::check(&steps, &scope, &lines, file, &mut errors);
     if !errors.is_empty() {
         return Err(DefErrors(errors));
     }

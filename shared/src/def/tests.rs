@@ -130,3 +130,70 @@ fn catchup_and_filter_need_their_trigger() {
     assert!(first_error("task: x\non_event: e\nfilter: {region: [eu]}\nsteps:\n  - plugin: shell\n")
         .contains("filter.region: expected a plain value"));
 }
+
+mod templates {
+    use crate::def::parse;
+
+    fn errors(steps: &str, top: &str) -> Vec<String> {
+        let src = format!(
+            "task: t\n{top}steps:\n  - name: first\n    plugin: shell\n    params:\n      command: echo\n{steps}"
+        );
+        match parse(&src, "t.yaml") {
+            Ok(_) => Vec::new(),
+            Err(e) => e.0.iter().map(|e| e.to_string()).collect(),
+        }
+    }
+
+    fn step(command: &str) -> String {
+        format!("  - name: second\n    plugin: shell\n    params:\n      command: \"{command}\"\n  - name: third\n    plugin: shell\n    params:\n      command: echo\n")
+    }
+
+    #[test]
+    fn every_name_a_template_uses_is_resolved_at_load() {
+        assert_eq!(
+            errors(&step("{{ steps.first.result.rows }} {{ work_dir }} {{ attempt }}"), ""),
+            Vec::<String>::new()
+        );
+        let e = errors(&step("cat {{ steps.nope.output }}"), "");
+        assert_eq!(
+            e,
+            ["t.yaml: line 10: steps[1].params.command: steps.nope: no step \"nope\" runs before this one (earlier steps: first)"]
+        );
+        let e = errors(&step("{{ steps.frist.path }}"), "");
+        assert!(e[0].ends_with("(earlier steps: first; did you mean \"first\"?)"), "{e:?}");
+        let e = errors(&step("{{ steps.third.path }}"), "");
+        assert!(e[0].contains("steps.third: step \"third\" runs after this one"), "{e:?}");
+        let e = errors(&step("{{ steps.second.path }}"), "");
+        assert!(e[0].contains("a step cannot read its own output"), "{e:?}");
+        let e = errors(&step("{{ parms.x }}"), "");
+        assert!(
+            e[0].contains("parms: not a name a template can use") && e[0].contains("did you mean \"params\"?"),
+            "{e:?}"
+        );
+        let e = errors(&step("{{ event.host }}"), "");
+        assert!(
+            e[0].contains("event is set only for an instance an event started: this definition has no on_event:"),
+            "{e:?}"
+        );
+        assert!(errors(&step("{{ event.host }}"), "on_event: disk.full\n").is_empty());
+    }
+
+    #[test]
+    fn params_must_be_declared_when_the_definition_declares_them_and_callables_must_exist() {
+        let declared = "params:\n  host: db1\n";
+        assert!(errors(&step("{{ params.host }}"), declared).is_empty());
+        let e = errors(&step("{{ params.hots }}"), declared);
+        assert!(
+            e[0].contains(
+                "params.hots: the definition declares no param \"hots\" (declared: host; did you mean \"host\"?)"
+            ),
+            "{e:?}"
+        );
+        // Without declared params, any may be passed.
+        assert!(errors(&step("{{ params.anything }}"), "").is_empty());
+        let e = errors(&step("{{ params.host | uper }}"), declared);
+        assert!(e[0].contains("unknown filter \"uper\" (did you mean \"upper\"?"), "{e:?}");
+        // A loop's own variable is not a name to resolve.
+        assert!(errors(&step("{% for h in params.host %}{{ h }}{% endfor %}"), declared).is_empty());
+    }
+}

@@ -8,6 +8,9 @@
 use minijinja::{Environment, UndefinedBehavior};
 use serde_json::{Map, Value};
 
+mod refs;
+pub use refs::{refs, unknown_callables, Refs, FIXED_NAMES};
+
 /// The one environment every render uses: building one registers every
 /// built-in filter and test, which cost more than a step's whole render.
 fn env() -> &'static Environment<'static> {
