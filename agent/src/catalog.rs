@@ -141,10 +141,32 @@ pub async fn check_static_params(d: &TaskDef, file: &str, registry: &Registry) -
     out
 }
 
+/// A step's unknown field that is a param of its plugin (`command:` beside
+/// `plugin: shell`) is said to be one, to be indented under `params:`.
+fn params_at_step_level(source: &str, registry: &Registry, mut errors: Vec<DefError>) -> Vec<DefError> {
+    let Ok(doc) = apollo_shared::yaml::from_str::<Value>(source) else { return errors };
+    for e in &mut errors {
+        let Some(rest) = e.field.strip_prefix("steps[") else { continue };
+        let Some((index, key)) = rest.split_once("].") else { continue };
+        if !e.message.starts_with("unknown field") || key.contains('.') {
+            continue;
+        }
+        let step = &doc["steps"][index.parse::<usize>().unwrap_or(usize::MAX)];
+        let Some(plugin) = step["plugin"].as_str() else { continue };
+        let Ok(reg) = registry.resolve(plugin, step["version"].as_str()) else { continue };
+        let describe = reg.plugin.describe();
+        let takes = describe["params"].as_array().into_iter().flatten().any(|p| p["name"] == key);
+        if takes {
+            e.message = format!("{key:?} is a param of the {plugin} plugin: indent it under params:");
+        }
+    }
+    errors
+}
+
 /// Parses one file's text into a definition, or every error in it.
 pub fn load_source(source: &str, file: &Path, registry: &Registry) -> Result<Loaded, Vec<DefError>> {
     let name = file.display().to_string();
-    let d = def::parse(source, &name).map_err(|e| e.0)?;
+    let d = def::parse(source, &name).map_err(|e| params_at_step_level(source, registry, e.0))?;
     let mut errors = check_plugins(&d, &name, registry);
     errors.extend(check_builtin_params(&d, &name, registry));
     errors.extend(check_outputs(&d, &name, registry));

@@ -17,10 +17,64 @@ pub fn parse(expr: &str) -> Result<Cron, String> {
             "{expr:?} has {fields} fields (expected 5: minute hour day-of-month month day-of-week, or 6 with seconds first)"
         ));
     }
+    check_fields(expr)?;
     Cron::new(expr)
         .with_seconds_optional()
         .parse()
         .map_err(|e| format!("{expr:?} is not a valid cron expression: {e} (e.g. \"0 6 * * *\" for 06:00 daily)"))
+}
+
+/// The fields of a 5-field expression (a 6th, seconds, comes first), with
+/// their ranges and the names they accept.
+const FIELDS: [(&str, u32, u32, &[&str]); 5] = [
+    ("minute", 0, 59, &[]),
+    ("hour", 0, 23, &[]),
+    ("day of month", 1, 31, &[]),
+    ("month", 1, 12, &["JAN", "FEB", "MAR", "APR", "MAY", "JUN", "JUL", "AUG", "SEP", "OCT", "NOV", "DEC"]),
+    ("day of week", 0, 7, &["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"]),
+];
+
+/// Names the field that is wrong and what it takes, before the library's
+/// own words (`Component error: Invalid number.`) could.
+fn check_fields(expr: &str) -> Result<(), String> {
+    let words: Vec<&str> = expr.split_whitespace().collect();
+    let mut fields: Vec<(&str, u32, u32, &[&str])> = FIELDS.to_vec();
+    if words.len() == 6 {
+        fields.insert(0, ("second", 0, 59, &[]));
+    }
+    for (word, (name, lo, hi, names)) in words.iter().zip(fields) {
+        let bad = |why: String| {
+            let named =
+                if names.is_empty() { String::new() } else { format!(", or {}-{}", names[0], names[names.len() - 1]) };
+            Err(format!(
+                "{expr:?}: the {name} field {word:?} {why} (expected *, a value from {lo} to {hi}{named}, a range a-b, \
+                 a list a,b, or a step */n)"
+            ))
+        };
+        for part in word.split(',') {
+            let (base, step) = part.split_once('/').map_or((part, None), |(b, s)| (b, Some(s)));
+            if let Some(s) = step {
+                if !s.parse::<u32>().is_ok_and(|n| n > 0) {
+                    return bad(format!("has a step {s:?} that is not a whole number above 0"));
+                }
+            }
+            // croner's own extensions (L, W, #, ?) are left to it.
+            if base == "*" || base == "?" || base.contains(['L', 'W', '#']) {
+                continue;
+            }
+            let value = |v: &str| -> Option<u32> {
+                v.parse().ok().or_else(|| names.iter().position(|n| n.eq_ignore_ascii_case(v)).map(|i| i as u32 + lo))
+            };
+            for v in base.split('-') {
+                match value(v) {
+                    Some(n) if (lo..=hi).contains(&n) => {}
+                    Some(n) => return bad(format!("holds {n}, out of range")),
+                    None => return bad(format!("holds {v:?}, which is not a value")),
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// One fire of a schedule.
@@ -72,6 +126,24 @@ pub fn fires_between<Tz: TimeZone>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wrong_field_is_named_with_its_range() {
+        let e = parse("61 * * * *").unwrap_err();
+        assert!(e.contains("the minute field \"61\" holds 61, out of range (expected *, a value from 0 to 59"), "{e}");
+        let e = parse("0 6 * FOO *").unwrap_err();
+        assert!(
+            e.contains("the month field \"FOO\" holds \"FOO\", which is not a value") && e.contains("or JAN-DEC"),
+            "{e}"
+        );
+        let e = parse("*/0 * * * *").unwrap_err();
+        assert!(e.contains("has a step \"0\""), "{e}");
+        let e = parse("0 0 25 * * *").unwrap_err();
+        assert!(e.contains("the hour field \"25\""), "six fields: seconds first: {e}");
+        for ok in ["0 6 * * *", "*/5 * * * *", "0 9-17 * * MON-FRI", "0 0 1,15 * *", "30 0 6 * * *", "0 0 L * *"] {
+            assert!(parse(ok).is_ok(), "{ok}");
+        }
+    }
     use chrono_tz::Europe::Berlin;
 
     fn utc(s: &str) -> DateTime<Utc> {

@@ -74,8 +74,74 @@ pub fn from_str<T: DeserializeOwned>(src: &str) -> Result<T, YamlError> {
         if let Some(hint) = line.and_then(|n| src.lines().nth(n.saturating_sub(1))).and_then(reserved_start) {
             message.push_str(&hint);
         }
-        YamlError { line: line.or(Some(1)), message }
+        // A tab where YAML wants spaces: said in those words, on its line.
+        let indented_by_tab = |l: &str| l[..l.len() - l.trim_start().len()].contains('\t');
+        if let Some(n) = first_line(src, indented_by_tab).filter(|n| line.is_none_or(|at| *n <= at)) {
+            line = Some(n);
+            message = "a tab here: YAML indents with spaces only (replace the tab with spaces)".into();
+        }
+        YamlError { line: line.or(Some(1)), message: humane(&message) }
     })
+}
+
+/// serde's wording, in a colleague's: `invalid type: string "four",
+/// expected u32` → `expected a whole number, found "four"`; an unknown
+/// field with the closest known one.
+pub fn humane(message: &str) -> String {
+    let kind = |expected: &str| -> String {
+        let e = expected.trim();
+        match e {
+            "u8" | "u16" | "u32" | "u64" | "u128" | "usize" => "a whole number of 0 or more".into(),
+            "i8" | "i16" | "i32" | "i64" | "i128" | "isize" => "a whole number".into(),
+            "f32" | "f64" => "a number".into(),
+            "a boolean" => "true or false".into(),
+            "a string" => "text".into(),
+            "a sequence" => "a list".into(),
+            "a map" => "a mapping".into(),
+            other => other.trim_start_matches("struct ").to_string(),
+        }
+    };
+    let found = |what: &str| -> String {
+        let w = what.trim();
+        for (prefix, shown) in [("string ", ""), ("integer `", ""), ("floating point `", "")] {
+            if let Some(rest) = w.strip_prefix(prefix) {
+                return format!("{shown}{}", rest.trim_end_matches('`'));
+            }
+        }
+        match w {
+            "sequence" => "a list".into(),
+            "map" => "a mapping".into(),
+            "unit value" => "nothing (an empty value)".into(),
+            other => other.trim_start_matches("boolean `").trim_end_matches('`').to_string(),
+        }
+    };
+    // The field it is about may come first: `scheduler.concurrency: invalid type: …`.
+    let (field, rest) = match message.find("invalid type: ").or_else(|| message.find("invalid value: ")) {
+        Some(i) => (&message[..i], &message[i..]),
+        None => ("", message),
+    };
+    for tag in ["invalid type: ", "invalid value: "] {
+        if let Some(body) = rest.strip_prefix(tag) {
+            if let Some((what, expected)) = body.split_once(", expected ") {
+                return format!("{field}expected {}, found {}", kind(expected), found(what));
+            }
+        }
+    }
+    if message.contains("invalid socket address syntax") {
+        return format!("{message} (expected an IP address and a port, for example 127.0.0.1:9464)");
+    }
+    if let Some(i) = message.find("unknown field `") {
+        let after = &message[i + "unknown field `".len()..];
+        if let (Some(end), Some(j)) = (after.find('`'), message.find("expected one of ")) {
+            let name = &after[..end];
+            let known: Vec<&str> =
+                message[j + "expected one of ".len()..].split(", ").map(|k| k.trim_matches('`')).collect();
+            if let Some(k) = crate::text::closest(name, &known) {
+                return format!("{message} (did you mean `{k}`?)");
+            }
+        }
+    }
+    message.to_string()
 }
 
 /// A hint for a `key: value` line whose plain value starts with a character
@@ -103,6 +169,34 @@ fn first_line(src: &str, pred: impl Fn(&str) -> bool) -> Option<usize> {
 mod tests {
     use super::*;
     use serde_json::Value;
+
+    #[test]
+    fn serde_wording_is_said_as_a_colleague_would() {
+        assert_eq!(
+            humane("invalid type: string \"four\", expected u32"),
+            "expected a whole number of 0 or more, found \"four\""
+        );
+        assert_eq!(
+            humane("x.retry: invalid type: string \"a\", expected i64"),
+            "x.retry: expected a whole number, found \"a\""
+        );
+        assert_eq!(humane("invalid type: sequence, expected a string"), "expected text, found a list");
+        assert_eq!(
+            humane("invalid value: integer `-1`, expected u32"),
+            "expected a whole number of 0 or more, found -1"
+        );
+        let u = humane("scheduler: unknown field `concurency`, expected one of `concurrency`, `lease`");
+        assert!(u.ends_with("(did you mean `concurrency`?)"), "{u}");
+    }
+
+    #[test]
+    fn a_tab_is_called_a_tab() {
+        let e = from_str::<Value>("task: t\nsteps:\n\t- plugin: shell\n").unwrap_err();
+        assert_eq!(
+            (e.line, e.message.as_str()),
+            (Some(3), "a tab here: YAML indents with spaces only (replace the tab with spaces)")
+        );
+    }
 
     /// Nine levels of nine aliases each: 9^10 nodes once expanded.
     fn alias_bomb() -> String {

@@ -164,7 +164,10 @@ fn malformed_configs_are_refused_with_file_line_and_field() {
         ("scheduler: [1]\n", "scheduler"),
         ("scheduler:\n  concurency: 4\n", "line 2: scheduler: unknown field `concurency`"),
         ("scheduler:\n  concurrency: 0\n", "scheduler.concurrency: 0 is out of range"),
-        ("scheduler:\n  concurrency: many\n", "scheduler.concurrency: invalid type"),
+        (
+            "scheduler:\n  concurrency: many\n",
+            "scheduler.concurrency: expected a whole number of 0 or more, found \"many\"",
+        ),
         ("scheduler:\n  lease: forever\n", "scheduler.lease"),
         ("scheduler:\n  zombie_factor: 0.5\n", "zombie_factor"),
         ("database:\n  synchronous: sometimes\n", "database.synchronous"),
@@ -349,4 +352,60 @@ async fn a_template_that_cannot_resolve_is_refused_at_load_and_a_reload_keeps_th
     // Dry-run sees the same (of the version in force: it is valid).
     let (code, _) = agent.cli_json(&["dry-run", "t"]);
     assert_eq!(code, 0);
+}
+
+/// Help that reads like a colleague's: the closest name, a tab called a
+/// tab, a plugin's param at step level, serde's words replaced, a cron
+/// field named with its range.
+#[test]
+fn refusals_say_what_was_meant() {
+    let dir = tempfile::tempdir().unwrap();
+    let check = |text: &str| {
+        let file = dir.path().join("t.yaml");
+        std::fs::write(&file, text).unwrap();
+        let out = std::process::Command::new(agent_bin())
+            .arg("--tasks")
+            .arg(dir.path())
+            .arg("check")
+            .arg(&file)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr)
+    };
+    let cases: &[(&str, &str)] = &[
+        (
+            "task: t\nsteps:\n  - plugin: shell\n    parms: {command: ls}\n",
+            "line 4: steps[0].parms: unknown field \"parms\" (did you mean \"params\"?",
+        ),
+        (
+            "task: t\nshedule: \"0 6 * * *\"\nsteps:\n  - plugin: sleep\n",
+            "unknown field \"shedule\" (did you mean \"schedule\"?",
+        ),
+        ("task: t\nsteps:\n  - plugin: shel\n", "unknown plugin \"shel\" (did you mean \"shell\"? registered:"),
+        (
+            "task: t\nsteps:\n\t- plugin: sleep\n",
+            "line 3: a tab here: YAML indents with spaces only (replace the tab with spaces)",
+        ),
+        (
+            "task: t\nsteps:\n  - plugin: shell\n    command: ls\n",
+            "line 4: steps[0].command: \"command\" is a param of the shell plugin: indent it under params:",
+        ),
+        (
+            "task: t\nschedule: \"61 * * * *\"\nsteps:\n  - plugin: sleep\n",
+            "the minute field \"61\" holds 61, out of range (expected *, a value from 0 to 59",
+        ),
+        (
+            "task: t\nsteps:\n  - plugin: sleep\n    retry: four\n",
+            "steps[0].retry: expected a whole number of retries from 0 to 100, found \"four\"",
+        ),
+    ];
+    for (text, said) in cases {
+        let out = check(text);
+        assert!(out.contains(said), "{text:?}:\n{out}");
+    }
+    // A trigger's parameter, with the closest declared one.
+    let agent = Agent::builder().task("p.yaml", "task: p\nparams:\n  host: db1\nsteps:\n  - plugin: sleep\n").start();
+    let out = agent.cli(&["run", "p", "-p", "hots=db2"]);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(err.contains("task \"p\" has no parameter \"hots\" (did you mean \"host\"? declared: host)"), "{err}");
 }

@@ -777,6 +777,8 @@ mod tests {
         assert!(e.contains("socket.operators[0]: there is no user \"nosuchuser\" on this host"), "{e}");
         assert!(e.contains("socket.operators[1]: there is no group \"nosuchgroup\" on this host"), "{e}");
         assert_eq!(e.lines().count(), 2, "numbers and existing names pass: {e}");
+        let e = err("metrics:\n  listen: localhost:9464\n");
+        assert!(e.contains("metrics.listen: invalid socket address syntax (expected an IP address and a port, for example 127.0.0.1:9464)"), "{e}");
         // Every problem, not the first one only.
         let e = err("scheduler:\n  concurrency: 0\ndatabase:\n  url: mysql://x\nlogging:\n  format: xml\n");
         assert_eq!(e.lines().count(), 3, "{e}");

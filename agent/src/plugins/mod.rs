@@ -294,7 +294,9 @@ impl Registry {
                 return Err(format!("plugin {name:?} is not usable: {}", b.error));
             }
             let names: Vec<&str> = self.regs.keys().map(String::as_str).collect();
-            return Err(format!("unknown plugin {name:?} (registered: {})", names.join(", ")));
+            let near =
+                apollo_shared::text::closest(name, &names).map(|n| format!("did you mean {n:?}? ")).unwrap_or_default();
+            return Err(format!("unknown plugin {name:?} ({near}registered: {})", names.join(", ")));
         };
         let available = || list.iter().map(|r| r.version().to_string()).collect::<Vec<_>>().join(", ");
         match version {

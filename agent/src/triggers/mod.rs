@@ -97,8 +97,11 @@ impl Triggers {
         if !def.params.is_empty() {
             if let Some(k) = given.keys().find(|k| !def.params.contains_key(*k)) {
                 let known: Vec<&str> = def.params.keys().map(String::as_str).collect();
+                let near = apollo_shared::text::closest(k, &known)
+                    .map(|n| format!("did you mean {n:?}? "))
+                    .unwrap_or_default();
                 return Err(invalid(format!(
-                    "task {:?} has no parameter {k:?} (declared: {})",
+                    "task {:?} has no parameter {k:?} ({near}declared: {})",
                     def.task,
                     known.join(", ")
                 )));

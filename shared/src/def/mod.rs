@@ -374,7 +374,10 @@ pub(crate) fn valid_name(s: &str) -> bool {
 }
 
 pub(crate) fn unknown_field(key: &str, known: &[&str]) -> String {
-    format!("unknown field {key:?} (expected one of: {})", known.join(", "))
+    match crate::text::closest(key, known) {
+        Some(k) => format!("unknown field {key:?} (did you mean {k:?}? expected one of: {})", known.join(", ")),
+        None => format!("unknown field {key:?} (expected one of: {})", known.join(", ")),
+    }
 }
 
 /// Names the kind of a JSON value for messages.
