@@ -129,19 +129,8 @@ impl Reloader {
             let _ = self.store.alert("restart_needed", &msg, None).await;
         }
         self.access.set(&config.socket);
-        let registry = crate::plugins::load(&config).await;
-        for b in &registry.broken {
-            let msg = format!("plugin {:?} ({}) is not usable: {}", b.name, b.command.display(), b.error);
-            let _ = self.store.alert("plugin_error", &msg, None).await;
-        }
-        tracing::info!(
-            applied = ?applied.changed,
-            need_restart = ?applied.need_restart,
-            plugins = registry.all().count(),
-            broken = registry.broken.len(),
-            "SIGHUP: config read again"
-        );
-        self.plugins.set(registry);
+        tracing::info!(applied = ?applied.changed, need_restart = ?applied.need_restart, "SIGHUP: config read again");
+        self.reload_plugins().await;
         self.store.bus().publish(
             Topic::Agent,
             EventKind::ConfigReloaded,
@@ -149,26 +138,48 @@ impl Reloader {
         );
     }
 
+    /// Registers the plugins anew, as at start: the config's registrations
+    /// and the executables in `<tasks>/plugins/`, each described; one that
+    /// cannot be is raised as a `plugin_error` naming its file and why.
+    pub async fn reload_plugins(&self) {
+        let config = self.settings.get();
+        let registry = crate::plugins::load(&config).await;
+        for b in &registry.broken {
+            let msg = format!("plugin {:?} ({}) is not usable: {}", b.name, b.command.display(), b.error);
+            tracing::warn!("{msg}");
+            let _ = self.store.alert("plugin_error", &msg, None).await;
+        }
+        tracing::info!(plugins = registry.all().count(), broken = registry.broken.len(), "plugins registered");
+        self.plugins.set(registry);
+    }
+
     /// Watches the directory and listens for SIGHUP until shutdown.
     pub async fn run(mut self, shutdown: CancellationToken) {
-        let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+        // true: a plugin file changed (the plugins are registered anew,
+        // then the definitions read again); false: a definition changed.
+        let (tx, mut rx) = mpsc::unbounded_channel::<bool>();
+        let plugins_dir = self.dir.join("plugins");
         let watcher = {
-            let tx = tx.clone();
+            let (tx, tasks_dir, plugins_dir) = (tx.clone(), self.dir.clone(), plugins_dir.clone());
             notify_debouncer_full::new_debouncer(Duration::from_millis(200), None, move |res| {
                 if let Ok(events) = res {
-                    let relevant = |e: &notify_debouncer_full::DebouncedEvent| {
-                        e.paths.iter().any(|p| matches!(p.extension().and_then(|x| x.to_str()), Some("yaml" | "yml")))
-                    };
                     let events: Vec<notify_debouncer_full::DebouncedEvent> = events;
-                    if events.iter().any(relevant) {
-                        let _ = tx.send(());
+                    let paths = || events.iter().flat_map(|e| e.paths.iter());
+                    if paths().any(|p| p.parent() == Some(plugins_dir.as_path()) || p == &plugins_dir) {
+                        let _ = tx.send(true);
+                    } else if paths().any(|p| {
+                        p.parent() == Some(tasks_dir.as_path())
+                            && matches!(p.extension().and_then(|x| x.to_str()), Some("yaml" | "yml"))
+                    }) {
+                        let _ = tx.send(false);
                     }
                 }
             })
         };
         let _watcher = match watcher {
             _ if !self.watch => None,
-            Ok(mut w) => match w.watch(&self.dir, RecursiveMode::NonRecursive) {
+            // Recursive: `plugins/` is watched too, made before or after.
+            Ok(mut w) => match w.watch(&self.dir, RecursiveMode::Recursive) {
                 Ok(()) => Some(w),
                 Err(e) => {
                     tracing::warn!(dir = %self.dir.display(), error = %e, "cannot watch the tasks directory; reload with SIGHUP");
@@ -189,9 +200,15 @@ impl Reloader {
                 }
             };
             tokio::select! {
-                Some(()) = rx.recv() => {
+                Some(plugins) = rx.recv() => {
                     // Coalesce a burst of changes into one reload.
-                    while rx.try_recv().is_ok() {}
+                    let mut plugins = plugins;
+                    while let Ok(p) = rx.try_recv() {
+                        plugins |= p;
+                    }
+                    if plugins {
+                        self.reload_plugins().await;
+                    }
                     self.reload().await;
                 }
                 _ = hangup => {

@@ -226,6 +226,25 @@ esac
     let text = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(text.contains("FAIL idempotent: NOT idempotent"), "{text}");
+    // Held to the contract: a validate that does not answer in JSON, and a
+    // version that is not semver, are refused saying so.
+    let kit = |script: &str| {
+        std::fs::write(&path, script).unwrap();
+        let out = std::process::Command::new(agent_bin()).args(["plugin", "test"]).arg(&path).output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).to_string())
+    };
+    let (code, text) = kit(&script.replace("echo '{\"ok\": true}'", "echo looks fine to me"));
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("FAIL validate: validate broke the plugin protocol (expected {\"ok\": true})"), "{text}");
+    assert!(text.contains("it began: \"looks fine to me\""), "{text}");
+    let (code, text) = kit(&script.replace("\"0.1.0\"", "\"1.0\""));
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains(
+            "FAIL describe: version \"1.0\" is not a semver version (expected MAJOR.MINOR.PATCH, such as \"1.0.0\")"
+        ),
+        "{text}"
+    );
 }
 
 #[tokio::test]
@@ -266,4 +285,58 @@ async fn sighup_registers_new_and_changed_plugins() {
     let (code, inst) = agent.cli_json(&["run", "both", "--wait"]);
     assert_eq!(code, 0, "{inst:#}");
     assert_eq!(inst["steps"][1]["output"]["v"], 2);
+}
+
+/// A plugin copied into a watched tasks dir is registered without a signal,
+/// and the definitions that use it load; a broken one is named with its
+/// file and why; a removed one is gone.
+#[tokio::test]
+async fn a_plugin_dropped_into_the_tasks_dir_is_registered_without_a_signal() {
+    use std::os::unix::fs::PermissionsExt;
+    let agent = Agent::builder().task("m.yaml", &task("m", "maint", 0, 10)).start();
+    let c = agent.client().await;
+    c.subscribe(&[Topic::Defs, Topic::Alerts]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    let out = agent.cli(&["run", "m"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no task \"m\" is defined"), "not loaded: unknown plugin");
+    let dir = agent.path().join("tasks/plugins");
+    std::fs::create_dir_all(&dir).unwrap();
+    // Written elsewhere and renamed in, as a copy or an install would.
+    let staged = agent.path().join("maint.staged");
+    std::fs::write(&staged, plugin("echo '{\"done\": true}'").replace("\"name\": \"t\"", "\"name\": \"maint\""))
+        .unwrap();
+    std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::rename(&staged, dir.join("maint.sh")).unwrap();
+    wait_event(&mut events, "the definitions read again", |e| {
+        e.kind == EventKind::DefsReloaded && e.data["errors"].as_array().is_some_and(|a| a.is_empty())
+    })
+    .await;
+    let (code, inst) = agent.cli_json(&["run", "m", "--wait"]);
+    assert_eq!((code, inst["state"].as_str()), (0, Some("SUCCESS")), "{inst:#}");
+    // A file that cannot describe itself: an alert naming it, and a run says why.
+    std::fs::write(dir.join("broken.sh"), "#!/bin/sh\necho not json\n").unwrap();
+    std::fs::set_permissions(dir.join("broken.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let alert = wait_event(&mut events, "the plugin_error alert", |e| e.data["kind"] == "plugin_error").await;
+    assert!(alert.data["message"].as_str().unwrap().contains("broken.sh"), "{alert:?}");
+    std::fs::write(agent.path().join("tasks/b.yaml"), task("b", "broken", 0, 10)).unwrap();
+    wait_event(&mut events, "b.yaml read", |e| {
+        e.kind == EventKind::DefsReloaded && e.data["errors"].to_string().contains("is not usable")
+    })
+    .await;
+    let (code, defs) = agent.cli_json(&["defs"]);
+    assert_eq!(code, 1);
+    let b = defs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["file"].as_str().is_some_and(|f| f.ends_with("b.yaml")))
+        .unwrap()
+        .clone();
+    assert!(b["errors"][0].as_str().unwrap().contains("plugin \"broken\" is not usable"), "{b:#}");
+    // Removed: the definitions that use it no longer load.
+    std::fs::remove_file(dir.join("maint.sh")).unwrap();
+    wait_event(&mut events, "the plugins registered anew", |e| {
+        e.kind == EventKind::DefsReloaded && e.data["errors"].to_string().contains("unknown plugin \\\"maint\\\"")
+    })
+    .await;
 }

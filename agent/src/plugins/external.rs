@@ -162,7 +162,9 @@ pub async fn describe(path: &Path, pass: &[String]) -> Result<Value, String> {
         .get("version")
         .and_then(Value::as_str)
         .ok_or("describe: missing \"version\" (a semver string such as \"1.2.0\")")?;
-    semver::Version::parse(version).map_err(|e| format!("describe: version {version:?} is not semver: {e}"))?;
+    semver::Version::parse(version).map_err(|e| {
+        format!("describe: version {version:?} is not a semver version (expected MAJOR.MINOR.PATCH, such as \"1.0.0\"): {e}")
+    })?;
     match m.get("mode") {
         None => {}
         Some(Value::String(mode)) if mode == "oneshot" || mode == "worker" => {}
@@ -354,7 +356,11 @@ impl Plugin for External {
             let said = r.object("validate", QUICK_OUTPUT);
             match (r.outcome.code, r.outcome.signal, said) {
                 (Some(0), _, Ok(m)) if m.get("ok") != Some(&Value::Bool(false)) => Ok(()),
-                (Some(0), _, Err(_)) => Ok(()),
+                // The contract: a JSON object ({"ok": true}); anything else is
+                // a plugin that does not speak it, refused as such.
+                (Some(0), _, Err(e)) => Err(PluginError::permanent(format!(
+                    "validate broke the plugin protocol (expected {{\"ok\": true}}): {e}"
+                ))),
                 (Some(EXIT_RETRYABLE), _, _) => Err(PluginError::retryable(format!(
                     "validate asked to be retried (exit {EXIT_RETRYABLE}): {}",
                     r.reason()

@@ -29,7 +29,7 @@ pub async fn run(exe: &Path, params: Option<Map<String, Value>>, out: &mut impl 
     let plugin = match External::load("under-test", exe, Vec::new(), 1024 * 1024, Duration::from_secs(5), None).await {
         Ok(p) => p,
         Err(e) => {
-            report(out, false, "describe", &e)?;
+            report(out, false, "describe", e.strip_prefix("describe: ").unwrap_or(&e))?;
             return Ok(false);
         }
     };
