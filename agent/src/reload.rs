@@ -164,7 +164,8 @@ impl Reloader {
             notify_debouncer_full::new_debouncer(Duration::from_millis(200), None, move |res| {
                 if let Ok(events) = res {
                     let events: Vec<notify_debouncer_full::DebouncedEvent> = events;
-                    let paths = || events.iter().flat_map(|e| e.paths.iter());
+                    // Reading a file (the agent running a plugin opens it) changes nothing.
+                    let paths = || events.iter().filter(|e| !e.kind.is_access()).flat_map(|e| e.paths.iter());
                     if paths().any(|p| p.parent() == Some(plugins_dir.as_path()) || p == &plugins_dir) {
                         let _ = tx.send(true);
                     } else if paths().any(|p| {
