@@ -93,6 +93,9 @@ enum Cmd {
         /// List the archive (instances past the retention window) instead.
         #[arg(long)]
         archived: bool,
+        /// Print only the ids, one a line (for scripts: `ID=$(apollo ls --ids --limit 1)`).
+        #[arg(long, conflicts_with = "json")]
+        ids: bool,
     },
     /// Show one instance with its steps and history.
     Show {
@@ -389,7 +392,7 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
             }
             Ok(if r.valid { ExitCode::SUCCESS } else { ExitCode::from(1) })
         }
-        Cmd::Ls { state, task, queue, limit, archived } => {
+        Cmd::Ls { state, task, queue, limit, archived, ids } => {
             let p = ListParams {
                 state: *state,
                 task: task.clone(),
@@ -401,6 +404,8 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
             let r = client.request::<m::TasksList>(p).await?;
             if json {
                 print_json(&r.items);
+            } else if *ids {
+                r.items.iter().for_each(|i| println!("{}", i.id));
             } else {
                 render::list(&out, &r.items);
             }
