@@ -12,7 +12,10 @@ pub async fn run(
     paths: &[std::path::PathBuf],
     out: &mut impl std::io::Write,
 ) -> std::io::Result<usize> {
-    let registry = crate::plugins::load(config).await;
+    let registry = match plugins_home(paths) {
+        Some(dir) => crate::plugins::load(&Config { tasks: Some(dir), ..config.clone() }).await,
+        None => crate::plugins::load(config).await,
+    };
     for b in &registry.broken {
         writeln!(out, "{}: plugin {:?}: {}", b.command.display(), b.name, b.error)?;
     }
@@ -72,4 +75,17 @@ pub async fn run(
         problems
     )?;
     Ok(problems)
+}
+
+/// The definitions given are checked against the plugins they would run
+/// with: those of the directory they are in (a directory given, or a file's
+/// own) when it holds `plugins/` and they are all in that one; else the
+/// config's tasks directory's.
+fn plugins_home(paths: &[std::path::PathBuf]) -> Option<std::path::PathBuf> {
+    let home = |p: &std::path::PathBuf| {
+        let dir = if p.is_dir() { p.as_path() } else { p.parent()? };
+        std::fs::canonicalize(dir).ok()
+    };
+    let first = home(paths.first()?)?;
+    (first.join("plugins").is_dir() && paths.iter().all(|p| home(p).as_ref() == Some(&first))).then_some(first)
 }

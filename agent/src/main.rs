@@ -44,7 +44,8 @@ enum Command {
     /// Validate the config and every definition (of the tasks directory, or
     /// of the files and directories given); exit 1 when anything is wrong.
     Check {
-        /// Definition files, or directories of them (default: the tasks directory).
+        /// Definition files, or directories of them (default: the tasks directory). They are
+        /// checked against the plugins of the directory they are in when it has a plugins/.
         paths: Vec<PathBuf>,
     },
     /// Bridge stdin/stdout to the agent's socket (used through SSH).
@@ -163,7 +164,7 @@ fn load(args: &Args) -> anyhow::Result<Config> {
 
 /// mimalloc: allocations are a good part of a step's cost (a step's
 /// context, output and rows are built and dropped in many small pieces);
-/// see the README's benchmarks.
+/// see docs/benchmarks.md.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -90,7 +90,7 @@ impl Contexts {
     pub fn get(&self, name: &str) -> Result<&Context, String> {
         self.contexts.iter().find(|c| c.name == name).ok_or_else(|| {
             if self.contexts.is_empty() {
-                format!("no context {name:?}: {} defines none (see the README, \"Contexts\")", path().display())
+                format!("no context {name:?}: {} defines none (see docs/console.md, \"Contexts\")", path().display())
             } else {
                 let known: Vec<&str> = self.contexts.iter().map(|c| c.name.as_str()).collect();
                 format!("no context {name:?} in {} (known: {})", path().display(), known.join(", "))

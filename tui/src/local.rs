@@ -37,7 +37,16 @@ pub async fn attach(dir: &Path) -> Result<(Client, Option<LocalAgent>), ClientEr
         .map_err(|source| ClientError::Connect { path: log.clone(), source })?;
     let err = out.try_clone().map_err(|source| ClientError::Connect { path: log.clone(), source })?;
     let bin = agent_binary();
-    let mut child = tokio::process::Command::new(&bin)
+    let mut cmd = tokio::process::Command::new(&bin);
+    // The agent ends with this process even when it dies without stopping
+    // it (a signal, a closed pipe): a local agent never outlives its user.
+    // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM).map_err(std::io::Error::from)
+        });
+    }
+    let mut child = cmd
         .current_dir(dir)
         .env_remove("APOLLO_SOCKET")
         .env_remove("APOLLO_CONFIG")

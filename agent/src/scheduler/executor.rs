@@ -338,7 +338,7 @@ async fn failed(
         let msg = if permanent {
             format!("{said} (permanent error, not retried)")
         } else {
-            format!("{said} (after {failures} attempts)")
+            format!("{said} (after {failures} attempt{})", if failures == 1 { "" } else { "s" })
         };
         match on_failure {
             OnFailure::Stop => (FailurePlan::Stop, msg),

@@ -45,7 +45,7 @@ pub struct ActArgs {
     /// Act without asking (needed when stdin is not a terminal).
     #[arg(long, short = 'y')]
     yes: bool,
-    /// Then wait until the instance ends, a line per step as it starts and ends; exit 0 only for SUCCESS.
+    /// Then wait until the instance ends, a line per step as it starts and ends; exit 0 only when it ended SUCCESS (ROLLED_BACK for a rollback).
     #[arg(long)]
     wait: bool,
 }
@@ -296,7 +296,8 @@ pub async fn act(
             eprintln!("{} {id}: now {}; waiting for it to end (Ctrl-C leaves it running)", action.verb(), inst.state);
         }
         let done = super::watch::until_end(client, id, json, out).await?;
-        return Ok(super::watch::finish(done, id, json, out, again));
+        let goal = if action == OperatorAction::Rollback { TaskState::RolledBack } else { TaskState::Success };
+        return Ok(super::watch::finish(done, goal, id, json, out, again));
     }
     if json {
         print_json(&inst);

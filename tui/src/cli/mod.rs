@@ -6,7 +6,7 @@
 //! - 2: usage error, or no agent reachable (the message names the socket tried);
 //! - 130: interrupted (Ctrl-C) while waiting or following; the instance goes on.
 //!
-//! `--json` prints the protocol's objects as they are (see the README), and
+//! `--json` prints the protocol's objects as they are (see docs/protocol.md), and
 //! an error as one JSON object on stdout, with the same exit code:
 //! `{"error": {"kind", "message", "exit", "code", "data", "command"}}` —
 //! `kind` is `usage`, `unreachable`, `refused` (by this command) or
@@ -379,7 +379,7 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
                 eprintln!("created {task} {}{note}; waiting for it to end (Ctrl-C leaves it running)", r.id);
             }
             let inst = watch::until_end(&client, &r.id, json, &out).await?;
-            Ok(watch::finish(inst, &r.id, json, &out, &reattach(&args)))
+            Ok(watch::finish(inst, TaskState::Success, &r.id, json, &out, &reattach(&args)))
         }
         Cmd::DryRun { task, params } => {
             let params = parse_params(params)?;

@@ -122,16 +122,24 @@ pub async fn until_end(client: &Client, id: &str, json: bool, out: &render::Out)
     }
 }
 
-/// The end of a watched instance: printed, with its exit code (0 only for
-/// SUCCESS), or the re-attach hint after Ctrl-C.
-pub fn finish(inst: Option<Instance>, id: &str, json: bool, out: &render::Out, again: &Reattach) -> ExitCode {
+/// The end of a watched instance: printed, with its exit code (0 only when
+/// it ended in `goal`: SUCCESS for a run or a retry, ROLLED_BACK for a
+/// rollback), or the re-attach hint after Ctrl-C.
+pub fn finish(
+    inst: Option<Instance>,
+    goal: TaskState,
+    id: &str,
+    json: bool,
+    out: &render::Out,
+    again: &Reattach,
+) -> ExitCode {
     let Some(inst) = inst else { return again.say(id) };
     if json {
         super::print_json(&inst);
     } else {
         render::instance(out, &inst);
     }
-    if inst.state == TaskState::Success {
+    if inst.state == goal {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
