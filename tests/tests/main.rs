@@ -12,6 +12,7 @@ mod cli;
 mod clock;
 mod console;
 mod crash;
+mod docs;
 mod engine;
 mod errors;
 mod external;

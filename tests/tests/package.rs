@@ -196,6 +196,14 @@ fn the_installed_package_serves_every_operator_and_upgrades_removes_and_purges_c
     for file in ["daily_report.yaml", "data/report.csv", "templates/daily_report.html", "plugins/disk_usage.sh"] {
         assert!(std::path::Path::new("/usr/share/doc/apollo/examples").join(file).exists(), "{file} is not shipped");
     }
+    // The README's links resolve in the installed docs.
+    let shipped = std::fs::read_to_string("/usr/share/doc/apollo/README.md").unwrap();
+    for link in shipped.split("](").skip(1).filter_map(|s| s.split(')').next()).filter(|l| l.ends_with(".md")) {
+        assert!(
+            std::path::Path::new("/usr/share/doc/apollo").join(link).exists(),
+            "the README links {link}, not shipped"
+        );
+    }
     // Operators as the README says: the group, or a name in the config.
     for (user, groups) in [("apollo-t-member", "apollo"), ("apollo-t-named", "apollo"), ("apollo-t-outsider", "")] {
         let mut c = Command::new("useradd");
