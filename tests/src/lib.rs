@@ -470,7 +470,7 @@ pub fn peak_rss_kib(pid: i32) -> u64 {
 
 /// The instance has ended (nothing moves it without an operator).
 pub fn ended(i: &Instance) -> bool {
-    apollo_tui::cli::ended(i)
+    i.ended()
 }
 
 /// An HTTP server on a free local port that answers every request 200 and

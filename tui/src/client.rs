@@ -260,3 +260,38 @@ mod tests {
         assert!(matches!(answer, Ok(Err(ClientError::Closed))), "{answer:?}");
     }
 }
+
+/// How to reach the agent.
+#[derive(Debug, Clone)]
+pub enum Target {
+    Socket(PathBuf),
+    Ssh { target: String, socket: Option<String> },
+}
+
+impl Target {
+    /// Where a context points.
+    pub fn of(c: &crate::contexts::Context) -> Target {
+        match (&c.ssh, &c.socket) {
+            (Some(t), remote) => {
+                Target::Ssh { target: t.clone(), socket: remote.as_ref().map(|p| p.display().to_string()) }
+            }
+            (None, Some(p)) => Target::Socket(p.clone()),
+            // Refused when the file is read; an empty path fails to connect, visibly.
+            (None, None) => Target::Socket(PathBuf::new()),
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            Target::Socket(p) => p.display().to_string(),
+            Target::Ssh { target, .. } => format!("ssh {target}"),
+        }
+    }
+
+    pub async fn connect(&self) -> Result<Client, ClientError> {
+        match self {
+            Target::Socket(p) => Client::connect_unix(p).await,
+            Target::Ssh { target, socket } => Client::connect_ssh(target, socket.as_deref()).await,
+        }
+    }
+}

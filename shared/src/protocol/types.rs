@@ -161,6 +161,15 @@ pub struct Instance {
     pub transitions: Option<Vec<Transition>>,
 }
 
+impl Instance {
+    /// Whether it has ended: nothing will move it without an operator
+    /// (SUCCESS, ROLLED_BACK, or FAILED with no retry or rollback coming).
+    pub fn ended(&self) -> bool {
+        matches!(self.state, TaskState::Success | TaskState::RolledBack)
+            || (self.state == TaskState::Failed && self.finished_at.is_some())
+    }
+}
+
 /// One row of the step ledger.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StepRun {

@@ -1,6 +1,7 @@
 //! The `apollo-tui` binary: the console. See `apollo_tui::console`.
 
-use apollo_tui::console::{self, worker::Target};
+use apollo_tui::client::Target;
+use apollo_tui::console;
 use clap::Parser;
 use std::path::PathBuf;
 use std::process::ExitCode;

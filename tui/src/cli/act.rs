@@ -6,7 +6,8 @@
 //! and each result is reported. On a production context, destructive
 //! actions need the task name (or the count) typed and a reason.
 
-use super::{print_json, render, Failure};
+use super::failure::Failure;
+use super::render::{self, print_json};
 use crate::client::Client;
 use crate::contexts::Context;
 use apollo_shared::protocol::methods as m;

@@ -14,16 +14,19 @@
 
 mod act;
 mod docs;
+mod failure;
 mod render;
 mod watch;
 
-use crate::client::{Client, ClientError};
+use failure::Failure;
+use render::print_json;
+use watch::get;
+
+use crate::client::Client;
 use crate::contexts::{Context, Contexts};
 use crate::local::{self, LocalAgent};
 use apollo_shared::protocol::methods as m;
-use apollo_shared::protocol::{
-    IdParams, Instance, LimitParams, ListParams, Method, NoParams, PublishParams, Topic, TriggerParams,
-};
+use apollo_shared::protocol::{LimitParams, ListParams, Method, NoParams, PublishParams, Topic, TriggerParams};
 use apollo_shared::state::{OperatorAction, TaskState};
 use clap::{Parser, Subcommand};
 use clap_complete::engine::ArgValueCandidates;
@@ -176,57 +179,6 @@ enum Cmd {
     },
 }
 
-/// What went wrong, and which exit code it means.
-enum Failure {
-    Usage(String),
-    Unreachable(String),
-    Refused(String),
-    /// The agent's refusal, as it worded it.
-    Agent(apollo_shared::protocol::RpcError),
-}
-
-impl From<ClientError> for Failure {
-    fn from(e: ClientError) -> Self {
-        match e {
-            ClientError::Rpc(e) => Failure::Agent(e),
-            ClientError::Closed => Failure::Unreachable("the connection to the agent closed".into()),
-            other => Failure::Unreachable(other.to_string()),
-        }
-    }
-}
-
-impl Failure {
-    fn exit(&self) -> u8 {
-        match self {
-            Failure::Usage(_) | Failure::Unreachable(_) => 2,
-            Failure::Refused(_) | Failure::Agent(_) => 1,
-        }
-    }
-
-    fn message(&self) -> String {
-        match self {
-            Failure::Usage(m) | Failure::Unreachable(m) | Failure::Refused(m) => m.clone(),
-            Failure::Agent(e) => format!("agent refused: {e}"),
-        }
-    }
-
-    /// The error as `--json` prints it.
-    fn to_json(&self, command: &[String]) -> Value {
-        let (kind, code, data) = match self {
-            Failure::Usage(_) => ("usage", Value::Null, Value::Null),
-            Failure::Unreachable(_) => ("unreachable", Value::Null, Value::Null),
-            Failure::Refused(_) => ("refused", Value::Null, Value::Null),
-            Failure::Agent(e) => ("agent", json!(e.code), e.data.clone().unwrap_or(Value::Null)),
-        };
-        let message = match self {
-            Failure::Agent(e) => e.message.clone(),
-            other => other.message(),
-        };
-        json!({"error": {"kind": kind, "message": message, "exit": self.exit(), "code": code,
-                         "data": data, "command": command}})
-    }
-}
-
 pub async fn main(args: Args) -> ExitCode {
     // These need no agent.
     match &args.command {
@@ -290,7 +242,7 @@ pub async fn main(args: Args) -> ExitCode {
 }
 
 async fn connect_context(c: &Context) -> Result<Client, Failure> {
-    crate::console::worker::Target::of(c)
+    crate::client::Target::of(c)
         .connect()
         .await
         .map_err(|e| Failure::Unreachable(format!("context {:?} ({}): {e}", c.name, c.describe())))
@@ -318,10 +270,6 @@ fn parse_params(raw: &[String]) -> Result<Map<String, Value>, Failure> {
         out.insert(k.trim().to_string(), v);
     }
     Ok(out)
-}
-
-fn print_json(v: &impl serde::Serialize) {
-    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }
 
 /// Whether the command changes state (refused on a read-only context).
@@ -505,16 +453,6 @@ async fn simple<M: Method>(
         human(&r);
     }
     Ok(ExitCode::SUCCESS)
-}
-
-async fn get(client: &Client, id: &str) -> Result<Instance, Failure> {
-    Ok(client.request::<m::TasksGet>(IdParams { id: id.to_string(), reason: None }).await?)
-}
-
-/// An instance has ended when nothing will move it without an operator.
-pub fn ended(i: &Instance) -> bool {
-    matches!(i.state, TaskState::Success | TaskState::RolledBack)
-        || (i.state == TaskState::Failed && i.finished_at.is_some())
 }
 
 /// The seq of `step` (a name or a seq) of instance `id`.

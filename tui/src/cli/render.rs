@@ -285,3 +285,8 @@ pub fn audit(_out: &Out, entries: &[AuditEntry]) {
 fn rfc3339(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
 }
+
+/// A value as `--json` prints it.
+pub fn print_json(v: &impl serde::Serialize) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}

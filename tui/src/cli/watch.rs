@@ -5,10 +5,11 @@
 //! `steps.logs` answering when a log grows — never by polling. Ctrl-C
 //! leaves the instance running and says how to attach again.
 
-use super::{ended, get, render, Failure};
+use super::failure::Failure;
+use super::render;
 use crate::client::Client;
 use apollo_shared::protocol::methods as m;
-use apollo_shared::protocol::{EventKind, Instance, LogsParams, StepRun};
+use apollo_shared::protocol::{EventKind, IdParams, Instance, LogsParams, StepRun};
 use apollo_shared::state::{StepState, TaskState};
 use serde_json::json;
 use std::collections::HashMap;
@@ -104,7 +105,7 @@ pub async fn until_end(client: &Client, id: &str, json: bool, out: &render::Out)
             if !json {
                 seen.report(out, &inst, false);
             }
-            if ended(&inst) {
+            if inst.ended() {
                 return Ok(inst);
             }
             loop {
@@ -135,7 +136,7 @@ pub fn finish(
 ) -> ExitCode {
     let Some(inst) = inst else { return again.say(id) };
     if json {
-        super::print_json(&inst);
+        render::print_json(&inst);
     } else {
         render::instance(out, &inst);
     }
@@ -179,7 +180,7 @@ pub async fn logs(
                 return Ok(ExitCode::SUCCESS);
             }
             seen.report(out, &inst, json);
-            if ended(&inst) {
+            if inst.ended() {
                 return Ok(if inst.state == TaskState::Success { ExitCode::SUCCESS } else { ExitCode::from(1) });
             }
             match steps.iter().find(|s| s.state == StepState::Running) {
@@ -249,4 +250,9 @@ async fn drain(
             return Ok(r.step_state);
         }
     }
+}
+
+/// Instance `id`, whole.
+pub async fn get(client: &Client, id: &str) -> Result<Instance, Failure> {
+    Ok(client.request::<m::TasksGet>(IdParams { id: id.to_string(), reason: None }).await?)
 }

@@ -39,7 +39,7 @@ impl Drop for TerminalGuard {
 
 /// Runs the console against `target` until the user quits or SIGTERM.
 pub async fn run(
-    target: worker::Target,
+    target: crate::client::Target,
     readonly: bool,
     context: Option<crate::contexts::Context>,
 ) -> anyhow::Result<()> {
@@ -52,7 +52,7 @@ pub async fn run(
     }
     // One worker per attached agent; a context switch starts a new one
     // with its own news channel, so nothing of the old one is shown.
-    let spawn = |target: worker::Target| {
+    let spawn = |target: crate::client::Target| {
         let (cmd_tx, cmd_rx) = mpsc::channel::<Cmd>(64);
         let (news_tx, news_rx) = mpsc::channel(1024);
         (cmd_tx, news_rx, tokio::spawn(worker::run(target, cmd_rx, news_tx)))
@@ -109,7 +109,7 @@ pub async fn run(
         for c in cmds {
             match c {
                 Cmd::Switch(ctx) => {
-                    let target = worker::Target::of(&ctx);
+                    let target = crate::client::Target::of(&ctx);
                     app = app.for_context(ctx, target.describe());
                     let _ = cmd_tx.send(Cmd::Quit).await;
                     worker.abort();

@@ -5,51 +5,16 @@
 //! [`News`] values; the UI reads the latest.
 
 use super::app::{Cmd, FleetState, News};
-use crate::client::{Client, ClientError};
+
+use crate::client::{Client, ClientError, Target};
 use apollo_shared::protocol::methods as m;
 use apollo_shared::protocol::{
     EventKind, IdParams, LimitParams, ListParams, LogsParams, NoParams, StatsParams, Topic, TriggerParams,
 };
 use apollo_shared::state::StepState;
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::time::Duration;
 use tokio::sync::mpsc;
-
-/// How to reach the agent.
-#[derive(Debug, Clone)]
-pub enum Target {
-    Socket(PathBuf),
-    Ssh { target: String, socket: Option<String> },
-}
-
-impl Target {
-    /// Where a context points.
-    pub fn of(c: &crate::contexts::Context) -> Target {
-        match (&c.ssh, &c.socket) {
-            (Some(t), remote) => {
-                Target::Ssh { target: t.clone(), socket: remote.as_ref().map(|p| p.display().to_string()) }
-            }
-            (None, Some(p)) => Target::Socket(p.clone()),
-            // Refused when the file is read; an empty path fails to connect, visibly.
-            (None, None) => Target::Socket(PathBuf::new()),
-        }
-    }
-
-    pub fn describe(&self) -> String {
-        match self {
-            Target::Socket(p) => p.display().to_string(),
-            Target::Ssh { target, .. } => format!("ssh {target}"),
-        }
-    }
-
-    pub async fn connect(&self) -> Result<Client, ClientError> {
-        match self {
-            Target::Socket(p) => Client::connect_unix(p).await,
-            Target::Ssh { target, socket } => Client::connect_ssh(target, socket.as_deref()).await,
-        }
-    }
-}
 
 /// Changes are coalesced for this long before the views are refreshed.
 const DEBOUNCE: Duration = Duration::from_millis(150);

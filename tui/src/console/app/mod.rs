@@ -12,6 +12,7 @@ use std::collections::{BTreeSet, VecDeque};
 mod batch;
 mod fleet;
 mod news;
+mod panes;
 mod types;
 mod update;
 
@@ -233,7 +234,7 @@ impl App {
 
     /// The lines of the step view's JSON pane: (path, text).
     pub fn step_lines(&self) -> Vec<(String, String)> {
-        super::ui::step_pane_value(self).map(|v| super::json::lines(&v, &self.folds)).unwrap_or_default()
+        self.pane_value().map(|v| super::json::lines(&v, &self.folds)).unwrap_or_default()
     }
 
     fn watch(&self) -> Cmd {

@@ -2,7 +2,7 @@
 //! one page at a time and asks the agent for the next as you scroll).
 
 use super::super::app::{App, View};
-use super::Theme;
+use super::theme::Theme;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Cell, Paragraph, Row, Table};
@@ -51,7 +51,7 @@ fn table(f: &mut Frame, area: Rect, app: &App, theme: &Theme, view: View, shape:
     let cut = |text: &String| text.chars().count() > last;
     let area = match detail.filter(|(_, text)| !text.is_empty() && cut(text) && area.height >= 12) {
         Some((name, text)) => {
-            let lines = super::wrap(&text, area.width.saturating_sub(2) as usize);
+            let lines = super::text::wrap(&text, area.width.saturating_sub(2) as usize);
             let shown = lines.len().min(DETAIL_LINES).min(area.height as usize / 3);
             let [list, below] =
                 Layout::vertical([Constraint::Min(4), Constraint::Length(shown as u16 + 2)]).areas(area);

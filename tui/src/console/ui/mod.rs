@@ -5,6 +5,8 @@
 mod lists;
 mod overlay;
 mod step;
+mod text;
+mod theme;
 mod timeline;
 
 use super::app::{App, Conn, Mode, View};
@@ -13,51 +15,7 @@ use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Paragraph, Sparkline};
 use ratatui::Frame;
-pub use step::pane_value as step_pane_value;
-
-/// Colours are dropped when NO_COLOR is set.
-pub struct Theme {
-    pub color: bool,
-}
-
-impl Theme {
-    pub fn state(&self, s: &str) -> Style {
-        if !self.color {
-            return Style::default();
-        }
-        let c = match s {
-            "SUCCESS" => Color::Green,
-            "FAILED" => Color::Red,
-            "RUNNING" => Color::Cyan,
-            "RETRYING" => Color::Yellow,
-            "ROLLED_BACK" => Color::Magenta,
-            "PENDING" | "SKIPPED" => Color::DarkGray,
-            _ => Color::Reset,
-        };
-        Style::default().fg(c)
-    }
-    pub fn selected(&self) -> Style {
-        if self.color {
-            Style::default().add_modifier(Modifier::REVERSED)
-        } else {
-            Style::default().add_modifier(Modifier::REVERSED | Modifier::BOLD)
-        }
-    }
-    pub fn dim(&self) -> Style {
-        if self.color {
-            Style::default().fg(Color::DarkGray)
-        } else {
-            Style::default()
-        }
-    }
-    pub fn error(&self) -> Style {
-        if self.color {
-            Style::default().fg(Color::Red)
-        } else {
-            Style::default().add_modifier(Modifier::BOLD)
-        }
-    }
-}
+pub use theme::Theme;
 
 pub fn draw(f: &mut Frame, app: &App, theme: &Theme) {
     let [header, body, status] =
@@ -76,81 +34,6 @@ pub fn draw(f: &mut Frame, app: &App, theme: &Theme) {
     }
     draw_status(f, status, app, theme);
     overlay::draw(f, app, theme);
-}
-
-/// `text` in lines of at most `width` characters, broken at spaces where
-/// it can be and mid-word where it cannot; continuation lines keep the
-/// first line's indentation. Nothing on screen is cut: what does not fit
-/// on a line goes on the next.
-pub fn wrap(text: &str, width: usize) -> Vec<String> {
-    let width = width.max(8);
-    let indent = text.chars().take_while(|c| *c == ' ').count().min(width / 2);
-    let mut out = Vec::new();
-    let mut line = String::new();
-    let mut len = 0;
-    let room = |first: bool| if first { width } else { width - indent };
-    for word in text.split_inclusive(' ') {
-        let mut word = word;
-        loop {
-            let wl = word.chars().count();
-            let fits = room(out.is_empty());
-            if len + wl <= fits || (len + word.trim_end().chars().count() <= fits) {
-                line.push_str(word);
-                len += wl;
-                break;
-            }
-            if len > 0 && wl <= room(false) {
-                out.push(std::mem::take(&mut line).trim_end().to_string());
-                len = 0;
-                continue;
-            }
-            // A word longer than a line: cut it.
-            let take = fits.saturating_sub(len).max(1);
-            let cut = word.char_indices().nth(take).map_or(word.len(), |(i, _)| i);
-            line.push_str(&word[..cut]);
-            out.push(std::mem::take(&mut line));
-            len = 0;
-            word = &word[cut..];
-            if word.is_empty() {
-                break;
-            }
-        }
-    }
-    if !line.is_empty() || out.is_empty() {
-        out.push(line.trim_end().to_string());
-    }
-    let pad = " ".repeat(indent);
-    out.into_iter().enumerate().map(|(i, l)| if i == 0 { l } else { format!("{pad}{}", l.trim_start()) }).collect()
-}
-
-/// Rows of text (a JSON tree's lines, a log's) wrapped to `width` and
-/// scrolled to fit `height`: to the last line when `tail`, else so that row
-/// `sel` shows in full, highlighted.
-pub fn scrolled(
-    rows: &[String],
-    width: usize,
-    height: usize,
-    sel: usize,
-    tail: bool,
-    theme: &Theme,
-) -> Vec<Line<'static>> {
-    let wrapped: Vec<Vec<String>> = rows.iter().map(|r| wrap(r, width)).collect();
-    let total: usize = wrapped.iter().map(Vec::len).sum();
-    let sel = sel.min(rows.len().saturating_sub(1));
-    let through_sel: usize = wrapped.iter().take(sel + 1).map(Vec::len).sum();
-    let first = if tail { total.saturating_sub(height) } else { through_sel.saturating_sub(height) };
-    let mut lines = Vec::new();
-    let mut n = 0;
-    for (i, parts) in wrapped.into_iter().enumerate() {
-        for part in parts {
-            if n >= first && lines.len() < height {
-                let selected = i == sel && !tail;
-                lines.push(if selected { Line::styled(part, theme.selected()) } else { Line::from(part) });
-            }
-            n += 1;
-        }
-    }
-    lines
 }
 
 fn uptime(secs: f64) -> String {
@@ -250,21 +133,4 @@ fn draw_status(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         _ => Line::styled("? keys  : views  / filter  Enter open  Esc back  q quit", theme.dim()),
     };
     f.render_widget(Paragraph::new(line), area);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::wrap;
-
-    #[test]
-    fn long_text_wraps_at_spaces_and_nothing_is_lost() {
-        assert_eq!(wrap("one two three four", 9), ["one two", "three", "four"]);
-        assert_eq!(wrap("    key: a long value here", 16), ["    key: a long", "    value here"]);
-        assert_eq!(wrap("abcdefghijklmnopqrstuvwxyz", 10), ["abcdefghij", "klmnopqrst", "uvwxyz"]);
-        assert_eq!(wrap("", 10), [""]);
-        let text = "step \"write\" (#0) failed: command ended with exit code 1; stderr: FATAL: disk quota exceeded";
-        let lines = wrap(text, 30);
-        assert!(lines.iter().all(|l| l.chars().count() <= 30), "{lines:?}");
-        assert_eq!(lines.join(" ").split_whitespace().collect::<Vec<_>>(), text.split_whitespace().collect::<Vec<_>>());
-    }
 }

@@ -2,7 +2,7 @@
 
 use super::super::app::{App, Mode, Stage};
 use super::super::keys::HELP;
-use super::Theme;
+use super::theme::Theme;
 use ratatui::layout::{Constraint, Flex, Layout, Rect};
 use ratatui::style::Style;
 use ratatui::text::{Line, Span};
@@ -40,7 +40,7 @@ fn scrolling(f: &mut Frame, area: Rect, w: u16, title: &str, lines: Vec<(String,
     let inner = w.saturating_sub(2) as usize;
     let wrapped: Vec<Line> = lines
         .into_iter()
-        .flat_map(|(text, style)| super::wrap(&text, inner).into_iter().map(move |l| Line::styled(l, style)))
+        .flat_map(|(text, style)| super::text::wrap(&text, inner).into_iter().map(move |l| Line::styled(l, style)))
         .collect();
     let room = area.height.saturating_sub(2) as usize;
     let first = scroll.min(wrapped.len().saturating_sub(room));

@@ -3,7 +3,7 @@
 //! underneath.
 
 use super::super::app::{App, View};
-use super::Theme;
+use super::theme::Theme;
 use apollo_shared::protocol::Instance;
 use chrono::{DateTime, Utc};
 use ratatui::layout::{Constraint, Layout, Rect};
@@ -53,7 +53,7 @@ pub fn draw(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let error: Vec<String> = i
         .error
         .as_ref()
-        .map(|e| super::wrap(&format!("error: {e}"), area.width.saturating_sub(2) as usize))
+        .map(|e| super::text::wrap(&format!("error: {e}"), area.width.saturating_sub(2) as usize))
         .unwrap_or_default()
         .into_iter()
         .take(ERROR_LINES)
