@@ -126,7 +126,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     plugins::process::record_in(&data_dir);
     let bus = bus::Bus::default();
     let name = agent_id(&config.agent_name());
-    let location = config.store_location()?;
+    let location = store::Location::from_conf(&config)?;
     let (b, actor) = (bus.clone(), format!("agent:{name}"));
     // Opening may block (PostgreSQL's client runs its own runtime).
     let store = tokio::task::spawn_blocking(move || store::Store::open_at(location, b, actor))

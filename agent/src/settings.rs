@@ -114,7 +114,7 @@ mod tests {
         assert_eq!(now.scheduler.concurrency, 5);
         assert!(now.metrics.listen.is_some());
         assert_eq!(now.data_dir.as_deref(), Some(std::path::Path::new("/a")));
-        assert_eq!(now.database.synchronous, "full");
+        assert_eq!(now.database.synchronous, crate::config::Synchronous::Full);
     }
 
     #[test]

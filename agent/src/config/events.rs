@@ -1,7 +1,7 @@
 //! The `events` section (where events come from besides the socket) and the
 //! `storage` section (object stores the downloader reads).
 
-use super::{duration, secs};
+use super::duration::{duration, secs};
 use serde::Deserialize;
 use std::time::Duration;
 

@@ -28,15 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// The class names a config may register, as in the original design.
-pub const CLASSES: &[&str] = &[
-    "apollo.plugins.downloader.FileDownloader",
-    "apollo.plugins.parser.DataParser",
-    "apollo.plugins.report.ReportGenerator",
-    "apollo.plugins.shell.Shell",
-    "apollo.plugins.http.HttpRequest",
-    "apollo.plugins.sleep.Sleep",
-];
+use crate::config::BuiltinClass;
 
 /// A failed call. `permanent` errors are not retried.
 #[derive(Debug, Clone, PartialEq)]
@@ -187,7 +179,7 @@ pub trait Plugin: Send + Sync {
 pub struct Registration {
     pub name: String,
     /// The built-in class, or `None` for an external command.
-    pub class: Option<&'static str>,
+    pub class: Option<BuiltinClass>,
     pub command: Option<PathBuf>,
     pub timeout: Duration,
     pub retry: u32,
@@ -216,25 +208,22 @@ pub struct Registry {
     pub broken: Vec<Broken>,
 }
 
+/// The plain name a built-in class registers under, and the plugin.
 fn builtin(
-    class: &str,
+    class: BuiltinClass,
     pass_env: &[String],
     storage: &crate::config::StorageConf,
-) -> Option<(&'static str, &'static str, Arc<dyn Plugin>)> {
-    // (class, plain name, plugin).
-    let (name, plugin): (&str, Arc<dyn Plugin>) = match class {
-        "apollo.plugins.downloader.FileDownloader" => {
+) -> (&'static str, Arc<dyn Plugin>) {
+    match class {
+        BuiltinClass::FileDownloader => {
             ("file_downloader", Arc::new(downloader::FileDownloader { s3: storage.s3.clone() }))
         }
-        "apollo.plugins.parser.DataParser" => ("data_parser", Arc::new(parser::DataParser)),
-        "apollo.plugins.report.ReportGenerator" => ("report_generator", Arc::new(report::ReportGenerator)),
-        "apollo.plugins.shell.Shell" => ("shell", Arc::new(shell::Shell { pass_env: pass_env.to_vec() })),
-        "apollo.plugins.http.HttpRequest" => ("http", Arc::new(http::HttpRequest::new())),
-        "apollo.plugins.sleep.Sleep" => ("sleep", Arc::new(sleep::Sleep)),
-        _ => return None,
-    };
-    let class = CLASSES.iter().find(|c| **c == class)?;
-    Some((class, name, plugin))
+        BuiltinClass::DataParser => ("data_parser", Arc::new(parser::DataParser)),
+        BuiltinClass::ReportGenerator => ("report_generator", Arc::new(report::ReportGenerator)),
+        BuiltinClass::Shell => ("shell", Arc::new(shell::Shell { pass_env: pass_env.to_vec() })),
+        BuiltinClass::HttpRequest => ("http", Arc::new(http::HttpRequest::new())),
+        BuiltinClass::Sleep => ("sleep", Arc::new(sleep::Sleep)),
+    }
 }
 
 /// Network steps default to 30 s and 3 retries, others to 300 s and 1 retry,
@@ -251,15 +240,14 @@ impl Registry {
     /// registrations (a same name replaces a built-in).
     pub fn new(configured: &[crate::config::PluginReg], storage: &crate::config::StorageConf) -> Registry {
         let mut r = Registry::default();
-        for class in CLASSES {
-            let (class, name, plugin) = builtin(class, &[], storage).expect("every class is built in");
+        for class in BuiltinClass::ALL {
+            let (name, plugin) = builtin(class, &[], storage);
             let (timeout, retry) = defaults(name);
             r.add(Registration { name: name.into(), class: Some(class), command: None, timeout, retry, plugin }, true);
         }
         for p in configured {
-            let Some((class, plain, plugin)) = p.class.as_deref().and_then(|c| builtin(c, &p.env, storage)) else {
-                continue;
-            };
+            let Some(class) = p.class else { continue };
+            let (plain, plugin) = builtin(class, &p.env, storage);
             let (timeout, retry) = defaults(plain);
             let reg = Registration {
                 name: p.name.clone(),

@@ -415,7 +415,7 @@ impl Api {
             .all()
             .map(|r| PluginInfo {
                 name: r.name.clone(),
-                class: r.class.map(str::to_string),
+                class: r.class.map(|c| c.as_str().to_string()),
                 command: r.command.as_ref().map(|c| c.display().to_string()),
                 version: r.version().to_string(),
                 timeout_secs: r.timeout.as_secs_f64(),

@@ -40,8 +40,10 @@ pub use writer::Conn;
 use writer::{writer_loop, Job, Pending, Work};
 
 use crate::bus::Bus;
+use crate::config::{Config, Synchronous};
 use apollo_shared::state::IllegalTransition;
 use db::Db;
+use postgres::Target;
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, Mutex};
 use tokio::sync::oneshot;
@@ -151,6 +153,35 @@ pub enum Location {
         read: Option<Box<postgres::Target>>,
         pool: usize,
     },
+}
+
+impl Location {
+    /// Where the store is: the SQLite file, or the PostgreSQL database with
+    /// its password from `database.password_env` (else `PGPASSWORD`).
+    pub fn from_conf(config: &Config) -> anyhow::Result<Location> {
+        let db = &config.database;
+        if !db.is_postgres() {
+            return Ok(Location::Sqlite {
+                path: config.db_path(),
+                synchronous_full: db.synchronous == Synchronous::Full,
+            });
+        }
+        let password = match &db.password_env {
+            Some(var) => Some(std::env::var(var).map_err(|_| {
+                anyhow::anyhow!("database.password_env: the variable {var} is not set (it holds the database password)")
+            })?),
+            None => std::env::var("PGPASSWORD").ok(),
+        };
+        let url = db.url.as_deref().unwrap_or_default();
+        let ca = db.ca_file.as_deref().map(|p| config.rel(p));
+        let target = Box::new(Target::with_ca(url, &db.schema, password.clone(), ca.as_deref())?);
+        let read = db
+            .read_url
+            .as_deref()
+            .map(|u| Target::with_ca(u, &db.schema, password, ca.as_deref()).map(Box::new))
+            .transpose()?;
+        Ok(Location::Postgres { target, read, pool: db.pool_size })
+    }
 }
 
 impl Store {

@@ -17,11 +17,12 @@
 
 mod proc;
 
+pub use crate::config::PoolConf;
+
 use super::PluginError;
 use crate::logs::StepLog;
 use apollo_shared::protocol::PoolStats;
 use proc::{retire, spawn, Exchange, Worker, ENVELOPE};
-use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -32,72 +33,6 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 /// A plugin's pool bounds and limits (`plugins[].workers` in apollo.yaml).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PoolConf {
-    /// Workers kept even when idle (started with the registration).
-    #[serde(default = "one")]
-    pub min: usize,
-    #[serde(default = "four")]
-    pub max: usize,
-    /// A call that waits this long for a worker starts another one.
-    #[serde(default = "grow_after", deserialize_with = "crate::config::duration")]
-    pub grow_after: Duration,
-    /// A worker idle this long is stopped (while more than `min` are alive).
-    #[serde(default = "idle", deserialize_with = "crate::config::duration")]
-    pub idle: Duration,
-    /// Calls one worker serves before it is replaced.
-    #[serde(default = "max_calls")]
-    pub max_calls: u64,
-    /// Resident memory (MiB) past which a worker is replaced after its call.
-    #[serde(default = "max_memory_mb")]
-    pub max_memory_mb: u64,
-}
-
-fn one() -> usize {
-    1
-}
-fn four() -> usize {
-    4
-}
-fn grow_after() -> Duration {
-    Duration::from_millis(100)
-}
-fn idle() -> Duration {
-    Duration::from_secs(60)
-}
-fn max_calls() -> u64 {
-    10_000
-}
-fn max_memory_mb() -> u64 {
-    512
-}
-
-impl Default for PoolConf {
-    fn default() -> Self {
-        serde_json::from_value(json!({})).expect("pool defaults")
-    }
-}
-
-impl PoolConf {
-    /// The bounds make sense; the message names the field and what is valid.
-    pub fn check(&self) -> Result<(), String> {
-        if !(1..=256).contains(&self.max) {
-            return Err(format!("max: {} is out of range (expected 1 to 256)", self.max));
-        }
-        if self.min > self.max {
-            return Err(format!("min: {} is more than max ({})", self.min, self.max));
-        }
-        if self.max_calls == 0 {
-            return Err("max_calls: 0 is out of range (expected 1 or more)".into());
-        }
-        if self.max_memory_mb == 0 {
-            return Err("max_memory_mb: 0 is out of range (expected 1 or more)".into());
-        }
-        Ok(())
-    }
-}
-
 /// Waits remembered for the pool's wait percentiles.
 const WAITS: usize = 256;
 

@@ -1,0 +1,47 @@
+//! Durations in the config: seconds (a number) or text with a unit.
+
+use apollo_shared::def::parse_duration;
+use serde::Deserializer;
+use std::time::Duration;
+
+/// Reads a duration inside the value's own deserializer, so an error carries
+/// the field's path (`scheduler.lease`) and line.
+struct DurationVisitor;
+
+impl<'de> serde::de::Visitor<'de> for DurationVisitor {
+    type Value = Duration;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("seconds or a duration like \"30s\", \"5m\", \"1h\"")
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Duration, E> {
+        self.visit_f64(v as f64)
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Duration, E> {
+        self.visit_f64(v as f64)
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Duration, E> {
+        let n = serde_json::Number::from_f64(v).map(serde_json::Value::Number).unwrap_or_default();
+        parse_duration(&n).map(Duration::from_secs_f64).map_err(E::custom)
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Duration, E> {
+        parse_duration(&serde_json::Value::String(v.into())).map(Duration::from_secs_f64).map_err(E::custom)
+    }
+}
+
+pub(crate) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    d.deserialize_any(DurationVisitor)
+}
+
+pub(crate) fn opt_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    duration(d).map(Some)
+}
+
+/// `N` seconds, as a serde default.
+pub(crate) fn secs<const N: u64>() -> Duration {
+    Duration::from_secs(N)
+}

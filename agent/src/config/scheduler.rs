@@ -1,0 +1,87 @@
+//! `scheduler:`: concurrency, timeouts, leases, retention, backoff, queues.
+
+use super::duration::{duration, secs};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scheduler {
+    /// Instances running at once, across all queues.
+    #[serde(default = "default_concurrency")]
+    pub concurrency: u32,
+    /// Step timeout when neither the step nor its plugin registration sets one.
+    #[serde(default = "secs::<300>", deserialize_with = "duration")]
+    pub default_timeout: Duration,
+    /// How long a claim holds an instance without renewal.
+    #[serde(default = "secs::<30>", deserialize_with = "duration")]
+    pub lease: Duration,
+    /// An instance RUNNING longer than this factor times its expected time
+    /// (the sum of its steps' timeouts) is reaped as a zombie.
+    #[serde(default = "default_zombie")]
+    pub zombie_factor: f64,
+    /// Finished instances older than this move to the archive.
+    #[serde(default = "secs::<2592000>", deserialize_with = "duration")]
+    pub retention: Duration,
+    /// First retry delay; doubles each retry, with jitter.
+    #[serde(default = "secs::<1>", deserialize_with = "duration")]
+    pub backoff_base: Duration,
+    #[serde(default = "secs::<300>", deserialize_with = "duration")]
+    pub backoff_max: Duration,
+    /// On SIGTERM, how long running steps may take to finish.
+    #[serde(default = "secs::<30>", deserialize_with = "duration")]
+    pub shutdown_grace: Duration,
+    /// Between SIGTERM and SIGKILL for a timed-out subprocess.
+    #[serde(default = "secs::<5>", deserialize_with = "duration")]
+    pub kill_grace: Duration,
+    #[serde(default = "default_output_bytes")]
+    pub step_output_bytes: usize,
+    #[serde(default = "default_context_bytes")]
+    pub context_bytes: usize,
+    /// Most missed fires a `catchup: all` schedule runs after downtime.
+    #[serde(default = "default_catchup_max")]
+    pub catchup_max: usize,
+    /// Per-queue limits on running instances.
+    #[serde(default)]
+    pub queues: BTreeMap<String, QueueConf>,
+}
+
+fn default_concurrency() -> u32 {
+    8
+}
+fn default_catchup_max() -> usize {
+    100
+}
+fn default_zombie() -> f64 {
+    3.0
+}
+fn default_output_bytes() -> usize {
+    apollo_shared::context::MAX_STEP_OUTPUT_BYTES
+}
+fn default_context_bytes() -> usize {
+    apollo_shared::context::MAX_CONTEXT_BYTES
+}
+
+impl Default for Scheduler {
+    fn default() -> Self {
+        // Deserializing an empty mapping applies every field default once.
+        serde_json::from_value(serde_json::json!({})).expect("scheduler defaults")
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueueConf {
+    /// Instances of the queue running at once, across every agent.
+    #[serde(default)]
+    pub limit: Option<u32>,
+    /// Only these agents (by `agent.name`) claim from the queue; empty: every
+    /// agent does (a shared queue). Every agent's config must say the same.
+    #[serde(default)]
+    pub agents: Vec<String>,
+    /// The instances of each task in the queue run one at a time, in the
+    /// order they were created, across every agent.
+    #[serde(default)]
+    pub ordered: bool,
+}
