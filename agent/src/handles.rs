@@ -6,14 +6,26 @@
 use crate::catalog::Catalog;
 use crate::config::Config;
 use crate::plugins::Plugins;
-use crate::scheduler::calls::FirstStart;
-use crate::scheduler::StopReason;
 use crate::settings::Settings;
+use crate::steps::FirstStart;
 use crate::store::{ClaimTerms, Claimed, Store};
 use apollo_shared::def::TaskDef;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use tokio::sync::{watch, Notify};
+
+/// Why an executor was told to stop.
+#[derive(Debug, Clone)]
+pub enum StopReason {
+    /// An operator cancelled the instance: who (the history row's actor),
+    /// and why.
+    Cancel { actor: String, reason: String },
+    /// The reaper found it running far longer than expected.
+    Zombie(String),
+    /// The agent is shutting down; the instance stays RUNNING and is
+    /// resumed by the next start.
+    Shutdown,
+}
 
 /// The scheduler's part in what clients and triggers ask for.
 pub trait Control: Send + Sync {

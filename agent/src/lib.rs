@@ -42,6 +42,7 @@ pub mod scheduler;
 pub mod server;
 pub mod settings;
 pub mod sources;
+pub mod steps;
 pub mod store;
 pub mod telemetry;
 pub mod triggers;
@@ -189,7 +190,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     tracing::info!(socket = %socket.display(), store = %store.location(), "agent ready");
     let server = tokio::spawn(server::serve(listener, api, access, shutdown.clone()));
     let hooks_task = hooks::start(&settings, store.clone(), shutdown.clone());
-    let metrics_task = tokio::spawn(metrics::follow(scheduler.handles(), shutdown.clone()));
+    let metrics_task = tokio::spawn(server::follow_metrics(scheduler.handles(), shutdown.clone()));
     // Alerts counted by kind, from the bus every alert is published on.
     let alert_counter = {
         let s = scheduler.clone();
@@ -213,7 +214,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         bus.each(Topic::Control, shutdown.clone(), move |ev| {
             if ev.kind == EventKind::Cancel && ev.data["to"] == me.as_str() {
                 let text = |k: &str| ev.data[k].as_str().unwrap_or_default().to_string();
-                let why = scheduler::StopReason::Cancel { actor: text("actor"), reason: text("reason") };
+                let why = handles::StopReason::Cancel { actor: text("actor"), reason: text("reason") };
                 let _ = s.cancel(&text("id"), why);
             }
         })

@@ -2,7 +2,8 @@
 //! steps took, what failed, how the store and the socket fare. Served as text
 //! at `/metrics` when `metrics.listen` is set (off by default), and over the
 //! socket (`agent.metrics`, `apollo metrics`) for hosts where no port may be
-//! opened. Queue depth and running counts are read from the store at scrape.
+//! opened. Queue depth and running counts are read from the store at scrape
+//! (`server::metrics`); this module names nothing else of the agent.
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -139,113 +140,15 @@ pub fn labels(a: (&'static str, &str), b: (&'static str, &str)) -> Labels {
     vec![(a.0, a.1.to_string()), (b.0, b.1.to_string())]
 }
 
-/// The text, with the per-queue gauges read from the store now (every queue
-/// a definition or the config names, idle ones at 0).
-pub async fn scrape(s: &crate::handles::Handles) -> String {
+/// Sets the per-queue gauges: `(queue, pending, running)` for every queue
+/// there is, idle ones at 0, and none other.
+pub fn set_queues(queues: impl IntoIterator<Item = (String, u64, u64)>) {
     let m = get();
-    if let Ok(stats) = s.store.queue_stats().await {
-        let mut queues: std::collections::BTreeSet<String> =
-            s.catalog.read().expect("catalog").defs.values().map(|l| l.def.queue.clone()).collect();
-        queues.extend(s.config().scheduler.queues.keys().cloned());
-        m.queue_pending.clear();
-        m.queue_running.clear();
-        for q in queues {
-            let (pending, running) = stats
-                .iter()
-                .find(|st| st.queue == q)
-                .map(|st| (st.pending + st.retrying, st.running))
-                .unwrap_or((0, 0));
-            m.queue_pending.get_or_create(&label("queue", &q)).set(pending as i64);
-            m.queue_running.get_or_create(&label("queue", &q)).set(running as i64);
-        }
-        for st in stats {
-            m.queue_pending.get_or_create(&label("queue", &st.queue)).set((st.pending + st.retrying) as i64);
-            m.queue_running.get_or_create(&label("queue", &st.queue)).set(st.running as i64);
-        }
-    }
-    m.text()
-}
-
-/// Serves `GET /metrics` on `addr` until `shutdown`.
-pub async fn serve(
-    addr: std::net::SocketAddr,
-    scheduler: crate::handles::Handles,
-    shutdown: tokio_util::sync::CancellationToken,
-) -> anyhow::Result<()> {
-    use http_body_util::Full;
-    use hyper::body::Bytes;
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("metrics.listen {addr}: cannot listen: {e}"))?;
-    tracing::info!(%addr, "serving metrics at /metrics");
-    loop {
-        let (stream, _) = tokio::select! {
-            r = listener.accept() => match r { Ok(s) => s, Err(_) => continue },
-            _ = shutdown.cancelled() => return Ok(()),
-        };
-        let scheduler = scheduler.clone();
-        tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                let scheduler = scheduler.clone();
-                async move {
-                    let resp = if req.uri().path() == "/metrics" {
-                        // OpenMetrics to whoever asks for it (Prometheus
-                        // does), the classic text to everyone else.
-                        let open = req
-                            .headers()
-                            .get(hyper::header::ACCEPT)
-                            .and_then(|a| a.to_str().ok())
-                            .is_some_and(|a| a.contains("application/openmetrics-text"));
-                        let text = scrape(&scheduler).await;
-                        let (kind, body) = if open { (OPENMETRICS, text) } else { (PROMETHEUS_TEXT, classic(&text)) };
-                        hyper::Response::builder().header("content-type", kind).body(Full::new(Bytes::from(body)))
-                    } else {
-                        hyper::Response::builder().status(404).body(Full::new(Bytes::from("see /metrics\n")))
-                    };
-                    Ok::<_, hyper::http::Error>(resp.expect("a valid response"))
-                }
-            });
-            let io = hyper_util::rt::TokioIo::new(stream);
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, svc).await;
-        });
-    }
-}
-
-/// Serves metrics on the address `metrics.listen` names, following SIGHUP: a
-/// changed address closes the old listener and opens the new one, none stops
-/// serving. An address that cannot be had is logged and raised as an alert;
-/// the agent runs on.
-pub async fn follow(scheduler: crate::handles::Handles, shutdown: tokio_util::sync::CancellationToken) {
-    let mut changes = scheduler.settings.subscribe();
-    loop {
-        let addr = changes.borrow_and_update().metrics.listen;
-        let stop = shutdown.child_token();
-        let server = addr.map(|addr| {
-            let (scheduler, stop) = (scheduler.clone(), stop.clone());
-            tokio::spawn(async move {
-                if let Err(e) = serve(addr, scheduler.clone(), stop).await {
-                    tracing::error!("{e:#}");
-                    let _ = scheduler.store.alert("metrics_error", &format!("{e:#}"), None).await;
-                }
-            })
-        });
-        let stopping = loop {
-            tokio::select! {
-                r = changes.changed() => match r {
-                    Ok(()) if changes.borrow().metrics.listen == addr => continue,
-                    Ok(()) => break false,
-                    Err(_) => break true,
-                },
-                _ = shutdown.cancelled() => break true,
-            }
-        };
-        stop.cancel();
-        if let Some(s) = server {
-            let _ = s.await;
-        }
-        if stopping {
-            return;
-        }
+    m.queue_pending.clear();
+    m.queue_running.clear();
+    for (q, pending, running) in queues {
+        m.queue_pending.get_or_create(&label("queue", &q)).set(pending as i64);
+        m.queue_running.get_or_create(&label("queue", &q)).set(running as i64);
     }
 }
 

@@ -7,7 +7,8 @@
 //! (a large file would stall the socket server), and stop when the step's
 //! timeout or a cancel fires.
 
-use super::{check_known, io_err, required_str, str_param, Call, ParamDoc, Plugin, PluginError};
+use super::contract::{Call, ParamDoc, Plugin, PluginError};
+use super::params::{check_known, io_err, required_str, str_param};
 use futures::future::BoxFuture;
 use md5::Md5;
 use serde_json::{json, Map, Value};
@@ -61,7 +62,7 @@ fn checksum(p: &Map<String, Value>, key: &str, len: usize) -> Result<Option<Stri
 
 fn target(call: &Call<'_>, src: &str) -> PathBuf {
     match call.params.get("target").and_then(Value::as_str) {
-        Some(t) => super::resolve_path(call.work_dir, t),
+        Some(t) => super::params::resolve_path(call.work_dir, t),
         None => call.work_dir.join(src.rsplit('/').next().filter(|n| !n.is_empty()).unwrap_or("download")),
     }
 }

@@ -9,9 +9,9 @@
 //! limit and stderr goes to the step's log; what a plugin prints beyond
 //! that is read and dropped, so it cannot grow the agent's memory.
 
+use super::contract::{Call, ParamDoc, Plugin, PluginError};
 use super::process::{self, Spec};
 use super::worker::{Pool, PoolConf};
-use super::{Call, ParamDoc, Plugin, PluginError};
 use crate::logs::StepLog;
 use futures::future::BoxFuture;
 use serde_json::{json, Map, Value};

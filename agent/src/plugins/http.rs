@@ -2,7 +2,8 @@
 //! any 2xx). 5xx, 429 and connection errors are retryable; other statuses
 //! are permanent. An optional `rollback` request undoes it.
 
-use super::{check_known, required_str, str_param, Call, ParamDoc, Plugin, PluginError};
+use super::contract::{Call, ParamDoc, Plugin, PluginError};
+use super::params::{check_known, required_str, str_param};
 use futures::future::BoxFuture;
 use serde_json::{json, Map, Value};
 

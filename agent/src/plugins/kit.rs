@@ -3,8 +3,8 @@
 //! execute twice with one idempotency key (the outputs must match), then
 //! rollback, and reports each result plainly.
 
+use super::contract::{Call, Plugin};
 use super::external::External;
-use super::{Call, Plugin};
 use crate::logs::StepLog;
 use serde_json::{json, Map, Value};
 use std::io::Write;

@@ -3,7 +3,8 @@
 //! summary) and writes the full result as jsonl to a file referenced by path
 //! and checksum. The input defaults to the previous step's output `path`.
 
-use super::{check_known, io_err, str_param, Call, ParamDoc, Plugin, PluginError};
+use super::contract::{Call, ParamDoc, Plugin, PluginError};
+use super::params::{check_known, io_err, str_param};
 use futures::future::BoxFuture;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
@@ -161,7 +162,7 @@ fn parse_file(
 
 fn input(call: &Call<'_>) -> Result<PathBuf, PluginError> {
     if let Some(i) = call.params.get("input").and_then(Value::as_str) {
-        return Ok(super::resolve_path(call.work_dir, i));
+        return Ok(super::params::resolve_path(call.work_dir, i));
     }
     call.previous.and_then(|o| o["path"].as_str()).map(PathBuf::from).ok_or_else(|| {
         PluginError::permanent("input: missing, and the previous step's output has no `path` to default to")
@@ -226,7 +227,7 @@ impl Plugin for DataParser {
             let format = format_of(call.params, &input).map_err(PluginError::permanent)?;
             let delimiter = delimiter(call.params).map_err(PluginError::permanent)?;
             let output = match call.params.get("output").and_then(Value::as_str) {
-                Some(o) => super::resolve_path(call.work_dir, o),
+                Some(o) => super::params::resolve_path(call.work_dir, o),
                 None => call.work_dir.join(format!("{}.jsonl", call.step)),
             };
             let tmp = output.with_extension("jsonl.part");
@@ -246,7 +247,7 @@ impl Plugin for DataParser {
                 PluginError::permanent(e)
             })?;
             std::fs::rename(&tmp, &output).map_err(|e| io_err("cannot rename into", &output, e))?;
-            let sha = super::sha256_file(&output).map_err(|e| io_err("cannot read", &output, e))?;
+            let sha = super::params::sha256_file(&output).map_err(|e| io_err("cannot read", &output, e))?;
             call.log.line(&format!("parsed {} rows of {} from {}", summary.rows, format, input.display()));
             let mut out = summary.to_value();
             out["path"] = json!(output);

@@ -1,7 +1,8 @@
 //! `report_generator`: renders a template (minijinja; HTML-escaped for .html
 //! names) with the context into a file.
 
-use super::{check_known, io_err, required_str, str_param, Call, ParamDoc, Plugin, PluginError};
+use super::contract::{Call, ParamDoc, Plugin, PluginError};
+use super::params::{check_known, io_err, required_str, str_param};
 use futures::future::BoxFuture;
 use serde_json::{json, Map, Value};
 use std::io::BufRead;
@@ -90,7 +91,7 @@ impl Plugin for ReportGenerator {
             let source = std::fs::read_to_string(&tpl)
                 .map_err(|e| PluginError::permanent(format!("template: cannot read {}: {e}", tpl.display())))?;
             let output = match p.get("output").and_then(Value::as_str) {
-                Some(o) => super::resolve_path(call.work_dir, o),
+                Some(o) => super::params::resolve_path(call.work_dir, o),
                 None => call.work_dir.join("report.html"),
             };
             let mut vars = call.context.clone();
@@ -99,15 +100,16 @@ impl Plugin for ReportGenerator {
             // Without rows_file, the rows are the previous step's jsonl (a
             // data_parser's result), and its summary is `previous`.
             vars["previous"] = call.previous.cloned().unwrap_or(Value::Null);
-            let rows_file =
-                p.get("rows_file").and_then(Value::as_str).map(|rf| super::resolve_path(call.work_dir, rf)).or_else(
-                    || {
-                        call.previous
-                            .filter(|o| o["format"].is_string())
-                            .and_then(|o| o["path"].as_str())
-                            .map(PathBuf::from)
-                    },
-                );
+            let rows_file = p
+                .get("rows_file")
+                .and_then(Value::as_str)
+                .map(|rf| super::params::resolve_path(call.work_dir, rf))
+                .or_else(|| {
+                    call.previous
+                        .filter(|o| o["format"].is_string())
+                        .and_then(|o| o["path"].as_str())
+                        .map(PathBuf::from)
+                });
             if let Some(rf) = rows_file {
                 let (rows, cut) = load_rows(&rf).map_err(PluginError::permanent)?;
                 vars["rows"] = Value::Array(rows);
@@ -129,7 +131,7 @@ impl Plugin for ReportGenerator {
             let tmp = output.with_extension("part");
             std::fs::write(&tmp, &text).map_err(|e| io_err("cannot write", &tmp, e))?;
             std::fs::rename(&tmp, &output).map_err(|e| io_err("cannot rename into", &output, e))?;
-            let sha = super::sha256_file(&output).map_err(|e| io_err("cannot read", &output, e))?;
+            let sha = super::params::sha256_file(&output).map_err(|e| io_err("cannot read", &output, e))?;
             call.log.line(&format!("wrote {} ({} bytes)", output.display(), text.len()));
             Ok(json!({"path": output, "bytes": text.len(), "sha256": sha, "created": !existed}))
         })

@@ -6,7 +6,8 @@
 //! addressing style from `storage.s3`, else `AWS_ENDPOINT_URL` and
 //! `AWS_REGION`.
 
-use super::{io_err, PluginError};
+use super::contract::PluginError;
+use super::params::io_err;
 use crate::config::S3Conf;
 use futures::StreamExt;
 use object_store::{aws::AmazonS3Builder, ObjectStore, RetryConfig};

@@ -1,7 +1,8 @@
 //! `shell`: runs a command (a string through `sh -c`, or a list as argv).
 
+use super::contract::{Call, ParamDoc, Plugin, PluginError};
+use super::params::check_known;
 use super::process::{self, Spec};
-use super::{check_known, Call, ParamDoc, Plugin, PluginError};
 use futures::future::BoxFuture;
 use serde_json::{json, Map, Value};
 
@@ -93,7 +94,7 @@ impl Shell {
             vars.push(("APOLLO_ROLLBACK".into(), "1".into()));
         }
         let cwd = match p.get("cwd").and_then(Value::as_str) {
-            Some(d) => super::resolve_path(call.work_dir, d),
+            Some(d) => super::params::resolve_path(call.work_dir, d),
             None => call.work_dir.to_path_buf(),
         };
         let started = std::time::Instant::now();
@@ -194,7 +195,7 @@ impl Plugin for Shell {
         }
         ok_codes(p)?;
         env(p)?;
-        super::str_param(p, "cwd")?;
+        super::params::str_param(p, "cwd")?;
         Ok(())
     }
     fn execute<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Value, PluginError>> {

@@ -1,7 +1,8 @@
 //! `sleep`: waits `seconds` (0 and fractions allowed). Useful as a no-op step
 //! and in tests of timeouts and concurrency.
 
-use super::{check_known, Call, ParamDoc, Plugin, PluginError};
+use super::contract::{Call, ParamDoc, Plugin, PluginError};
+use super::params::check_known;
 use futures::future::BoxFuture;
 use serde_json::{json, Map, Value};
 use std::time::Duration;

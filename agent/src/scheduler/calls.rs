@@ -1,13 +1,13 @@
-//! A step's call made ready (its plugin, and its params and env rendered
-//! over the context and validated), the watchdog every plugin call runs
-//! under, and `durably`, for the writes an executor must not lose.
+//! The watchdog every plugin call runs under, a step's start written on its
+//! own, and `durably`, for the writes an executor must not lose.
 
 use super::{Active, Scheduler};
-use crate::plugins::{PluginError, Plugins, Registration};
+use crate::plugins::PluginError;
+use crate::steps::{check, ready, Started};
 use crate::store::StoreError;
 use apollo_shared::context::Context;
 use apollo_shared::def::TaskDef;
-use serde_json::{Map, Value};
+
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -62,96 +62,6 @@ where
     }
 }
 
-/// A step's call: its plugin, params and env.
-pub type Prepared = (Registration, Map<String, Value>, Vec<(String, String)>);
-
-/// A step made ready to start: its plugin, and its params and env rendered
-/// over the context (or why they cannot be).
-pub struct Ready {
-    pub rendered: Result<Prepared, PluginError>,
-    pub version: String,
-    pub params_json: Value,
-}
-
-/// A step whose start is committed: its attempt, and its call validated (or
-/// why it cannot run).
-pub struct Started {
-    pub attempt: u32,
-    pub prepared: Result<Prepared, PluginError>,
-}
-
-pub fn ready(plugins: &Plugins, def: &TaskDef, seq: u32, ctx: &Context) -> Ready {
-    let d = &def.steps[seq as usize];
-    let reg = registration(plugins, def, seq);
-    let version = reg.as_ref().map(|r| r.version().to_string()).unwrap_or_default();
-    let rendered = reg.and_then(|r| {
-        let params = render(&d.params, ctx)?;
-        Ok((r, params, step_env(&d.env, ctx)?))
-    });
-    let params_json = rendered.as_ref().map(|(_, p, _)| Value::Object(p.clone())).unwrap_or(Value::Null);
-    Ready { rendered, version, params_json }
-}
-
-/// The plugin's validate of a ready step (side-effect free by contract): it
-/// runs while the step's start is committed, so an external plugin's round
-/// trip is hidden behind the commit instead of added to it.
-pub async fn check(ready: &Ready) -> Result<(), PluginError> {
-    match &ready.rendered {
-        Ok((r, params, _)) => validate(r, params).await,
-        Err(_) => Ok(()),
-    }
-}
-
-/// A step started with its instance's claim (its first): validated already
-/// (a trigger's, while its write committed) or not yet (the scheduler's).
-pub struct FirstStart {
-    pub ready: Ready,
-    pub attempt: u32,
-    pub checked: Option<Result<(), PluginError>>,
-}
-
-impl FirstStart {
-    /// The started step, validated.
-    pub async fn started(self: Box<Self>) -> Started {
-        let checked = match &self.checked {
-            Some(c) => c.clone(),
-            None => check(&self.ready).await,
-        };
-        let FirstStart { ready, attempt, .. } = *self;
-        ready.started(attempt, checked)
-    }
-}
-
-/// A claimed instance's first step made ready in the claim's write, when
-/// the instance is new (attempt 1, nothing run) and its definition version
-/// is the one in force: its version and params for the start.
-pub(super) fn ready_first(
-    plugins: &Plugins,
-    catalog: &std::sync::RwLock<crate::catalog::Catalog>,
-    i: &crate::store::Claimed,
-) -> Option<(Ready, String, String)> {
-    let fresh =
-        i.attempt == 1 && i.steps.as_ref().and_then(|s| s.first()).is_some_and(|s| s.seq == 0 && s.attempts == 0);
-    if !fresh {
-        return None;
-    }
-    let def = catalog.read().ok()?.defs.get(&i.task).filter(|l| l.hash == i.def_hash)?.def.clone();
-    if def.steps.is_empty() {
-        return None;
-    }
-    let mut ctx: Context = serde_json::from_value(i.context.clone()).ok()?;
-    ctx.attempt = i.attempt;
-    let r = ready(plugins, &def, 0, &ctx);
-    let (version, params) = (r.version.clone(), r.params_json.to_string());
-    Some((r, version, params))
-}
-
-impl Ready {
-    pub fn started(self, attempt: u32, checked: Result<(), PluginError>) -> Started {
-        Started { attempt, prepared: self.rendered.and_then(|p| checked.map(|()| p)) }
-    }
-}
-
 /// Starts step `seq` with a write of its own (the first step this executor
 /// runs; later ones start with their predecessor's SUCCESS).
 pub(super) async fn start(
@@ -164,54 +74,6 @@ pub(super) async fn start(
     let r = ready(&s.registry, def, seq, ctx);
     let (checked, attempt) = tokio::join!(check(&r), s.store.step_start(id, seq, &r.version, &r.params_json));
     Ok(r.started(attempt?, checked))
-}
-
-pub(super) fn registration(plugins: &Plugins, def: &TaskDef, seq: u32) -> Result<Registration, PluginError> {
-    let d = &def.steps[seq as usize];
-    plugins.get().resolve(&d.plugin, d.version.as_deref()).cloned().map_err(PluginError::permanent)
-}
-
-/// Whether step `seq`'s plugin may use the work dir (one that cannot be
-/// resolved is taken to: its step fails on its own).
-pub(super) fn uses_work_dir(plugins: &Plugins, def: &TaskDef, seq: u32) -> bool {
-    let d = &def.steps[seq as usize];
-    plugins.get().resolve(&d.plugin, d.version.as_deref()).map_or(true, |r| r.plugin.uses_work_dir())
-}
-
-/// A step's `params` or `env` (named by `field` in errors), rendered over
-/// the context; without a template nothing is rendered and the context is
-/// not built.
-fn render_field(map: &Map<String, Value>, ctx: &Context, field: &str) -> Result<Map<String, Value>, PluginError> {
-    if !apollo_shared::template::has_templates(map) {
-        return Ok(map.clone());
-    }
-    let (rendered, _) = apollo_shared::template::render(map, &ctx.to_value(), true)
-        .map_err(|e| PluginError::permanent(format!("{field}.{e}")))?;
-    Ok(rendered)
-}
-
-/// The params of a step, rendered over the context.
-fn render(params: &Map<String, Value>, ctx: &Context) -> Result<Map<String, Value>, PluginError> {
-    render_field(params, ctx, "params")
-}
-
-/// The plugin's check of rendered params.
-async fn validate(reg: &Registration, params: &Map<String, Value>) -> Result<(), PluginError> {
-    crate::plugins::unwinding(&reg.name, reg.plugin.validate(params)).await.map_err(|e| PluginError {
-        message: if e.permanent && !e.panicked { format!("invalid params: {}", e.message) } else { e.message },
-        ..e
-    })
-}
-
-/// The params of a step, rendered over the context and validated.
-pub(super) async fn prepare(
-    reg: &Registration,
-    params: &Map<String, Value>,
-    ctx: &Context,
-) -> Result<Map<String, Value>, PluginError> {
-    let rendered = render(params, ctx)?;
-    validate(reg, &rendered).await?;
-    Ok(rendered)
 }
 
 /// Runs one plugin call under the step's watchdog, for execute and rollback
@@ -248,12 +110,4 @@ pub(super) async fn watchdog<T>(
             Err(PluginError::retryable(format!("{what}stopped")))
         }
     }
-}
-
-/// The step's declared environment, rendered over the context.
-pub(super) fn step_env(env: &Map<String, Value>, ctx: &Context) -> Result<Vec<(String, String)>, PluginError> {
-    Ok(render_field(env, ctx, "env")?
-        .into_iter()
-        .map(|(k, v)| (k, v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string())))
-        .collect())
 }

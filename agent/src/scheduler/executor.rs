@@ -2,12 +2,12 @@
 //! SUCCESS with its output and the context before the next step starts, and
 //! decides what a failure leads to (retry, rollback, stop).
 
-use super::calls::{
-    check, durably, prepare, ready, registration, start, step_env, uses_work_dir, watchdog, FirstStart, Started,
-};
-use super::{backoff, Active, Scheduler, StopReason};
+use super::calls::{durably, start, watchdog};
+use super::{backoff, Active, Scheduler};
+use crate::handles::StopReason;
 use crate::logs::StepLog;
 use crate::plugins::{Call, PluginError};
+use crate::steps::{check, prepare, ready, registration, step_env, uses_work_dir, FirstStart, Started};
 use crate::store::{Claimed, FailurePlan, Followed, StoreError, Then};
 use apollo_shared::context::{Context, Limits};
 use apollo_shared::def::{OnFailure, TaskDef};

@@ -7,205 +7,28 @@
 //! by the earliest retry falling due. There is no polling loop.
 
 pub mod backoff;
-pub(crate) mod calls;
+mod calls;
 mod executor;
 mod slots;
+mod state;
 
-use crate::catalog::Catalog;
-use crate::config::Config;
-use crate::plugins::Plugins;
-use crate::repeats::Repeats;
-use crate::settings::Settings;
-use crate::store::{Claimed, Recover, Store};
+use state::noted;
+pub use state::{Active, Scheduler};
+
+use crate::handles::StopReason;
+use crate::steps::FirstStart;
+use crate::store::{Claimed, Recover};
 use apollo_shared::def::TaskDef;
 use chrono::Utc;
-use std::collections::HashMap;
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::{watch, Notify};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
-
-/// Why an executor was told to stop.
-#[derive(Debug, Clone)]
-pub enum StopReason {
-    /// An operator cancelled the instance: who (the history row's actor),
-    /// and why.
-    Cancel { actor: String, reason: String },
-    /// The reaper found it running far longer than expected.
-    Zombie(String),
-    /// The agent is shutting down; the instance stays RUNNING and is
-    /// resumed by the next start.
-    Shutdown,
-}
-
-/// An instance an executor is working on.
-pub struct Active {
-    pub token: CancellationToken,
-    pub why: Mutex<Option<StopReason>>,
-    pub started: Instant,
-    /// The sum of the steps' timeouts, set once the definition is loaded.
-    pub expected: Mutex<Duration>,
-    /// Becomes true when the executor has finished.
-    pub done: watch::Sender<bool>,
-}
-
-pub struct Scheduler {
-    pub store: Store,
-    pub catalog: Arc<RwLock<Catalog>>,
-    pub registry: Arc<Plugins>,
-    pub settings: Arc<Settings>,
-    pub data_dir: PathBuf,
-    pub tasks_dir: PathBuf,
-    /// `agent.name` (or the host name), read once: it changes only at a restart.
-    pub name: String,
-    wake: Notify,
-    /// When the next RETRYING instance falls due, as far as this agent knows:
-    /// set when a retry is scheduled, re-read from the store when it passes.
-    retry_due: Mutex<Option<chrono::DateTime<Utc>>>,
-    active: Mutex<HashMap<String, Arc<Active>>>,
-    slots: slots::Slots,
-    /// Parsed definition versions by hash, so an instance runs the version it
-    /// was created with.
-    defs: Mutex<HashMap<String, Arc<TaskDef>>>,
-    tracker: TaskTracker,
-    shutdown: CancellationToken,
-    /// The wall clock and the monotonic clock read together, to notice the
-    /// wall clock jumping (see [`Scheduler::watch_clock`]).
-    clock_anchor: Mutex<(chrono::DateTime<Utc>, Instant)>,
-    /// Notified when the wall clock jumped (the schedules look again).
-    pub clock_jumped: Arc<Notify>,
-    /// Instances whose executors stopped on a store error: taken up again
-    /// as soon as the store can be written.
-    stalled: Mutex<Vec<String>>,
-    /// The store's work of each turn that can fail turn after turn while
-    /// the store is out of reach: each logged once, then as a count.
-    failing: Failing,
-}
-
-/// One [`Repeats`] for each store call the loop makes every turn.
-struct Failing {
-    retry_due: Repeats,
-    leases: Repeats,
-    heartbeat: Repeats,
-    lease_check: Repeats,
-    fold: Repeats,
-    archive: Repeats,
-    claim: Repeats,
-}
-
-impl Failing {
-    const fn new() -> Failing {
-        Failing {
-            retry_due: Repeats::new("cannot read the next retry time"),
-            leases: Repeats::new("lease renewal failed"),
-            heartbeat: Repeats::new("heartbeat not recorded"),
-            lease_check: Repeats::new("lease check failed"),
-            fold: Repeats::new("state counts not folded"),
-            archive: Repeats::new("archiving failed"),
-            claim: Repeats::new("claim failed"),
-        }
-    }
-}
-
-/// Logs a failing call through its [`Repeats`], or that it works again.
-fn noted<T, E: std::fmt::Display>(r: Result<T, E>, repeats: &Repeats) -> Option<T> {
-    match r {
-        Ok(v) => {
-            repeats.ok();
-            Some(v)
-        }
-        Err(e) => {
-            repeats.failed(&e);
-            None
-        }
-    }
-}
 
 /// A wall clock that moved more than this against the monotonic clock jumped.
 const CLOCK_JUMP: chrono::TimeDelta = chrono::TimeDelta::seconds(2);
 
 impl Scheduler {
-    pub fn new(
-        store: Store,
-        catalog: Arc<RwLock<Catalog>>,
-        registry: Arc<Plugins>,
-        settings: Arc<Settings>,
-        shutdown: CancellationToken,
-    ) -> Arc<Scheduler> {
-        let config = settings.get();
-        Arc::new(Scheduler {
-            data_dir: config.data_dir(),
-            tasks_dir: config.tasks_dir(),
-            name: config.agent_name(),
-            store,
-            catalog,
-            registry,
-            settings,
-            wake: Notify::new(),
-            retry_due: Mutex::new(None),
-            active: Mutex::new(HashMap::new()),
-            slots: slots::Slots::new(),
-            defs: Mutex::new(HashMap::new()),
-            tracker: TaskTracker::new(),
-            shutdown,
-            clock_anchor: Mutex::new((Utc::now(), Instant::now())),
-            clock_jumped: Arc::new(Notify::new()),
-            stalled: Mutex::new(Vec::new()),
-            failing: Failing::new(),
-        })
-    }
-
-    /// The settings in force now (SIGHUP may change them between two reads).
-    pub fn config(&self) -> Arc<Config> {
-        self.settings.get()
-    }
-
-    /// Notes a retry scheduled for `at`, so the loop wakes for it.
-    pub fn retry_at(&self, at: chrono::DateTime<Utc>) {
-        let mut due = self.retry_due.lock().expect("retry due");
-        if due.is_none_or(|d| at < d) {
-            *due = Some(at);
-            drop(due);
-            self.wake();
-        }
-    }
-
-    /// The first retry due after `after`, from the store.
-    async fn load_retry_due(&self, after: chrono::DateTime<Utc>) {
-        if let Some(t) = noted(self.store.next_retry_due(after).await, &self.failing.retry_due) {
-            *self.retry_due.lock().expect("retry due") = t;
-        }
-    }
-
-    /// Asks the loop to look for work now; until it has, triggers leave
-    /// their claims to it.
-    pub fn wake(&self) {
-        self.slots.note_backlog();
-        self.wake.notify_one();
-    }
-
-    pub fn running(&self) -> usize {
-        self.active.lock().expect("active").len()
-    }
-
-    /// How long a claim holds an instance without renewal (measured by the
-    /// store's clock).
-    fn lease(&self) -> Duration {
-        self.config().scheduler.lease
-    }
-
-    fn queue_policy(&self) -> crate::store::QueuePolicy {
-        let config = self.config();
-        let queues = &config.scheduler.queues;
-        crate::store::QueuePolicy {
-            limits: queues.iter().filter_map(|(q, c)| c.limit.map(|l| (q.clone(), l))).collect(),
-            excluded: config.queues_excluded(&self.name),
-            ordered: queues.iter().filter(|(_, c)| c.ordered).map(|(q, _)| q.clone()).collect(),
-        }
-    }
-
     /// Takes up again the instances whose executors stopped on a store
     /// error, once the store can be written (their leases are still this
     /// agent's; nothing waits for them to run out).
@@ -226,25 +49,6 @@ impl Scheduler {
             Err(_) => *self.stalled.lock().expect("stalled") = ids,
         }
     }
-
-    /// Whether the store answers a read now.
-    async fn store_answers(&self) -> bool {
-        self.store.counts().await.is_ok()
-    }
-
-    /// What this agent says of itself in the store (`apollo agents`).
-    pub fn heartbeat(&self) -> crate::store::Heartbeat {
-        let config = self.config();
-        crate::store::Heartbeat {
-            name: self.name.clone(),
-            host: nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_default(),
-            version: env!("CARGO_PKG_VERSION").into(),
-            queues: config.queues_served(&self.name),
-            running: self.running(),
-            lease_secs: config.scheduler.lease.as_secs_f64(),
-        }
-    }
-
     /// Takes back what an earlier life of the agent held: stops the processes
     /// it left running for those steps, then resumes each instance. The agent
     /// accepts connections only after this, so no client ever sees an
@@ -269,7 +73,6 @@ impl Scheduler {
             Err(e) => tracing::error!(error = %e, "recovery failed"),
         }
     }
-
     /// The main loop; returns when the agent shuts down and running steps
     /// have finished (or the grace period ran out).
     pub async fn run(self: Arc<Self>) {
@@ -295,7 +98,7 @@ impl Scheduler {
                 maintenance.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             }
             self.resume_stalled().await;
-            self.claim_free().await;
+            self.claim_free(|i, first| self.adopt(i, first)).await;
             let due = *self.retry_due.lock().expect("retry due");
             let sleep_for =
                 due.map(|t| (t - Utc::now()).to_std().unwrap_or(Duration::ZERO)).unwrap_or(Duration::from_secs(3600));
@@ -331,7 +134,6 @@ impl Scheduler {
         crate::notify::stopping(cfg.shutdown_grace + cfg.kill_grace + Duration::from_secs(5));
         self.drain().await;
     }
-
     /// Stop claiming; let running steps finish up to the grace period; then
     /// stop what is left (it is resumed at the next start).
     async fn drain(&self) {
@@ -353,7 +155,6 @@ impl Scheduler {
             let _ = tokio::time::timeout(grace, self.tracker.wait()).await;
         }
     }
-
     /// Renews the leases of what runs here, reaps zombies, and takes over
     /// RUNNING instances whose lease ran out with nobody holding them.
     async fn maintain(self: &Arc<Self>) {
@@ -394,7 +195,6 @@ impl Scheduler {
             }
         }
     }
-
     /// What runs and waits, for the service manager's status line.
     pub async fn status_line(&self) -> String {
         let waiting = match self.store.counts().await {
@@ -407,7 +207,6 @@ impl Scheduler {
         }
         line
     }
-
     /// Notices the wall clock jumping (NTP stepping it, an operator setting
     /// it) and moves the stored retry times and leases by the same amount, so
     /// a retry due in 2 s runs in 2 s and a lease lasts its length whatever
@@ -439,7 +238,6 @@ impl Scheduler {
         let _ = self.store.alert("clock_jump", &msg, None).await;
         self.clock_jumped.notify_one();
     }
-
     /// Before a taken-over instance runs again, stops whatever an earlier
     /// holder left running for its interrupted steps (or, while it rolls
     /// back, for any of its steps): two copies of a step never run at once.
@@ -475,7 +273,6 @@ impl Scheduler {
             let _ = self.store.alert("leftover_processes", &msg, None).await;
         }
     }
-
     /// Moves finished instances past the retention window to the archive, in
     /// batches of 1,000 (one write each) and at most 20 batches a tick: up to
     /// 20,000 per maintenance tick, so it keeps up with any steady rate the
@@ -498,10 +295,9 @@ impl Scheduler {
             tracing::info!(count = total, "archived finished instances past the retention window");
         }
     }
-
     /// Starts an executor for an instance this agent now holds; `first`, when
     /// its first step's start was committed with its claim.
-    pub fn adopt(self: &Arc<Self>, inst: Claimed, first: Option<Box<calls::FirstStart>>) {
+    pub fn adopt(self: &Arc<Self>, inst: Claimed, first: Option<Box<FirstStart>>) {
         let (done, _) = watch::channel(false);
         let active = Arc::new(Active {
             token: CancellationToken::new(),
@@ -545,7 +341,6 @@ impl Scheduler {
             }
         });
     }
-
     /// Ends an instance whose executor panicked outside a plugin call: FAILED
     /// with the panic's message (not rolled back: what the executor was doing
     /// is not known), and alerted.
@@ -559,63 +354,13 @@ impl Scheduler {
         }
         let _ = self.store.alert("plugin_panicked", &msg, Some(id)).await;
     }
-
-    /// The sum of a definition's step timeouts.
-    pub fn expected_for(&self, d: &TaskDef) -> f64 {
-        d.steps
-            .iter()
-            .map(|s| {
-                s.timeout.unwrap_or_else(|| {
-                    self.registry
-                        .get()
-                        .resolve(&s.plugin, s.version.as_deref())
-                        .map(|r| r.timeout)
-                        .unwrap_or(self.config().scheduler.default_timeout)
-                        .as_secs_f64()
-                })
-            })
-            .sum()
-    }
-
-    /// The definition version with this hash: from the catalog when it is
-    /// the one in force, else parsed from the store's copy.
-    pub async fn def_for(&self, hash: &str) -> Result<Arc<TaskDef>, String> {
-        if let Some(d) = self.defs.lock().expect("defs").get(hash) {
-            return Ok(d.clone());
-        }
-        let current =
-            self.catalog.read().expect("catalog").defs.values().find(|l| l.hash == hash).map(|l| l.def.clone());
-        let d = match current {
-            Some(d) => d,
-            None => {
-                let (file, source) =
-                    self.store.def_source(hash).await.map_err(|e| format!("definition version {hash}: {e}"))?;
-                Arc::new(apollo_shared::def::parse(&source, &file).map_err(|e| e.to_string())?)
-            }
-        };
-        self.defs.lock().expect("defs").insert(hash.to_string(), d.clone());
-        Ok(d)
-    }
-
-    /// Asks the executor of a running instance to stop; returns a receiver
-    /// that turns true when it has, or `None` when nothing runs it here.
-    pub fn cancel(&self, id: &str, reason: StopReason) -> Option<watch::Receiver<bool>> {
-        let a = self.active.lock().expect("active").get(id).cloned()?;
-        a.why.lock().expect("why").get_or_insert(reason);
-        a.token.cancel();
-        Some(a.done.subscribe())
-    }
-
-    pub fn is_shutting_down(&self) -> bool {
-        self.shutdown.is_cancelled()
-    }
 }
 
 impl crate::handles::Control for Arc<Scheduler> {
     fn wake(&self) {
         Scheduler::wake(self)
     }
-    fn adopt(&self, inst: Claimed, first: Option<Box<calls::FirstStart>>) {
+    fn adopt(&self, inst: Claimed, first: Option<Box<FirstStart>>) {
         Scheduler::adopt(self, inst, first)
     }
     fn cancel(&self, id: &str, why: StopReason) -> Option<watch::Receiver<bool>> {

@@ -5,48 +5,16 @@
 //! first and frees them only once what it claimed is in `active`, so two
 //! claims never fill one slot twice.
 
-use super::{calls, Scheduler};
+use super::state::Scheduler;
+use crate::steps::FirstStart;
 use crate::store::{ClaimTerms, Claimed};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-
-pub(super) struct Slots {
-    /// Slots held by claims in flight: what runs plus these never exceeds
-    /// `scheduler.concurrency`.
-    reserved: Mutex<usize>,
-    /// Whether work may be waiting for a slot here: the loop was woken and
-    /// has not looked yet, or its last claim filled every free slot or left
-    /// work a limit held back. Then an ending instance wakes the loop, and a
-    /// trigger leaves its claim to the loop (which claims in batches).
-    backlog: AtomicBool,
-    /// Whether the last claim left runnable work that a limit, an ordered
-    /// queue or the claim's size held back: then another agent's instance
-    /// that ends may make room for it here.
-    limited: AtomicBool,
-}
-
-impl Slots {
-    pub(super) fn new() -> Slots {
-        // Down at the start: the loop's first turn claims whatever waits
-        // from before, and a trigger's claim takes what comes first anyway.
-        // (Up, a trigger right after the start would wait for that turn.)
-        Slots { reserved: Mutex::new(0), backlog: AtomicBool::new(false), limited: AtomicBool::new(false) }
-    }
-
-    /// Work may be waiting (the loop is to look).
-    pub(super) fn note_backlog(&self) {
-        self.backlog.store(true, Ordering::Relaxed);
-    }
-
-    pub(super) fn backlog(&self) -> bool {
-        self.backlog.load(Ordering::Relaxed)
-    }
-}
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 impl Scheduler {
     /// Holds up to `want` free slots for a claim about to run; returns how
     /// many.
-    fn reserve_slots(&self, want: usize) -> usize {
+    pub(super) fn reserve_slots(&self, want: usize) -> usize {
         if self.is_shutting_down() {
             return 0;
         }
@@ -57,27 +25,27 @@ impl Scheduler {
         k
     }
 
-    fn release_slots(&self, k: usize) {
+    pub(super) fn release_slots(&self, k: usize) {
         *self.slots.reserved.lock().expect("reserved") -= k;
     }
 
     /// The loop's claim: fills every free slot, new instances starting their
-    /// first step in the claim's write.
-    pub(super) async fn claim_free(self: &Arc<Self>) {
+    /// first step in the claim's write; `adopt` hands each to an executor
+    /// before the slots are released.
+    pub(super) async fn claim_free(self: &Arc<Self>, adopt: impl Fn(Claimed, Option<Box<FirstStart>>)) {
         let free = self.reserve_slots(usize::MAX);
         if free == 0 {
             return;
         }
         let (plugins, catalog) = (self.registry.clone(), self.catalog.clone());
-        let ready = move |i: &Claimed| calls::ready_first(&plugins, &catalog, i);
+        let ready = move |i: &Claimed| crate::steps::ready_first(&plugins, &catalog, i);
         let claim = self.store.claim_starting(free, self.lease(), self.queue_policy(), ready).await;
-        if let Some((claimed, waiting)) = super::noted(claim, &self.failing.claim) {
+        if let Some((claimed, waiting)) = super::state::noted(claim, &self.failing.claim) {
             self.slots.backlog.store(waiting || claimed.len() >= free, Ordering::Relaxed);
             self.slots.limited.store(waiting, Ordering::Relaxed);
             for (i, started) in claimed {
-                let first =
-                    started.map(|(ready, attempt)| Box::new(calls::FirstStart { ready, attempt, checked: None }));
-                self.adopt(i, first);
+                let first = started.map(|(ready, attempt)| Box::new(FirstStart { ready, attempt, checked: None }));
+                adopt(i, first);
             }
         }
         self.release_slots(free);

@@ -3,7 +3,7 @@
 
 use crate::bus::Bus;
 use crate::handles::Handles;
-use crate::scheduler::StopReason;
+use crate::handles::StopReason;
 use crate::store::ListFilter;
 use crate::triggers::store_error as store_err;
 use apollo_shared::context::Context;
@@ -71,7 +71,7 @@ impl Api {
             Call::Hello(h) => answer::<m::Hello>(self.hello(h, role)),
             Call::AgentStatus(_) => answer::<m::AgentStatus>(Ok(self.status().await)),
             Call::AgentMetrics(_) => {
-                let text = crate::metrics::classic(&crate::metrics::scrape(&self.h).await);
+                let text = crate::metrics::classic(&super::metrics::scrape(&self.h).await);
                 answer::<m::AgentMetrics>(Ok(MetricsText { text }))
             }
             Call::AgentStats(p) => answer::<m::AgentStats>(self.stats(p).await),

@@ -2,8 +2,9 @@
 //! notifications go through the same writer. Every bad frame gets a JSON-RPC
 //! error and the connection carries on.
 
+use super::access::{peer_groups, Access};
 use super::frame::{Frame, FrameCodec};
-use super::{Access, Api};
+use super::Api;
 use apollo_shared::protocol::methods as m;
 use apollo_shared::protocol::{
     code, Event, EventKind, Method, Request, Response, RpcError, SubscribeResult, Topic, MAX_FRAME_BYTES,
@@ -85,7 +86,7 @@ const OVERFLOW_UID: u32 = 65534;
 pub async fn handle(stream: UnixStream, api: Arc<Api>, access: Arc<Access>, shutdown: CancellationToken) {
     let cred = stream.peer_cred().ok();
     let uid = cred.map(|c| c.uid());
-    let groups = cred.map(|c| super::peer_groups(std::os::fd::AsRawFd::as_raw_fd(&stream), c.uid(), c.gid()));
+    let groups = cred.map(|c| peer_groups(std::os::fd::AsRawFd::as_raw_fd(&stream), c.uid(), c.gid()));
     let role = uid.and_then(|u| access.role(u, groups.as_deref().unwrap_or_default()));
     let mut actor = match uid {
         Some(u) => nix::unistd::User::from_uid(u.into())

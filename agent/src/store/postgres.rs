@@ -184,26 +184,6 @@ impl Target {
     }
 }
 
-/// An error as PostgreSQL worded it (`db error` alone says nothing).
-pub fn describe(e: &tokio_postgres::Error) -> String {
-    match e.as_db_error() {
-        Some(d) => {
-            let detail = d.detail().map(|x| format!(" ({x})")).unwrap_or_default();
-            format!("{}{detail} [{}]", d.message(), d.code().code())
-        }
-        None => {
-            // The cause (a TLS or socket error) is in the chain.
-            let mut text = e.to_string();
-            let mut cause = std::error::Error::source(e);
-            while let Some(c) = cause {
-                text.push_str(&format!(": {c}"));
-                cause = c.source();
-            }
-            text
-        }
-    }
-}
-
 /// `name` as a quoted SQL identifier.
 pub fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))

@@ -13,7 +13,6 @@ pub mod events;
 
 use crate::catalog::Loaded;
 use crate::handles::Handles;
-use crate::scheduler::calls;
 use crate::store::{Followed, NewInstance, StoreError, Then};
 use apollo_shared::context::Context;
 use apollo_shared::def::TaskDef;
@@ -175,7 +174,8 @@ impl Triggers {
         // waiting for its commit), and this agent's scheduler is not woken.
         let elsewhere = !self.h.control.serves(&def.queue);
         let (slot, terms) = if elsewhere { None } else { self.h.reserve() }.unzip();
-        let first = (slot.is_some() && !def.steps.is_empty()).then(|| calls::ready(&self.h.plugins, def, 0, &ctx));
+        let first =
+            (slot.is_some() && !def.steps.is_empty()).then(|| crate::steps::ready(&self.h.plugins, def, 0, &ctx));
         let then = first.as_ref().map_or(Then::Nothing, |r| Then::Start {
             seq: 0,
             version: &r.version,
@@ -183,7 +183,7 @@ impl Triggers {
         });
         let checked = async {
             match &first {
-                Some(r) => calls::check(r).await,
+                Some(r) => crate::steps::check(r).await,
                 None => Ok(()),
             }
         };
@@ -194,7 +194,7 @@ impl Triggers {
         if let Some(slot) = slot {
             let started = match (done.followed, first) {
                 (Followed::Started(attempt), Some(ready)) => {
-                    Some((id.clone(), Box::new(calls::FirstStart { ready, attempt, checked: Some(checked) })))
+                    Some((id.clone(), Box::new(crate::steps::FirstStart { ready, attempt, checked: Some(checked) })))
                 }
                 _ => None,
             };

@@ -2,8 +2,8 @@
 //! JSON reply a line on stdout for each request a line on stdin; what it
 //! prints on stderr (and its `log` lines) go to the step's log.
 
+use super::super::contract::PluginError;
 use super::super::process;
-use super::super::PluginError;
 use crate::logs::StepLog;
 use futures::StreamExt;
 use nix::sys::signal::{killpg, Signal};

@@ -1,0 +1,230 @@
+//! The registry: the names definitions use, mapped to the registrations
+//! of the built-ins, the config's classes and the external plugins found.
+
+use super::contract::Plugin;
+use super::{downloader, external, http, parser, report, shell, sleep, worker};
+use crate::config::BuiltinClass;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A plugin under the name definitions use, with its defaults.
+#[derive(Clone)]
+pub struct Registration {
+    pub name: String,
+    /// The built-in class, or `None` for an external command.
+    pub class: Option<BuiltinClass>,
+    pub command: Option<PathBuf>,
+    pub timeout: Duration,
+    pub retry: u32,
+    pub plugin: Arc<dyn Plugin>,
+}
+
+impl Registration {
+    pub fn version(&self) -> semver::Version {
+        self.plugin.version()
+    }
+}
+
+/// A registration that could not be used (an external plugin whose
+/// describe failed), kept to be shown.
+#[derive(Clone, Debug)]
+pub struct Broken {
+    pub name: String,
+    pub command: PathBuf,
+    pub error: String,
+}
+
+/// Every registration, by name; a name may have several versions.
+#[derive(Clone, Default)]
+pub struct Registry {
+    regs: BTreeMap<String, Vec<Registration>>,
+    pub broken: Vec<Broken>,
+}
+
+/// The plain name a built-in class registers under, and the plugin.
+fn builtin(
+    class: BuiltinClass,
+    pass_env: &[String],
+    storage: &crate::config::StorageConf,
+) -> (&'static str, Arc<dyn Plugin>) {
+    match class {
+        BuiltinClass::FileDownloader => {
+            ("file_downloader", Arc::new(downloader::FileDownloader { s3: storage.s3.clone() }))
+        }
+        BuiltinClass::DataParser => ("data_parser", Arc::new(parser::DataParser)),
+        BuiltinClass::ReportGenerator => ("report_generator", Arc::new(report::ReportGenerator)),
+        BuiltinClass::Shell => ("shell", Arc::new(shell::Shell { pass_env: pass_env.to_vec() })),
+        BuiltinClass::HttpRequest => ("http", Arc::new(http::HttpRequest::new())),
+        BuiltinClass::Sleep => ("sleep", Arc::new(sleep::Sleep)),
+    }
+}
+
+/// Network steps default to 30 s and 3 retries, others to 300 s and 1 retry,
+/// as the original design found in practice.
+fn defaults(name: &str) -> (Duration, u32) {
+    match name {
+        "file_downloader" | "http" => (Duration::from_secs(30), 3),
+        _ => (Duration::from_secs(300), 1),
+    }
+}
+
+impl Registry {
+    /// The built-ins under their plain names, then the config's class
+    /// registrations (a same name replaces a built-in).
+    pub fn new(configured: &[crate::config::PluginReg], storage: &crate::config::StorageConf) -> Registry {
+        let mut r = Registry::default();
+        for class in BuiltinClass::ALL {
+            let (name, plugin) = builtin(class, &[], storage);
+            let (timeout, retry) = defaults(name);
+            r.add(Registration { name: name.into(), class: Some(class), command: None, timeout, retry, plugin }, true);
+        }
+        for p in configured {
+            let Some(class) = p.class else { continue };
+            let (plain, plugin) = builtin(class, &p.env, storage);
+            let (timeout, retry) = defaults(plain);
+            let reg = Registration {
+                name: p.name.clone(),
+                class: Some(class),
+                command: None,
+                timeout: p.timeout.unwrap_or(timeout),
+                retry: p.retry.unwrap_or(retry),
+                plugin,
+            };
+            r.add(reg, true);
+        }
+        r
+    }
+
+    /// Adds a registration. With `replace`, it replaces every version under
+    /// its name; otherwise it is one more version (a same version replaces).
+    pub fn add(&mut self, reg: Registration, replace: bool) {
+        let list = self.regs.entry(reg.name.clone()).or_default();
+        if replace {
+            list.clear();
+        }
+        list.retain(|r| r.version() != reg.version());
+        list.push(reg);
+        list.sort_by_key(|r| r.version());
+    }
+
+    /// The registration a step uses: the highest version of `name` that
+    /// matches the step's requirement (or the highest of all).
+    pub fn resolve(&self, name: &str, version: Option<&str>) -> Result<&Registration, String> {
+        let Some(list) = self.regs.get(name) else {
+            if let Some(b) = self.broken.iter().find(|b| b.name == name) {
+                return Err(format!("plugin {name:?} is not usable: {}", b.error));
+            }
+            let names: Vec<&str> = self.regs.keys().map(String::as_str).collect();
+            let near =
+                apollo_shared::text::closest(name, &names).map(|n| format!("did you mean {n:?}? ")).unwrap_or_default();
+            return Err(format!("unknown plugin {name:?} ({near}registered: {})", names.join(", ")));
+        };
+        let available = || list.iter().map(|r| r.version().to_string()).collect::<Vec<_>>().join(", ");
+        match version {
+            None => list.last().ok_or_else(|| format!("plugin {name:?} has no registration")),
+            Some(req) => {
+                let parsed =
+                    semver::VersionReq::parse(req).map_err(|e| format!("bad version requirement {req:?}: {e}"))?;
+                list.iter().rev().find(|r| parsed.matches(&r.version())).ok_or_else(|| {
+                    format!("plugin {name:?} has no version matching {req:?} (available: {})", available())
+                })
+            }
+        }
+    }
+
+    pub fn all(&self) -> impl Iterator<Item = &Registration> {
+        self.regs.values().flatten()
+    }
+}
+
+/// The registry in force, swapped whole when plugins are reloaded (SIGHUP);
+/// a step in flight keeps the registration it resolved.
+#[derive(Default)]
+pub struct Plugins {
+    current: std::sync::RwLock<Arc<Registry>>,
+}
+
+impl Plugins {
+    pub fn new(r: Registry) -> Plugins {
+        Plugins { current: std::sync::RwLock::new(Arc::new(r)) }
+    }
+    pub fn get(&self) -> Arc<Registry> {
+        self.current.read().expect("plugins").clone()
+    }
+    pub fn set(&self, r: Registry) {
+        *self.current.write().expect("plugins") = Arc::new(r);
+    }
+}
+
+/// Every registration the agent uses: the built-ins and the config's classes,
+/// then external plugins — the config's `command:` registrations (several of
+/// one name are several versions), then executables found in
+/// `<tasks dir>/plugins/`, registered under their file stem unless the config
+/// names them. A plugin that fails to describe is kept in `broken`, reported,
+/// and not usable; nothing else is affected.
+pub async fn load(config: &crate::config::Config) -> Registry {
+    let mut registry = Registry::new(&config.plugins, &config.storage);
+    let cap = config.scheduler.step_output_bytes;
+    let grace = config.scheduler.kill_grace;
+    let mut named: Vec<String> = Vec::new();
+    struct Wanted {
+        name: String,
+        path: PathBuf,
+        env: Vec<String>,
+        timeout: Option<Duration>,
+        retry: Option<u32>,
+        workers: Option<worker::PoolConf>,
+    }
+    let mut externals: Vec<Wanted> = config
+        .plugins
+        .iter()
+        .filter_map(|p| {
+            let cmd = p.command.as_deref()?;
+            Some(Wanted {
+                name: p.name.clone(),
+                path: config.command_path(cmd),
+                env: p.env.clone(),
+                timeout: p.timeout,
+                retry: p.retry,
+                workers: p.workers.clone(),
+            })
+        })
+        .collect();
+    let dir = config.tasks_dir().join("plugins");
+    let mut found: Vec<PathBuf> =
+        std::fs::read_dir(&dir).map(|rd| rd.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+    found.sort();
+    for path in found {
+        use std::os::unix::fs::PermissionsExt;
+        let executable = std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+        let Some(stem) = path.file_stem().and_then(|s| s.to_str()).map(str::to_string) else { continue };
+        if executable && !externals.iter().any(|e| e.name == stem) {
+            externals.push(Wanted { name: stem, path, env: Vec::new(), timeout: None, retry: None, workers: None });
+        }
+    }
+    for Wanted { name, path, env, timeout, retry, workers } in externals {
+        match external::External::load(&name, &path, env, cap, grace, workers).await {
+            Ok(plugin) => {
+                let replace = !named.contains(&name);
+                named.push(name.clone());
+                let reg = Registration {
+                    name: name.clone(),
+                    class: None,
+                    command: Some(path),
+                    timeout: timeout.unwrap_or(config.scheduler.default_timeout),
+                    retry: retry.unwrap_or(1),
+                    plugin: Arc::new(plugin),
+                };
+                tracing::info!(plugin = %name, version = %reg.version(), "external plugin registered");
+                registry.add(reg, replace);
+            }
+            Err(error) => {
+                tracing::warn!(plugin = %name, command = %path.display(), "external plugin not usable: {error}");
+                registry.broken.push(Broken { name, command: path, error });
+            }
+        }
+    }
+    registry
+}

@@ -1,0 +1,273 @@
+//! The scheduler's state: what its loop, its executors and its claims
+//! share, and the calls on it that start nothing (the settings, the retry
+//! clock, the definitions by version, a cancel).
+
+use crate::catalog::Catalog;
+use crate::config::Config;
+use crate::handles::StopReason;
+use crate::plugins::Plugins;
+use crate::repeats::Repeats;
+use crate::settings::Settings;
+use crate::store::Store;
+use apollo_shared::def::TaskDef;
+use chrono::Utc;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+use tokio::sync::{watch, Notify};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// An instance an executor is working on.
+pub struct Active {
+    pub token: CancellationToken,
+    pub why: Mutex<Option<StopReason>>,
+    pub started: Instant,
+    /// The sum of the steps' timeouts, set once the definition is loaded.
+    pub expected: Mutex<Duration>,
+    /// Becomes true when the executor has finished.
+    pub done: watch::Sender<bool>,
+}
+
+pub struct Scheduler {
+    pub store: Store,
+    pub catalog: Arc<RwLock<Catalog>>,
+    pub registry: Arc<Plugins>,
+    pub settings: Arc<Settings>,
+    pub data_dir: PathBuf,
+    pub tasks_dir: PathBuf,
+    /// `agent.name` (or the host name), read once: it changes only at a restart.
+    pub name: String,
+    pub(super) wake: Notify,
+    /// When the next RETRYING instance falls due, as far as this agent knows:
+    /// set when a retry is scheduled, re-read from the store when it passes.
+    pub(super) retry_due: Mutex<Option<chrono::DateTime<Utc>>>,
+    pub(super) active: Mutex<HashMap<String, Arc<Active>>>,
+    pub(super) slots: Slots,
+    /// Parsed definition versions by hash, so an instance runs the version it
+    /// was created with.
+    pub(super) defs: Mutex<HashMap<String, Arc<TaskDef>>>,
+    pub(super) tracker: TaskTracker,
+    pub(super) shutdown: CancellationToken,
+    /// The wall clock and the monotonic clock read together, to notice the
+    /// wall clock jumping (see [`Scheduler::watch_clock`]).
+    pub(super) clock_anchor: Mutex<(chrono::DateTime<Utc>, Instant)>,
+    /// Notified when the wall clock jumped (the schedules look again).
+    pub clock_jumped: Arc<Notify>,
+    /// Instances whose executors stopped on a store error: taken up again
+    /// as soon as the store can be written.
+    pub(super) stalled: Mutex<Vec<String>>,
+    /// The store's work of each turn that can fail turn after turn while
+    /// the store is out of reach: each logged once, then as a count.
+    pub(super) failing: Failing,
+}
+
+/// One [`Repeats`] for each store call the loop makes every turn.
+pub(super) struct Failing {
+    pub(super) retry_due: Repeats,
+    pub(super) leases: Repeats,
+    pub(super) heartbeat: Repeats,
+    pub(super) lease_check: Repeats,
+    pub(super) fold: Repeats,
+    pub(super) archive: Repeats,
+    pub(super) claim: Repeats,
+}
+
+impl Failing {
+    const fn new() -> Failing {
+        Failing {
+            retry_due: Repeats::new("cannot read the next retry time"),
+            leases: Repeats::new("lease renewal failed"),
+            heartbeat: Repeats::new("heartbeat not recorded"),
+            lease_check: Repeats::new("lease check failed"),
+            fold: Repeats::new("state counts not folded"),
+            archive: Repeats::new("archiving failed"),
+            claim: Repeats::new("claim failed"),
+        }
+    }
+}
+
+/// Logs a failing call through its [`Repeats`], or that it works again.
+pub(super) fn noted<T, E: std::fmt::Display>(r: Result<T, E>, repeats: &Repeats) -> Option<T> {
+    match r {
+        Ok(v) => {
+            repeats.ok();
+            Some(v)
+        }
+        Err(e) => {
+            repeats.failed(&e);
+            None
+        }
+    }
+}
+
+pub(super) struct Slots {
+    /// Slots held by claims in flight: what runs plus these never exceeds
+    /// `scheduler.concurrency`.
+    pub(super) reserved: Mutex<usize>,
+    /// Whether work may be waiting for a slot here: the loop was woken and
+    /// has not looked yet, or its last claim filled every free slot or left
+    /// work a limit held back. Then an ending instance wakes the loop, and a
+    /// trigger leaves its claim to the loop (which claims in batches).
+    pub(super) backlog: AtomicBool,
+    /// Whether the last claim left runnable work that a limit, an ordered
+    /// queue or the claim's size held back: then another agent's instance
+    /// that ends may make room for it here.
+    pub(super) limited: AtomicBool,
+}
+
+impl Slots {
+    pub(super) fn new() -> Slots {
+        // Down at the start: the loop's first turn claims whatever waits
+        // from before, and a trigger's claim takes what comes first anyway.
+        // (Up, a trigger right after the start would wait for that turn.)
+        Slots { reserved: Mutex::new(0), backlog: AtomicBool::new(false), limited: AtomicBool::new(false) }
+    }
+
+    /// Work may be waiting (the loop is to look).
+    pub(super) fn note_backlog(&self) {
+        self.backlog.store(true, Ordering::Relaxed);
+    }
+
+    pub(super) fn backlog(&self) -> bool {
+        self.backlog.load(Ordering::Relaxed)
+    }
+}
+
+impl Scheduler {
+    pub fn new(
+        store: Store,
+        catalog: Arc<RwLock<Catalog>>,
+        registry: Arc<Plugins>,
+        settings: Arc<Settings>,
+        shutdown: CancellationToken,
+    ) -> Arc<Scheduler> {
+        let config = settings.get();
+        Arc::new(Scheduler {
+            data_dir: config.data_dir(),
+            tasks_dir: config.tasks_dir(),
+            name: config.agent_name(),
+            store,
+            catalog,
+            registry,
+            settings,
+            wake: Notify::new(),
+            retry_due: Mutex::new(None),
+            active: Mutex::new(HashMap::new()),
+            slots: Slots::new(),
+            defs: Mutex::new(HashMap::new()),
+            tracker: TaskTracker::new(),
+            shutdown,
+            clock_anchor: Mutex::new((Utc::now(), Instant::now())),
+            clock_jumped: Arc::new(Notify::new()),
+            stalled: Mutex::new(Vec::new()),
+            failing: Failing::new(),
+        })
+    }
+    /// The settings in force now (SIGHUP may change them between two reads).
+    pub fn config(&self) -> Arc<Config> {
+        self.settings.get()
+    }
+    /// Notes a retry scheduled for `at`, so the loop wakes for it.
+    pub fn retry_at(&self, at: chrono::DateTime<Utc>) {
+        let mut due = self.retry_due.lock().expect("retry due");
+        if due.is_none_or(|d| at < d) {
+            *due = Some(at);
+            drop(due);
+            self.wake();
+        }
+    }
+    /// The first retry due after `after`, from the store.
+    pub(super) async fn load_retry_due(&self, after: chrono::DateTime<Utc>) {
+        if let Some(t) = noted(self.store.next_retry_due(after).await, &self.failing.retry_due) {
+            *self.retry_due.lock().expect("retry due") = t;
+        }
+    }
+    /// Asks the loop to look for work now; until it has, triggers leave
+    /// their claims to it.
+    pub fn wake(&self) {
+        self.slots.note_backlog();
+        self.wake.notify_one();
+    }
+    pub fn running(&self) -> usize {
+        self.active.lock().expect("active").len()
+    }
+    /// How long a claim holds an instance without renewal (measured by the
+    /// store's clock).
+    pub(super) fn lease(&self) -> Duration {
+        self.config().scheduler.lease
+    }
+    pub(super) fn queue_policy(&self) -> crate::store::QueuePolicy {
+        let config = self.config();
+        let queues = &config.scheduler.queues;
+        crate::store::QueuePolicy {
+            limits: queues.iter().filter_map(|(q, c)| c.limit.map(|l| (q.clone(), l))).collect(),
+            excluded: config.queues_excluded(&self.name),
+            ordered: queues.iter().filter(|(_, c)| c.ordered).map(|(q, _)| q.clone()).collect(),
+        }
+    }
+    /// Whether the store answers a read now.
+    pub(super) async fn store_answers(&self) -> bool {
+        self.store.counts().await.is_ok()
+    }
+    /// What this agent says of itself in the store (`apollo agents`).
+    pub fn heartbeat(&self) -> crate::store::Heartbeat {
+        let config = self.config();
+        crate::store::Heartbeat {
+            name: self.name.clone(),
+            host: nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_default(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            queues: config.queues_served(&self.name),
+            running: self.running(),
+            lease_secs: config.scheduler.lease.as_secs_f64(),
+        }
+    }
+    /// The sum of a definition's step timeouts.
+    pub fn expected_for(&self, d: &TaskDef) -> f64 {
+        d.steps
+            .iter()
+            .map(|s| {
+                s.timeout.unwrap_or_else(|| {
+                    self.registry
+                        .get()
+                        .resolve(&s.plugin, s.version.as_deref())
+                        .map(|r| r.timeout)
+                        .unwrap_or(self.config().scheduler.default_timeout)
+                        .as_secs_f64()
+                })
+            })
+            .sum()
+    }
+    /// The definition version with this hash: from the catalog when it is
+    /// the one in force, else parsed from the store's copy.
+    pub async fn def_for(&self, hash: &str) -> Result<Arc<TaskDef>, String> {
+        if let Some(d) = self.defs.lock().expect("defs").get(hash) {
+            return Ok(d.clone());
+        }
+        let current =
+            self.catalog.read().expect("catalog").defs.values().find(|l| l.hash == hash).map(|l| l.def.clone());
+        let d = match current {
+            Some(d) => d,
+            None => {
+                let (file, source) =
+                    self.store.def_source(hash).await.map_err(|e| format!("definition version {hash}: {e}"))?;
+                Arc::new(apollo_shared::def::parse(&source, &file).map_err(|e| e.to_string())?)
+            }
+        };
+        self.defs.lock().expect("defs").insert(hash.to_string(), d.clone());
+        Ok(d)
+    }
+    /// Asks the executor of a running instance to stop; returns a receiver
+    /// that turns true when it has, or `None` when nothing runs it here.
+    pub fn cancel(&self, id: &str, reason: StopReason) -> Option<watch::Receiver<bool>> {
+        let a = self.active.lock().expect("active").get(id).cloned()?;
+        a.why.lock().expect("why").get_or_insert(reason);
+        a.token.cancel();
+        Some(a.done.subscribe())
+    }
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutdown.is_cancelled()
+    }
+}

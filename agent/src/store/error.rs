@@ -1,0 +1,47 @@
+//! What a store call can fail with.
+
+use apollo_shared::state::IllegalTransition;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database error: {0}")]
+    Sql(#[from] rusqlite::Error),
+    #[error("database error: {}", describe(.0))]
+    Postgres(#[from] tokio_postgres::Error),
+    #[error("{0}")]
+    Illegal(#[from] IllegalTransition),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("commit failed: {0}")]
+    Commit(String),
+    /// The database cannot be written (disk full, read-only, I/O error, or
+    /// PostgreSQL out of reach).
+    #[error("{0}")]
+    Unwritable(String),
+    #[error("the store is closed")]
+    Closed,
+}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// An error as PostgreSQL worded it (`db error` alone says nothing).
+pub fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(d) => {
+            let detail = d.detail().map(|x| format!(" ({x})")).unwrap_or_default();
+            format!("{}{detail} [{}]", d.message(), d.code().code())
+        }
+        None => {
+            // The cause (a TLS or socket error) is in the chain.
+            let mut text = e.to_string();
+            let mut cause = std::error::Error::source(e);
+            while let Some(c) = cause {
+                text.push_str(&format!(": {c}"));
+                cause = c.source();
+            }
+            text
+        }
+    }
+}
