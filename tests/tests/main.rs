@@ -23,6 +23,7 @@ mod fleet;
 mod follow;
 mod hooks;
 mod hostile;
+mod layers;
 mod metrics;
 mod package;
 mod panics;

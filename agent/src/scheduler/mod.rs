@@ -55,7 +55,7 @@ impl Scheduler {
     /// instance RUNNING with nobody working on it.
     pub async fn recover(self: &Arc<Self>) {
         // On a shared database the other agents' instances are theirs.
-        let which = if self.store.is_postgres() {
+        let which = if self.store.shared() {
             let id = self.store.agent();
             Recover::AtStart { prefix: id[..id.rfind(':').map_or(id.len(), |i| i + 1)].to_string() }
         } else {
@@ -117,7 +117,7 @@ impl Scheduler {
                 _ = maintenance.tick() => {
                     self.maintain().await;
                     self.archive().await;
-                    if self.store.is_postgres() {
+                    if self.store.shared() {
                         // Retries another agent scheduled (it may have died
                         // since) fall due here too.
                         self.load_retry_due(Utc::now()).await;

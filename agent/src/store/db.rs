@@ -1,142 +1,16 @@
-//! One way to run the store's SQL on either backend. Every statement of the
-//! store is written once, in the SQL both SQLite and PostgreSQL accept, with
-//! `?N` placeholders; [`Db`] runs it on a SQLite connection as it is, and on
-//! a PostgreSQL connection with the placeholders renumbered `$N` and SQLite's
-//! planner hints (`INDEXED BY`) left out. Values cross as [`V`], read back by
-//! column with [`Row::get`].
-//!
-//! Times are fixed-width RFC 3339 UTC text on both (they sort as text), and
-//! `apollo_now()` / `apollo_now_plus(secs)` give the database's clock in that
-//! form: leases are measured by it, so agents on several hosts never compare
-//! their own clocks.
+//! What a backend provides: [`Db`] runs the store's SQL on a connection (or
+//! the transaction on it), [`Conn`] is the writer's connection, and
+//! [`Driver`] makes the operations whose SQL differs between SQLite and
+//! PostgreSQL. Each backend's driver lives in its own directory
+//! (`sqlite/driver.rs`, `postgres/driver.rs`) and owns its SQL; what is
+//! portable — the history rows, the transition checks, why a move was
+//! refused — is written once, in `history.rs` and `write.rs`.
 
-use super::{Result, StoreError};
-
-/// A value bound to a placeholder or read from a column.
-#[derive(Debug, Clone, PartialEq)]
-pub enum V {
-    Null,
-    Int(i64),
-    Real(f64),
-    Text(String),
-}
-
-macro_rules! from_int {
-    ($($t:ty),*) => {$(
-        impl From<$t> for V {
-            fn from(v: $t) -> V {
-                V::Int(v as i64)
-            }
-        }
-    )*};
-}
-from_int!(i64, i32, u32, u8, usize);
-
-impl From<bool> for V {
-    fn from(v: bool) -> V {
-        V::Int(v as i64)
-    }
-}
-impl From<f64> for V {
-    fn from(v: f64) -> V {
-        V::Real(v)
-    }
-}
-impl From<&str> for V {
-    fn from(v: &str) -> V {
-        V::Text(v.to_string())
-    }
-}
-impl From<String> for V {
-    fn from(v: String) -> V {
-        V::Text(v)
-    }
-}
-impl From<&String> for V {
-    fn from(v: &String) -> V {
-        V::Text(v.clone())
-    }
-}
-impl<T: Into<V>> From<Option<T>> for V {
-    fn from(v: Option<T>) -> V {
-        v.map(Into::into).unwrap_or(V::Null)
-    }
-}
-
-/// `p![a, b, c]`: the values of a statement's placeholders, in order.
-macro_rules! p {
-    ($($x:expr),* $(,)?) => { &[$($crate::store::db::V::from($x)),*] };
-}
-pub(crate) use p;
-
-/// One row of a result.
-#[derive(Debug, Clone)]
-pub struct Row(pub Vec<V>);
-
-/// A Rust type a column reads into.
-pub trait FromV: Sized {
-    fn from_v(v: &V) -> Option<Self>;
-}
-
-impl FromV for i64 {
-    fn from_v(v: &V) -> Option<i64> {
-        match v {
-            V::Int(i) => Some(*i),
-            V::Real(f) => Some(*f as i64),
-            _ => None,
-        }
-    }
-}
-macro_rules! from_v_int {
-    ($($t:ty),*) => {$(
-        impl FromV for $t {
-            fn from_v(v: &V) -> Option<$t> {
-                i64::from_v(v).and_then(|i| <$t>::try_from(i).ok())
-            }
-        }
-    )*};
-}
-from_v_int!(u32, u8, i32, u64);
-
-impl FromV for bool {
-    fn from_v(v: &V) -> Option<bool> {
-        i64::from_v(v).map(|i| i != 0)
-    }
-}
-impl FromV for f64 {
-    fn from_v(v: &V) -> Option<f64> {
-        match v {
-            V::Real(f) => Some(*f),
-            V::Int(i) => Some(*i as f64),
-            _ => None,
-        }
-    }
-}
-impl FromV for String {
-    fn from_v(v: &V) -> Option<String> {
-        match v {
-            V::Text(s) => Some(s.clone()),
-            _ => None,
-        }
-    }
-}
-impl<T: FromV> FromV for Option<T> {
-    fn from_v(v: &V) -> Option<Option<T>> {
-        match v {
-            V::Null => Some(None),
-            v => T::from_v(v).map(Some),
-        }
-    }
-}
-
-impl Row {
-    /// Column `i` as a `T`; an error naming the column when it is not one.
-    pub fn get<T: FromV>(&self, i: usize) -> Result<T> {
-        let v = self.0.get(i).unwrap_or(&V::Null);
-        T::from_v(v)
-            .ok_or_else(|| StoreError::Invalid(format!("column {i}: {v:?} is not a {}", std::any::type_name::<T>())))
-    }
-}
+use super::model::{ClaimMove, ClaimsMade, NewInstance, StepRow, StepStart, Success, TaskMove};
+use super::value::{FromV, Row, V};
+use super::Result;
+use apollo_shared::state::TaskState;
+use std::collections::BTreeMap;
 
 /// A connection (or the transaction on it) the store's SQL runs on.
 pub trait Db {
@@ -144,8 +18,8 @@ pub trait Db {
     fn execute(&self, sql: &str, params: &[V]) -> Result<u64>;
     /// Runs a query; all its rows.
     fn query(&self, sql: &str, params: &[V]) -> Result<Vec<Row>>;
-    /// Whether this is PostgreSQL (for the few statements that differ).
-    fn postgres(&self) -> bool;
+    /// The backend's driver, for the operations whose SQL differs.
+    fn driver(&self) -> &'static dyn Driver;
 
     /// Runs each statement with its parameters, in order; the rows of each.
     /// PostgreSQL sends them all at once (one round trip, not one each).
@@ -190,54 +64,115 @@ impl dyn Db + '_ {
     }
 }
 
-/// The PostgreSQL text of a statement: `?N` becomes `$N`, `INDEXED BY x`
-/// goes (PostgreSQL's planner needs no hint).
-pub fn to_postgres(sql: &str) -> String {
-    let mut out = String::with_capacity(sql.len() + 8);
-    let mut words = sql.split_inclusive(char::is_whitespace).peekable();
-    while let Some(w) = words.next() {
-        if w.trim_end() == "INDEXED" && words.peek().is_some_and(|n| n.trim_end() == "BY") {
-            words.next();
-            words.next();
-            continue;
-        }
-        out.push_str(w);
+/// What the writer thread needs of its connection besides running SQL.
+pub trait Conn: Send {
+    fn db(&self) -> &dyn Db;
+    /// Starts the batch transaction (SQLite takes the write lock at once).
+    fn begin(&mut self) -> Result<()>;
+    /// Runs statements without results (savepoints, commit, rollback).
+    fn batch(&mut self, sql: &str) -> Result<()>;
+    /// As [`Conn::batch`], or later: with the next statement, in the same
+    /// round trip (PostgreSQL).
+    fn defer(&mut self, sql: &str) -> Result<()> {
+        self.batch(sql)
     }
-    let mut s = String::with_capacity(out.len());
-    let mut chars = out.chars().peekable();
-    let mut quoted = false;
-    while let Some(c) = chars.next() {
-        if c == '\'' {
-            quoted = !quoted;
-        }
-        if c == '?' && !quoted && chars.peek().is_some_and(|d| d.is_ascii_digit()) {
-            s.push('$');
-        } else {
-            s.push(c);
-        }
+    /// Whether the batch transaction is still open (SQLite rolls the whole
+    /// transaction back on disk full or I/O errors; a PostgreSQL connection
+    /// can drop).
+    fn in_transaction(&self) -> bool;
+    /// Rows changed so far on this connection.
+    fn changes(&self) -> u64;
+    /// Connects again if the connection was lost.
+    fn reopen(&mut self) -> Result<()> {
+        Ok(())
     }
-    s
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// The operations whose SQL differs between the backends, River's way: each
+/// backend's driver (`sqlite/driver.rs`, `postgres/driver.rs`) owns its
+/// statements for them. Reads a move acts on lock what they read where
+/// agents share the database. A move a driver may make in one statement
+/// answers `None` (or `false`) when it did not make it: the portable move in
+/// `write.rs` then runs, changes nothing either and says exactly why.
+pub trait Driver: Sync {
+    /// Whether several agents share this database: claims take turns, the
+    /// others are told of changes, and each agent recovers only its own.
+    fn shared(&self) -> bool;
 
-    #[test]
-    fn statements_are_renumbered_and_hints_dropped_for_postgres() {
-        assert_eq!(
-            to_postgres("SELECT id FROM t INDEXED BY t_state WHERE a = ?1 AND b = '?2' AND c = ?12"),
-            "SELECT id FROM t WHERE a = $1 AND b = '?2' AND c = $12"
-        );
+    /// An instance's state, locked for the move about to be made.
+    fn task_state(&self, c: &dyn Db, id: &str) -> Result<TaskState>;
+    /// The state a move starts from: `known`, read by this transaction
+    /// already, where nobody else can have moved it since; else read now.
+    fn state_before_move(&self, c: &dyn Db, id: &str, known: Option<TaskState>) -> Result<TaskState>;
+    /// A step's row, locked for the move about to be made.
+    fn step_row(&self, c: &dyn Db, id: &str, seq: u32) -> Result<StepRow>;
+    /// Step `seq` of an instance `agent` holds RUNNING; refused (naming who
+    /// holds it) when it does not.
+    fn held_step(&self, c: &dyn Db, id: &str, seq: u32, agent: &str) -> Result<StepRow>;
+
+    /// An instance's move in one statement (`None`: not made).
+    fn move_task(&self, _c: &dyn Db, _m: &TaskMove) -> Result<Option<TaskState>> {
+        Ok(None)
+    }
+    /// A new instance in one statement (`false`: not made).
+    fn create(&self, _c: &dyn Db, _n: &NewInstance, _actor: &str) -> Result<bool> {
+        Ok(false)
+    }
+    /// Steps' starts in one statement: each one's attempt, or `None`.
+    fn step_starts(&self, _c: &dyn Db, starts: &[StepStart], _actor: &str) -> Result<Vec<Option<u32>>> {
+        Ok(vec![None; starts.len()])
+    }
+    /// A step's SUCCESS with its follow-up (see [`Success`]): whether the
+    /// follow-up was made and the started step's attempt, or `None`.
+    fn step_success(&self, c: &dyn Db, w: &Success) -> Result<Option<(bool, u32)>>;
+    /// Whether a batch's SUCCESS writes are made together
+    /// ([`Driver::step_successes`]).
+    fn merges_successes(&self) -> bool {
+        false
+    }
+    /// SUCCESS writes of different instances in one statement: for each,
+    /// as [`Driver::step_success`].
+    fn step_successes(&self, _c: &dyn Db, writes: &[&Success]) -> Result<Vec<Option<(bool, u32)>>> {
+        Ok(vec![None; writes.len()])
     }
 
-    #[test]
-    fn values_read_back_as_the_types_asked_for() {
-        let row = Row(vec![V::Int(3), V::Null, V::Text("x".into()), V::Real(1.5)]);
-        assert_eq!(row.get::<u32>(0).unwrap(), 3);
-        assert_eq!(row.get::<Option<String>>(1).unwrap(), None);
-        assert_eq!(row.get::<String>(2).unwrap(), "x");
-        assert_eq!(row.get::<f64>(3).unwrap(), 1.5);
-        assert!(row.get::<String>(0).is_err());
+    /// The claim's turn (see `leases::take_turn`): sent with the batch's
+    /// first statement where agents share the database.
+    fn take_turn(&self, _conn: &mut dyn Conn) -> Result<()> {
+        Ok(())
+    }
+    /// The runnable heads of every task, up to `n` each, by task: the
+    /// columns of `rows::HEAD_COLS`, then (with `whole`, where the driver
+    /// reads it in the same query) the whole row and its step 0.
+    fn heads(&self, c: &dyn Db, n: usize, whole: bool) -> Result<BTreeMap<String, Vec<Row>>>;
+    /// A claim's moves and its first steps' starts in one round trip: for
+    /// each move its row as moved (`None`: not made) and the instance's
+    /// steps; and each start made. Empty when the driver makes none.
+    fn claims(
+        &self,
+        _c: &dyn Db,
+        _moves: &[ClaimMove],
+        _agent: &str,
+        _lease_secs: f64,
+        _starts: &[StepStart],
+    ) -> Result<ClaimsMade> {
+        Ok(ClaimsMade::default())
+    }
+    /// Leases and retry times moved by `delta` (the wall clock jumped);
+    /// how many instances were moved.
+    fn shift_times(&self, c: &dyn Db, delta: chrono::TimeDelta) -> Result<usize>;
+
+    /// The ended instances to archive first, finished before `cutoff`.
+    fn oldest_ended(&self, c: &dyn Db, cutoff: &str, max: usize) -> Result<Vec<String>>;
+    /// Refuses a first heartbeat under the name of another agent alive on
+    /// this database.
+    fn refuse_namesake(&self, _c: &dyn Db, _id: &str, _name: &str, _host: &str) -> Result<()> {
+        Ok(())
+    }
+    /// The instances in each state.
+    fn state_counts(&self, c: &dyn Db) -> Result<Vec<(String, u64)>>;
+    /// Folds what the moves counted into the state counts.
+    fn fold_counts(&self, _c: &dyn Db) -> Result<()> {
+        Ok(())
     }
 }

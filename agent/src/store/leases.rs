@@ -3,14 +3,16 @@
 //! takeover of instances whose holder is gone. Each runs inside the writer's
 //! batch transaction, like the rest of `write`.
 
-use super::db::{p, Db};
-use super::rows::{ts, INSTANCE_COLS, STEP_COLS};
-use super::write::{history, move_task_from, step_fail, task_state, Also, Claimed};
+use super::db::{Conn, Db};
+use super::history::history;
+use super::model::{Also, ClaimMove, Claimed, ClaimsMade, StepStart};
+use super::rows::{ts, INSTANCE_COLS};
+use super::value::p;
+use super::write::{move_task_from, step_fail, task_state};
 use super::Result;
 use apollo_shared::state::TaskState;
 use chrono::Utc;
 use std::collections::HashMap;
-use std::sync::LazyLock;
 
 /// On PostgreSQL, claims and takeovers of every agent on the schema take
 /// turns (a lock held until the transaction ends), so the counts each one
@@ -18,11 +20,9 @@ use std::sync::LazyLock;
 /// The writer takes the turn first in a batch holding a claim or a takeover
 /// (`Store::write_in_turn`), sent with the batch's first statement: [`claim`]
 /// and [`recover`] run only in such batches.
-pub(super) fn take_turn(conn: &mut dyn super::Conn) -> Result<()> {
-    if conn.db().postgres() {
-        conn.defer("SELECT pg_advisory_xact_lock(hashtext(current_schema() || '.claim'))")?;
-    }
-    Ok(())
+pub(super) fn take_turn(conn: &mut dyn Conn) -> Result<()> {
+    let driver = conn.db().driver();
+    driver.take_turn(conn)
 }
 
 /// A runnable instance: priority, id, task, queue, max_active, state, and
@@ -34,14 +34,6 @@ type Candidate = (i64, String, String, String, Option<u32>, String, Option<Box<C
 /// [`claim_noting`]): given an instance as the claim will leave it, the
 /// version and params of its step 0's start, if it may start.
 pub type First<'a> = &'a dyn Fn(&Claimed) -> Option<(String, String)>;
-
-/// The tasks with runnable work, by a loose scan of the per-task index.
-const TASKS: &str = "WITH RECURSIVE t(task) AS (\
-    SELECT MIN(task) FROM task_instances INDEXED BY task_instances_runnable_task \
-    WHERE state IN ('PENDING', 'RETRYING') \
-    UNION ALL \
-    SELECT (SELECT MIN(task) FROM task_instances INDEXED BY task_instances_runnable_task \
-            WHERE state IN ('PENDING', 'RETRYING') AND task > t.task) FROM t WHERE t.task IS NOT NULL)";
 
 /// The queues' rules for a claim, from `scheduler.queues`.
 #[derive(Debug, Clone, Default)]
@@ -90,56 +82,7 @@ pub fn claim_noting(
     // The heads of each task's runnable rows: on PostgreSQL in the same
     // query (one round trip), where a row another transaction is moving is
     // not a candidate now; on SQLite one query per task.
-    let mut heads: std::collections::BTreeMap<String, Vec<super::db::Row>> = Default::default();
-    if c.postgres() {
-        // Each head's whole row and its step 0 too, when a claim makes
-        // first steps ready before it moves them.
-        static HEADS: LazyLock<[String; 2]> = LazyLock::new(|| {
-            use super::rows::qualified as cols;
-            let sql = |whole: bool| {
-                let (inner, outer, first) = match whole {
-                    true => (
-                        format!("i.max_active, {}", cols("i", INSTANCE_COLS)),
-                        format!(", {}, {}", cols("h", INSTANCE_COLS), cols("s0", STEP_COLS)),
-                        format!(
-                            " LEFT JOIN LATERAL (SELECT {STEP_COLS} FROM step_runs \
-                             WHERE instance_id = h.id AND seq = 0) s0 ON true"
-                        ),
-                    ),
-                    false => (
-                        "i.priority, i.id, i.task, i.queue, i.max_active, i.state".into(),
-                        String::new(),
-                        String::new(),
-                    ),
-                };
-                format!(
-                    "{TASKS} SELECT h.priority, h.id, h.task, h.queue, h.max_active, h.state{outer} FROM t \
-                     CROSS JOIN LATERAL (SELECT {inner} \
-                     FROM task_instances i WHERE i.task = t.task AND i.state IN ('PENDING', 'RETRYING') \
-                       AND (i.next_run_at IS NULL OR i.next_run_at <= apollo_now()) \
-                     ORDER BY i.priority DESC, i.id LIMIT ?1 FOR UPDATE SKIP LOCKED) h{first} \
-                     WHERE t.task IS NOT NULL"
-                )
-            };
-            [sql(false), sql(true)]
-        });
-        for r in c.query(&HEADS[usize::from(first.is_some())], p![n])? {
-            heads.entry(r.get(2)?).or_default().push(r);
-        }
-    } else {
-        let names: Vec<String> = c.column(&format!("{TASKS} SELECT task FROM t WHERE task IS NOT NULL"), &[])?;
-        for task in names {
-            let rows = c.query(
-                "SELECT priority, id, task, queue, max_active, state FROM task_instances \
-                 INDEXED BY task_instances_runnable_task \
-                 WHERE task = ?1 AND state IN ('PENDING', 'RETRYING') \
-                   AND (next_run_at IS NULL OR next_run_at <= apollo_now()) \
-                 ORDER BY priority DESC, id LIMIT ?2",
-                p![task.as_str(), n],
-            )?;
-            heads.insert(task, rows);
-        }
-    }
+    let heads = c.driver().heads(c, n, first.is_some())?;
     for (task, rows) in heads {
         let mut ordered_done = false;
         for r in rows {
@@ -168,8 +111,8 @@ pub fn claim_noting(
             let whole = match r.0.len() > 6 {
                 true => {
                     let n = INSTANCE_COLS.split(',').count();
-                    let mut inst = super::rows::instance(&super::db::Row(r.0[6..6 + n].to_vec()))?;
-                    let step0 = super::db::Row(r.0[6 + n..].to_vec());
+                    let mut inst = super::rows::instance(&super::value::Row(r.0[6..6 + n].to_vec()))?;
+                    let step0 = super::value::Row(r.0[6 + n..].to_vec());
                     inst.steps = Some(match step0.get::<Option<u32>>(0)? {
                         Some(_) => vec![super::rows::step(&step0)?],
                         None => Vec::new(),
@@ -216,13 +159,15 @@ pub fn claim_noting(
         (reason, p![from == TaskState::Retrying, ts(now), agent, lease_secs].to_vec())
     };
     let mut claimed = Vec::with_capacity(chosen.len());
-    // PostgreSQL moves them all, reads their steps and starts the first
-    // steps made ready in one round trip, each move returning the row as it
-    // left it.
-    let (mut done, mut started) = (Vec::new(), Vec::new());
-    if c.postgres() {
-        let moves: Vec<(&str, bool)> =
-            chosen.iter().map(|(id, from, _)| (id.as_str(), *from == TaskState::Retrying)).collect();
+    // The driver moves what it can in one round trip (PostgreSQL: all of
+    // them, reading their steps and starting the first steps made ready,
+    // each move returning the row as it left it); the rest move one by one
+    // below.
+    let ClaimsMade { moved: done, started } = {
+        let moves: Vec<ClaimMove> = chosen
+            .iter()
+            .map(|(id, from, _)| ClaimMove { id: id.as_str(), retry: *from == TaskState::Retrying })
+            .collect();
         // Each first step made ready from the row as the move will leave it
         // (locked since it was read: nothing else can change it meanwhile).
         let ready: Vec<(String, String, String)> = match first {
@@ -240,15 +185,17 @@ pub fn claim_noting(
                 .collect(),
             None => Vec::new(),
         };
-        let starts: Vec<(&str, u32, &str, &str)> =
-            ready.iter().map(|(id, v, p)| (id.as_str(), 0, v.as_str(), p.as_str())).collect();
-        (done, started) = super::moves::claims(c, &moves, agent, lease_secs, &starts)?;
-    }
+        let starts: Vec<StepStart> = ready
+            .iter()
+            .map(|(id, v, p)| StepStart { id: id.as_str(), seq: 0, version: v.as_str(), params: p.as_str() })
+            .collect();
+        c.driver().claims(c, &moves, agent, lease_secs, &starts)?
+    };
     let mut done = done.into_iter();
     for (id, from, _) in chosen {
         match done.next() {
             Some((Some(row), steps)) => {
-                let mut inst = super::rows::instance(&super::db::Row(row.0[1..].to_vec()))?;
+                let mut inst = super::rows::instance(&super::value::Row(row.0[1..].to_vec()))?;
                 inst.steps = Some(steps.iter().map(super::rows::step).collect::<Result<_>>()?);
                 claimed.push(inst);
             }
@@ -257,7 +204,7 @@ pub fn claim_noting(
             _ => {
                 let (reason, params) = terms(from);
                 move_task_from(c, &id, Some(from), TaskState::Running, reason, agent, Also(also, &params))?;
-                claimed.push(super::read::instance_with_steps(c, &id)?);
+                claimed.push(super::rows::instance_with_steps(c, &id)?);
             }
         }
     }
@@ -326,25 +273,7 @@ pub fn renew_leases(c: &dyn Db, agent: &str, ids: &[String], lease_secs: f64) ->
 /// which did not move, and retry times of other agents are theirs: nothing
 /// is moved there.
 pub fn shift_times(c: &dyn Db, delta: chrono::TimeDelta) -> Result<usize> {
-    if c.postgres() {
-        return Ok(0);
-    }
-    let rows = c.query(
-        "SELECT id, next_run_at, lease_expires_at FROM task_instances WHERE state = 'RETRYING' \
-         UNION ALL SELECT id, NULL, lease_expires_at FROM task_instances WHERE state = 'RUNNING' \
-         UNION ALL SELECT id, NULL, lease_expires_at FROM task_instances INDEXED BY task_instances_rolling_back \
-         WHERE state = 'FAILED' AND rollback_pending = 1",
-        &[],
-    )?;
-    let shift = |t: Option<String>| super::rows::parse_ts(t).map(|t| ts(t + delta));
-    for r in &rows {
-        let (id, next, lease): (String, Option<String>, Option<String>) = (r.get(0)?, r.get(1)?, r.get(2)?);
-        c.execute(
-            "UPDATE task_instances SET next_run_at = COALESCE(?2, next_run_at), lease_expires_at = COALESCE(?3, lease_expires_at) WHERE id = ?1",
-            p![id, shift(next), shift(lease)],
-        )?;
-    }
-    Ok(rows.len())
+    c.driver().shift_times(c, delta)
 }
 
 /// Takes over instances whose holder is gone: every RUNNING instance and every
@@ -406,7 +335,7 @@ pub fn recover(c: &dyn Db, agent: &str, lease_secs: f64, which: &Recover) -> Res
         // A note, not a move: the instance keeps its state and changes hands.
         let state = task_state(c, &id)?;
         history(c, &id, None, Some(state.as_str()), state.as_str(), "recovered: resumed by this agent", agent)?;
-        out.push(super::read::instance_with_steps(c, &id)?);
+        out.push(super::rows::instance_with_steps(c, &id)?);
     }
     Ok(out)
 }

@@ -52,7 +52,7 @@ const NOTIFY: &str = "SELECT pg_notify('apollo_' || left(md5(current_schema()), 
 fn send(c: &dyn Db, payload: &str) -> Result<()> {
     const TAG: &str = "$apollo_note$";
     if payload.contains(TAG) {
-        c.query(&format!("{NOTIFY}?1)"), super::db::p![payload])?;
+        c.query(&format!("{NOTIFY}?1)"), super::value::p![payload])?;
         return Ok(());
     }
     c.execute_later(&format!("{NOTIFY}{TAG}{payload}{TAG})"))

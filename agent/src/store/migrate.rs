@@ -7,8 +7,9 @@
 //! continue every unfinished instance (an instance the stopped agent held
 //! is taken up as its lease has run out).
 
-use super::db::{Db, V};
+use super::db::Db;
 use super::postgres::{PgConn, Target};
+use super::value::V;
 use super::Conn;
 use sha2::{Digest, Sha256};
 use std::fmt::Write as _;

@@ -17,10 +17,11 @@
 
 pub mod db;
 mod error;
+mod history;
 mod leases;
 pub mod listen;
 pub mod migrate;
-mod moves;
+mod model;
 mod ops;
 mod pool;
 pub mod postgres;
@@ -29,16 +30,17 @@ mod records;
 mod rows;
 pub mod schema;
 pub mod sqlite;
+pub mod value;
 mod write;
 mod writer;
 
+pub use db::{Conn, Db, Driver};
 pub use error::{Result, StoreError};
 pub use leases::{QueuePolicy, Recover};
+pub use model::{Claimed, FailurePlan, NewInstance};
 pub use ops::{ClaimTerms, Created, Followed, Then};
 pub use pool::{Location, Store};
 pub use read::ListFilter;
 pub use records::Heartbeat;
-pub use write::{Claimed, Decide, FailurePlan, NewInstance};
-pub use writer::Conn;
-
 pub use sqlite::backup;
+pub use write::Decide;

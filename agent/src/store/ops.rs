@@ -1,8 +1,9 @@
 //! The store's operations as the scheduler and the server call them: each
 //! one write (group-committed), followed by a notice on the bus.
 
-use super::db::p;
-use super::write::{self, Claimed, FailurePlan, NewInstance};
+use super::model::{Claimed, FailurePlan, NewInstance, StepStart};
+use super::value::p;
+use super::write;
 use super::{leases, records};
 use super::{Result, Store};
 use apollo_shared::protocol::{EventKind, Topic};
@@ -75,7 +76,7 @@ fn unless_refused(followed: Result<Followed>) -> Result<Followed> {
 impl Store {
     fn changed(&self, id: &str, state: &str, step: Option<(u32, &str)>) {
         // Nobody to tell (no client, no other agent): nothing to build.
-        if !self.is_postgres() && !self.bus().wants(Topic::Tasks) {
+        if !self.shared() && !self.bus().wants(Topic::Tasks) {
             return;
         }
         let mut data = json!({ "id": id, "state": state });
@@ -116,7 +117,7 @@ impl Store {
             let (id, created) = write::create(c, &n, &actor)?;
             // New work wakes the other agents with this very commit (not
             // a notification of its own after it): the fastest pickup.
-            if created && c.postgres() {
+            if created && c.driver().shared() {
                 let note = json!({ "topic": "tasks", "kind": "instance.created",
                                    "data": { "id": id, "task": n.task, "state": "PENDING" } });
                 super::listen::notify(c, &agent, &[note.to_string()])?;
@@ -126,9 +127,10 @@ impl Store {
                 _ => Vec::new(),
             };
             let followed = match &first {
-                Some((seq, v, p)) if claimed.iter().any(|i| i.id == id) => {
-                    unless_refused(write::step_start(c, &id, *seq, v, p, &agent).map(Followed::Started))?
-                }
+                Some((seq, v, p)) if claimed.iter().any(|i| i.id == id) => unless_refused(
+                    write::step_start(c, StepStart { id: &id, seq: *seq, version: v, params: p }, &agent)
+                        .map(Followed::Started),
+                )?,
                 _ => Followed::Nothing,
             };
             Ok(Created { id, created, claimed, followed })
@@ -196,10 +198,12 @@ impl Store {
                         None => ready(i),
                     })
                     .collect();
-                let starts: Vec<(&str, u32, &str, &str)> = claimed
+                let starts: Vec<StepStart> = claimed
                     .iter()
                     .zip(&readied)
-                    .filter_map(|(i, r)| r.as_ref().map(|(_, v, p)| (i.id.as_str(), 0, v.as_str(), p.as_str())))
+                    .filter_map(|(i, r)| {
+                        r.as_ref().map(|(_, v, p)| StepStart { id: i.id.as_str(), seq: 0, version: v, params: p })
+                    })
                     .collect();
                 let mut outcomes = write::step_starts(c, &starts, &agent)?.into_iter();
                 let mut out = Vec::with_capacity(claimed.len());
@@ -231,7 +235,8 @@ impl Store {
 
     pub async fn step_start(&self, id: &str, seq: u32, version: &str, params: &Value) -> Result<u32> {
         let (i, v, p, a) = (id.to_string(), version.to_string(), params.to_string(), self.agent().to_string());
-        let attempt = self.write(move |c| write::step_start(c, &i, seq, &v, &p, &a)).await?;
+        let attempt =
+            self.write(move |c| write::step_start(c, StepStart { id: &i, seq, version: &v, params: &p }, &a)).await?;
         self.changed(id, "RUNNING", Some((seq, "RUNNING")));
         Ok(attempt)
     }
@@ -250,7 +255,7 @@ impl Store {
         context: &Value,
         then: Then<'_>,
     ) -> Result<Followed> {
-        let write = write::Success {
+        let write = super::model::Success {
             id: id.to_string(),
             seq,
             output: output.to_string(),
@@ -458,9 +463,9 @@ impl Store {
         self.write(move |c| records::stopped(c, &id)).await
     }
 
-    /// Folds the state counts' deltas (PostgreSQL).
+    /// Folds the state counts' deltas (where the driver counts in deltas).
     pub async fn fold_counts(&self) -> Result<()> {
-        if self.is_postgres() {
+        if self.shared() {
             self.write(records::fold_counts).await?;
         }
         Ok(())

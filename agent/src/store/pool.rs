@@ -2,10 +2,10 @@
 //! pools, and which backend they reach. Operations on it live in `ops`,
 //! `read`, `records` and `leases`.
 
-use super::db::Db;
+use super::db::{Db, Driver};
 use super::postgres::{self, Target};
 use super::writer::{writer_loop, Job, Pending, Work};
-use super::{listen, records, schema, sqlite, write, Conn, Result, StoreError};
+use super::{listen, records, schema, sqlite, Conn, Result, StoreError};
 use crate::bus::Bus;
 use crate::config::{Config, Synchronous};
 use apollo_shared::protocol::{EventKind, Topic};
@@ -201,8 +201,18 @@ impl Store {
         Store { inner: self.inner.clone(), replica: true }
     }
 
-    pub fn is_postgres(&self) -> bool {
-        matches!(self.inner.backend, Backend::Postgres { .. })
+    /// The backend's driver.
+    pub fn driver(&self) -> &'static dyn Driver {
+        match self.inner.backend {
+            Backend::Sqlite { .. } => &sqlite::DRIVER,
+            Backend::Postgres { .. } => &postgres::DRIVER,
+        }
+    }
+
+    /// Whether several agents share this store (PostgreSQL): changes are
+    /// told to the others, and each agent recovers only its own work.
+    pub fn shared(&self) -> bool {
+        self.driver().shared()
     }
 
     pub fn agent(&self) -> &str {
@@ -217,7 +227,7 @@ impl Store {
     /// database, to the other agents (a notification after this change's
     /// commit; see [`listen::listen`]).
     pub fn announce(&self, topic: Topic, kind: EventKind, data: serde_json::Value) {
-        if self.is_postgres() {
+        if self.shared() {
             let payload = serde_json::json!({ "topic": topic, "kind": kind, "data": &data }).to_string();
             // PostgreSQL carries at most 8000 bytes; a longer one (an alert
             // with a long message) is left to the others' next read.
@@ -276,7 +286,7 @@ impl Store {
 
     /// As [`Store::write`], for a step's SUCCESS: the writer makes those of
     /// one batch together.
-    pub(super) async fn write_success(&self, w: write::Success) -> Result<(bool, u32)> {
+    pub(super) async fn write_success(&self, w: super::model::Success) -> Result<(bool, u32)> {
         self.write_job(w, false).await
     }
 

@@ -1,10 +1,11 @@
 //! Queries. They run on read-only connections (and, inside a write, on the
 //! writer's connection) and change nothing.
 
-use super::db::{p, Db};
-use super::rows::{self, parse_ts, ts, INSTANCE_COLS, STEP_COLS, SUMMARY_COLS};
+use super::rows::{self, parse_ts, ts, SUMMARY_COLS};
+use super::rows::{add_earlier_attempts, instance_with_steps, transitions};
+use super::value::p;
 use super::{Result, Store, StoreError};
-use apollo_shared::protocol::{Alert, AttemptRun, AuditEntry, EventRecord, Instance, QueueStats, Transition};
+use apollo_shared::protocol::{Alert, AuditEntry, EventRecord, Instance, QueueStats};
 use apollo_shared::state::{StepState, TaskState};
 use chrono::{DateTime, Utc};
 use std::collections::BTreeMap;
@@ -18,55 +19,6 @@ pub struct ListFilter {
     pub limit: u32,
     /// Only instances with an id lower than this (newest first paging).
     pub before: Option<String>,
-}
-
-pub(super) fn instance_with_steps(c: &dyn Db, id: &str) -> Result<Instance> {
-    let row = c
-        .query_opt(&format!("SELECT {INSTANCE_COLS} FROM task_instances WHERE id = ?1"), p![id])?
-        .ok_or_else(|| StoreError::NotFound(format!("no instance {id}")))?;
-    let mut inst = rows::instance(&row)?;
-    let steps = c
-        .query(&format!("SELECT {STEP_COLS} FROM step_runs WHERE instance_id = ?1 ORDER BY seq"), p![id])?
-        .iter()
-        .map(rows::step)
-        .collect::<Result<_>>()?;
-    inst.steps = Some(steps);
-    Ok(inst)
-}
-
-/// Puts each step's earlier attempts on it (for `tasks.get` and the archive;
-/// claims do without).
-pub(super) fn add_earlier_attempts(c: &dyn Db, inst: &mut Instance) -> Result<()> {
-    let rows = c.query(
-        "SELECT seq, attempt, plugin_version, params, error, started_at, finished_at FROM step_attempts \
-         WHERE instance_id = ?1 ORDER BY seq, attempt",
-        p![inst.id.as_str()],
-    )?;
-    for r in &rows {
-        let seq: u32 = r.get(0)?;
-        let a = AttemptRun {
-            attempt: r.get(1)?,
-            plugin_version: r.get(2)?,
-            params: r.get::<Option<String>>(3)?.and_then(|p| serde_json::from_str(&p).ok()),
-            error: r.get(4)?,
-            started_at: parse_ts(r.get(5)?),
-            finished_at: parse_ts(r.get(6)?),
-        };
-        if let Some(step) = inst.steps.iter_mut().flatten().find(|s| s.seq == seq) {
-            step.earlier.push(a);
-        }
-    }
-    Ok(())
-}
-
-pub(super) fn transitions(c: &dyn Db, id: &str) -> Result<Vec<Transition>> {
-    c.query(
-        "SELECT at, step_seq, from_state, to_state, reason, actor FROM transitions WHERE instance_id = ?1 ORDER BY id",
-        p![id],
-    )?
-    .iter()
-    .map(rows::transition)
-    .collect()
 }
 
 impl Store {
@@ -152,14 +104,8 @@ impl Store {
     pub async fn counts(&self) -> Result<BTreeMap<String, u64>> {
         self.read(|c| {
             let mut out: BTreeMap<String, u64> = TaskState::ALL.iter().map(|s| (s.to_string(), 0)).collect();
-            let sql = if c.postgres() {
-                "SELECT state, CAST(SUM(n) AS BIGINT) FROM (SELECT state, n FROM state_counts \
-                 UNION ALL SELECT state, d FROM state_deltas) AS c GROUP BY state"
-            } else {
-                "SELECT state, n FROM state_counts"
-            };
-            for r in c.query(sql, &[])? {
-                out.insert(r.get(0)?, r.get(1)?);
+            for (state, n) in c.driver().state_counts(c)? {
+                out.insert(state, n);
             }
             Ok(out)
         })

@@ -1,7 +1,8 @@
 //! Writes that are not state transitions: alerts, received events, the archive.
 
-use super::db::{p, Db};
+use super::db::Db;
 use super::rows::ts;
+use super::value::p;
 use super::Result;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -48,19 +49,11 @@ pub fn insert_event(
 /// Moves up to `max` finished instances (SUCCESS, ROLLED_BACK, and FAILED
 /// ones that nothing works on) that ended before `cutoff` to the archive.
 pub fn archive(c: &dyn Db, cutoff: DateTime<Utc>, max: usize) -> Result<Vec<String>> {
-    // finished_at is set only on an ended instance (a retry or a rollback
-    // clears it); the index holds only those, oldest first.
-    const OLDEST: &str = "SELECT id FROM task_instances INDEXED BY task_instances_finished \
-         WHERE finished_at IS NOT NULL AND finished_at < ?1 \
-         AND state IN ('SUCCESS', 'ROLLED_BACK', 'FAILED') AND rollback_pending = 0 \
-         ORDER BY finished_at LIMIT ?2";
-    // On PostgreSQL, what another agent is archiving now is left to it.
-    let sql = if c.postgres() { format!("{OLDEST} FOR UPDATE SKIP LOCKED") } else { OLDEST.to_string() };
-    let ids: Vec<String> = c.column(&sql, p![ts(cutoff), max])?;
+    let ids = c.driver().oldest_ended(c, &ts(cutoff), max)?;
     for id in &ids {
-        let mut doc = super::read::instance_with_steps(c, id)?;
-        super::read::add_earlier_attempts(c, &mut doc)?;
-        doc.transitions = Some(super::read::transitions(c, id)?);
+        let mut doc = super::rows::instance_with_steps(c, id)?;
+        super::rows::add_earlier_attempts(c, &mut doc)?;
+        doc.transitions = Some(super::rows::transitions(c, id)?);
         c.execute(
             "INSERT INTO archive (id, task, state, finished_at, archived_at, doc, dedup_key, queue) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT DO NOTHING",
@@ -100,29 +93,8 @@ pub struct Heartbeat {
 /// elsewhere. (A SQLite file has one agent; a copy restored from a backup is
 /// a store of its own.)
 pub fn heartbeat(c: &dyn Db, id: &str, h: &Heartbeat, starting: bool) -> Result<()> {
-    if starting && c.postgres() {
-        let other = c.query_opt(
-            "SELECT id, host, CASE WHEN heartbeat_at > apollo_now_plus(-lease_secs) AND stopped_at IS NULL THEN 1 ELSE 0 END \
-             FROM agents WHERE name = ?1",
-            p![h.name.as_str()],
-        )?;
-        if let Some(r) = other {
-            let (other_id, host, alive): (String, String, bool) = (r.get(0)?, r.get(1)?, r.get(2)?);
-            // On this host a dead process is known dead.
-            let pid_alive = |id: &str| {
-                id.rsplit(':')
-                    .next()
-                    .and_then(|p| p.parse::<i32>().ok())
-                    .is_some_and(|pid| nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok())
-            };
-            if alive && other_id != id && (host != h.host || pid_alive(&other_id)) {
-                return Err(super::StoreError::Invalid(format!(
-                    "another agent named {:?} ({other_id} on {host}) is alive on this store; give this one another \
-                     agent.name (or --name), or stop that one",
-                    h.name
-                )));
-            }
-        }
+    if starting {
+        c.driver().refuse_namesake(c, id, &h.name, &h.host)?;
     }
     let queues = serde_json::to_string(&h.queues).unwrap_or_default();
     let started = if starting { Some(ts(Utc::now())) } else { None };
@@ -145,13 +117,5 @@ pub fn stopped(c: &dyn Db, id: &str) -> Result<()> {
 /// PostgreSQL: folds the per-state deltas into the counts (a no-op on
 /// SQLite, whose triggers update the counts in place).
 pub fn fold_counts(c: &dyn Db) -> Result<()> {
-    if c.postgres() {
-        c.execute(
-            "WITH moved AS (DELETE FROM state_deltas RETURNING state, d), \
-             sums AS (SELECT state, SUM(d) AS d FROM moved GROUP BY state) \
-             UPDATE state_counts SET n = state_counts.n + sums.d FROM sums WHERE state_counts.state = sums.state",
-            &[],
-        )?;
-    }
-    Ok(())
+    c.driver().fold_counts(c)
 }

@@ -1,8 +1,9 @@
 //! Mapping between rows and the protocol's types, and the text form of times.
 
-use super::db::Row;
+use super::db::Db;
+use super::value::{p, Row};
 use super::{Result, StoreError};
-use apollo_shared::protocol::{Alert, Instance, StepRun, Transition};
+use apollo_shared::protocol::{Alert, AttemptRun, Instance, StepRun, Transition};
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::Value;
 
@@ -110,4 +111,61 @@ pub fn alert(r: &Row) -> Result<Alert> {
         message: r.get(3)?,
         instance: r.get(4)?,
     })
+}
+
+/// The tasks with runnable work, by a loose scan of the per-task index.
+pub const RUNNABLE_TASKS: &str = "WITH RECURSIVE t(task) AS (\
+    SELECT MIN(task) FROM task_instances INDEXED BY task_instances_runnable_task \
+    WHERE state IN ('PENDING', 'RETRYING') \
+    UNION ALL \
+    SELECT (SELECT MIN(task) FROM task_instances INDEXED BY task_instances_runnable_task \
+            WHERE state IN ('PENDING', 'RETRYING') AND task > t.task) FROM t WHERE t.task IS NOT NULL)";
+
+pub(super) fn instance_with_steps(c: &dyn Db, id: &str) -> Result<Instance> {
+    let row = c
+        .query_opt(&format!("SELECT {INSTANCE_COLS} FROM task_instances WHERE id = ?1"), p![id])?
+        .ok_or_else(|| StoreError::NotFound(format!("no instance {id}")))?;
+    let mut inst = instance(&row)?;
+    let steps = c
+        .query(&format!("SELECT {STEP_COLS} FROM step_runs WHERE instance_id = ?1 ORDER BY seq"), p![id])?
+        .iter()
+        .map(step)
+        .collect::<Result<_>>()?;
+    inst.steps = Some(steps);
+    Ok(inst)
+}
+
+/// Puts each step's earlier attempts on it (for `tasks.get` and the archive;
+/// claims do without).
+pub(super) fn add_earlier_attempts(c: &dyn Db, inst: &mut Instance) -> Result<()> {
+    let rows = c.query(
+        "SELECT seq, attempt, plugin_version, params, error, started_at, finished_at FROM step_attempts \
+         WHERE instance_id = ?1 ORDER BY seq, attempt",
+        p![inst.id.as_str()],
+    )?;
+    for r in &rows {
+        let seq: u32 = r.get(0)?;
+        let a = AttemptRun {
+            attempt: r.get(1)?,
+            plugin_version: r.get(2)?,
+            params: r.get::<Option<String>>(3)?.and_then(|p| serde_json::from_str(&p).ok()),
+            error: r.get(4)?,
+            started_at: parse_ts(r.get(5)?),
+            finished_at: parse_ts(r.get(6)?),
+        };
+        if let Some(step) = inst.steps.iter_mut().flatten().find(|s| s.seq == seq) {
+            step.earlier.push(a);
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn transitions(c: &dyn Db, id: &str) -> Result<Vec<Transition>> {
+    c.query(
+        "SELECT at, step_seq, from_state, to_state, reason, actor FROM transitions WHERE instance_id = ?1 ORDER BY id",
+        p![id],
+    )?
+    .iter()
+    .map(transition)
+    .collect()
 }

@@ -376,7 +376,7 @@ pub const PG_VERSION: usize = PG_MIGRATIONS.len();
 /// Creates the schema if needed and applies what it lacks, one agent at a
 /// time (several may start together).
 pub fn migrate_postgres(c: &mut super::postgres::PgConn, schema: &str) -> anyhow::Result<()> {
-    use super::writer::Conn as _;
+    use super::db::Conn as _;
     c.batch("BEGIN")?;
     let result = migrate_in(c, schema).and_then(|()| Ok(c.batch("COMMIT")?));
     if result.is_err() {
@@ -386,8 +386,9 @@ pub fn migrate_postgres(c: &mut super::postgres::PgConn, schema: &str) -> anyhow
 }
 
 fn migrate_in(c: &mut super::postgres::PgConn, schema: &str) -> anyhow::Result<()> {
-    use super::db::{p, Db};
-    use super::writer::Conn as _;
+    use super::db::Conn as _;
+    use super::db::Db;
+    use super::value::p;
     let quoted = super::postgres::quote_ident(schema);
     (&*c as &dyn Db).query("SELECT pg_advisory_xact_lock(hashtext(?1 || '.migrate'))", p![schema])?;
     c.batch(&format!(

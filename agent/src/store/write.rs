@@ -1,86 +1,18 @@
-//! The SQL of every write. Each function runs inside the writer's batch
-//! transaction (and may run twice: see [`super::writer`]) and checks the transition table before
-//! it changes a state.
+//! Every write, portable: each runs inside the writer's batch transaction
+//! (and may run twice: see [`super::writer`]), checks the transition table
+//! before it changes a state, and asks the backend's driver
+//! ([`super::db::Driver`]) for what differs — the locking reads, and the
+//! moves it makes in one statement.
 
-use super::db::{p, Db, V};
+use super::db::Db;
+use super::history::{apply_task, history, STEP_RUNNING, STEP_SUCCESS};
+use super::model::{After, Also, FailurePlan, NewInstance, StepRow, StepStart, Success, TaskMove, ONLY};
 use super::rows::ts;
+use super::value::{p, V};
 use super::{Result, StoreError};
-use apollo_shared::protocol::Instance;
 use apollo_shared::state::{check_step, check_task, StepState, TaskState};
-use chrono::{DateTime, Utc};
-use serde_json::{Map, Value};
-use std::collections::HashMap;
-
-/// What a trigger asks the store to create.
-#[derive(Debug, Clone)]
-pub struct NewInstance {
-    pub id: String,
-    pub task: String,
-    pub def_hash: String,
-    pub queue: String,
-    pub priority: u8,
-    pub max_active: Option<u32>,
-    pub params: Map<String, Value>,
-    /// The initial context (trace id, params, work dir, event).
-    pub context: Value,
-    pub trace_id: String,
-    pub trigger: String,
-    pub dedup_key: Option<String>,
-    /// (name, plugin) of each step, in order.
-    pub steps: Vec<(String, String)>,
-    /// Sum of the steps' timeouts, for the zombie reaper.
-    pub expected_secs: f64,
-}
-
-/// What follows a failure that ended an attempt.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum FailurePlan {
-    /// Wait in RETRYING until this time.
-    Retry(DateTime<Utc>),
-    /// Stay FAILED and held while the rollback runs.
-    Rollback,
-    /// Stay FAILED for an operator (on_failure: stop, cancel).
-    Stop,
-}
-
-/// An instance a claim or a recovery handed to this agent, with its steps.
-pub type Claimed = Instance;
-
-pub(super) fn history(
-    c: &dyn Db,
-    id: &str,
-    step: Option<u32>,
-    from: Option<&str>,
-    to: &str,
-    reason: &str,
-    actor: &str,
-) -> Result<()> {
-    c.execute(
-        "INSERT INTO transitions (instance_id, step_seq, from_state, to_state, reason, actor, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-        p![id, step, from, to, super::rows::reason(reason), actor, ts(Utc::now())],
-    )?;
-    Ok(())
-}
-
-pub(super) fn task_state(c: &dyn Db, id: &str) -> Result<TaskState> {
-    // On PostgreSQL the row is locked until the transaction ends, so two
-    // agents never both move an instance from the state each one read.
-    let sql = if c.postgres() {
-        "SELECT state FROM task_instances WHERE id = ?1 FOR UPDATE"
-    } else {
-        "SELECT state FROM task_instances WHERE id = ?1"
-    };
-    let s: Option<String> = c.value(sql, p![id])?;
-    let s = s.ok_or_else(|| StoreError::NotFound(format!("no instance {id}")))?;
-    s.parse().map_err(StoreError::Invalid)
-}
-
-/// What else a move changes in the same row, in the same statement: `SET`
-/// assignments whose placeholders come after the move's own three.
-pub(super) struct Also<'a>(pub &'a str, pub &'a [V]);
-
-/// Nothing else.
-pub(super) const ONLY: Also<'static> = Also("", &[]);
+use chrono::Utc;
+use serde_json::Value;
 
 /// Moves an instance to `to` after the table allows it, with a history row.
 pub(super) fn move_task(c: &dyn Db, id: &str, to: TaskState, reason: &str, actor: &str) -> Result<TaskState> {
@@ -100,8 +32,9 @@ pub(super) fn move_task_and(
 }
 
 /// [`move_task_and`]; `known`, the state this transaction has read already,
-/// saves reading it again on SQLite (whose one writer holds the database;
-/// PostgreSQL reads and locks the row as it moves it).
+/// saves reading it again where the driver can trust it (SQLite's one
+/// writer holds the database; PostgreSQL reads and locks the row as it
+/// moves it).
 pub(super) fn move_task_from(
     c: &dyn Db,
     id: &str,
@@ -111,47 +44,23 @@ pub(super) fn move_task_from(
     actor: &str,
     also: Also,
 ) -> Result<TaskState> {
-    if c.postgres() {
-        if let Some(from) = super::moves::task(c, id, to, reason, actor, &also)? {
-            return Ok(from);
-        }
+    let d = c.driver();
+    let m = TaskMove { id, to, reason, actor, also };
+    if let Some(from) = d.move_task(c, &m)? {
+        return Ok(from);
     }
-    let from = match known {
-        Some(from) if !c.postgres() => from,
-        _ => task_state(c, id)?,
-    };
-    check_task(from, to)?;
-    let mut params = vec![V::from(id), V::from(to.as_str()), V::from(ts(Utc::now()))];
-    params.extend_from_slice(also.1);
-    if also.0.is_empty() {
-        c.execute("UPDATE task_instances SET state = ?2, updated_at = ?3 WHERE id = ?1", &params)?;
-    } else {
-        c.execute(
-            &format!("UPDATE task_instances SET state = ?2, updated_at = ?3, {} WHERE id = ?1", also.0),
-            &params,
-        )?;
-    }
-    history(c, id, None, Some(from.as_str()), to.as_str(), reason, actor)?;
-    Ok(from)
+    let from = d.state_before_move(c, id, known)?;
+    apply_task(c, id, from, to, reason, actor, &m.also)
 }
 
-/// A step's state, attempts and failures (locked on PostgreSQL).
-fn step_row(c: &dyn Db, id: &str, seq: u32) -> Result<(StepState, u32, u32)> {
-    let sql = if c.postgres() {
-        "SELECT state, attempts, failures FROM step_runs WHERE instance_id = ?1 AND seq = ?2 FOR UPDATE"
-    } else {
-        "SELECT state, attempts, failures FROM step_runs WHERE instance_id = ?1 AND seq = ?2"
-    };
-    let r = c
-        .query_opt(sql, p![id, seq])?
-        .ok_or_else(|| StoreError::NotFound(format!("no step {seq} in instance {id}")))?;
-    let state: String = r.get(0)?;
-    Ok((state.parse().map_err(StoreError::Invalid)?, r.get(1)?, r.get(2)?))
+/// An instance's state, locked for the move about to be made.
+pub(super) fn task_state(c: &dyn Db, id: &str) -> Result<TaskState> {
+    c.driver().task_state(c, id)
 }
 
 /// Moves a step to `to` after the table allows it, with a history row.
 pub(super) fn move_step(c: &dyn Db, id: &str, seq: u32, to: StepState, reason: &str, actor: &str) -> Result<StepState> {
-    let (from, _, _) = step_row(c, id, seq)?;
+    let from = c.driver().step_row(c, id, seq)?.state;
     check_step(from, to)?;
     c.execute("UPDATE step_runs SET state = ?3 WHERE instance_id = ?1 AND seq = ?2", p![id, seq, to.as_str()])?;
     history(c, id, Some(seq), Some(from.as_str()), to.as_str(), reason, actor)?;
@@ -179,7 +88,7 @@ pub fn create(c: &dyn Db, n: &NewInstance, actor: &str) -> Result<(String, bool)
             return Ok((id, false));
         }
     }
-    if c.postgres() && super::moves::create(c, n, actor)? {
+    if c.driver().create(c, n, actor)? {
         return Ok((n.id.clone(), true));
     }
     let now = ts(Utc::now());
@@ -238,95 +147,43 @@ pub fn create(c: &dyn Db, n: &NewInstance, actor: &str) -> Result<(String, bool)
     Ok((n.id.clone(), true))
 }
 
-/// Refuses a step write on an instance this agent does not hold RUNNING:
-/// an executor whose instance was taken from it (cancelled, failed, taken
-/// over) must stop rather than move its steps.
-fn ensure_held(c: &dyn Db, id: &str, agent: &str) -> Result<()> {
-    let sql = if c.postgres() {
-        "SELECT state, lease_owner FROM task_instances WHERE id = ?1 FOR UPDATE"
-    } else {
-        "SELECT state, lease_owner FROM task_instances WHERE id = ?1"
-    };
-    let row = c.query_opt(sql, p![id])?;
-    let row: Option<(String, Option<String>)> = row.map(|r| Ok::<_, StoreError>((r.get(0)?, r.get(1)?))).transpose()?;
-    match row {
-        None => Err(StoreError::NotFound(format!("no instance {id}"))),
-        Some((state, owner)) if state == "RUNNING" && owner.as_deref() == Some(agent) => Ok(()),
-        Some((state, owner)) => Err(StoreError::Invalid(format!(
-            "instance {id} is {state}, held by {}; {agent} may not run its steps",
-            owner.as_deref().unwrap_or("nobody")
-        ))),
+/// Starts a step of an instance `actor` holds: its attempt.
+pub fn step_start(c: &dyn Db, s: StepStart, actor: &str) -> Result<u32> {
+    if let Some(attempt) = c.driver().step_starts(c, &[s], actor)?.pop().flatten() {
+        return Ok(attempt);
     }
-}
-
-/// [`ensure_held`] then [`step_row`]: on SQLite one statement reads both.
-fn held_step(c: &dyn Db, id: &str, seq: u32, agent: &str) -> Result<(StepState, u32, u32)> {
-    if c.postgres() {
-        ensure_held(c, id, agent)?;
-        return step_row(c, id, seq);
-    }
-    let row = c.query_opt(
-        "SELECT i.state, i.lease_owner, s.state, s.attempts, s.failures FROM task_instances i \
-         LEFT JOIN step_runs s ON s.instance_id = i.id AND s.seq = ?2 WHERE i.id = ?1",
-        p![id, seq],
-    )?;
-    let Some(r) = row else { return Err(StoreError::NotFound(format!("no instance {id}"))) };
-    let (state, owner): (String, Option<String>) = (r.get(0)?, r.get(1)?);
-    if state != "RUNNING" || owner.as_deref() != Some(agent) {
-        return Err(StoreError::Invalid(format!(
-            "instance {id} is {state}, held by {}; {agent} may not run its steps",
-            owner.as_deref().unwrap_or("nobody")
-        )));
-    }
-    let step: Option<String> = r.get(2)?;
-    let step = step.ok_or_else(|| StoreError::NotFound(format!("no step {seq} in instance {id}")))?;
-    Ok((step.parse().map_err(StoreError::Invalid)?, r.get(3)?, r.get(4)?))
-}
-
-/// A step's start: attempt, version, params, time.
-const STEP_RUNNING: &str = "UPDATE step_runs SET state = 'RUNNING', attempts = ?3, plugin_version = ?4, params = ?5, \
-     started_at = ?6, finished_at = NULL, error = NULL WHERE instance_id = ?1 AND seq = ?2";
-/// A step's SUCCESS: output, time.
-const STEP_SUCCESS: &str =
-    "UPDATE step_runs SET state = 'SUCCESS', output = ?3, finished_at = ?4 WHERE instance_id = ?1 AND seq = ?2";
-
-pub fn step_start(c: &dyn Db, id: &str, seq: u32, version: &str, params_json: &str, actor: &str) -> Result<u32> {
-    if c.postgres() {
-        if let Some(attempt) = super::moves::step_start(c, id, seq, version, params_json, actor)? {
-            return Ok(attempt);
-        }
-    }
-    let (from, attempts, _) = held_step(c, id, seq, actor)?;
+    let StepStart { id, seq, version, params } = s;
+    let StepRow { state: from, attempts, .. } = c.driver().held_step(c, id, seq, actor)?;
     check_step(from, StepState::Running)?;
     let attempt = attempts + 1;
-    c.execute(STEP_RUNNING, p![id, seq, attempt, version, params_json, ts(Utc::now())])?;
+    c.execute(STEP_RUNNING, p![id, seq, attempt, version, params, ts(Utc::now())])?;
     history(c, id, Some(seq), Some(from.as_str()), "RUNNING", &format!("attempt {attempt}"), actor)?;
     Ok(attempt)
 }
 
-/// Several steps' starts, as [`step_start`] each (PostgreSQL makes them in
-/// one statement); the outcome of each. A start PostgreSQL's statement did
+/// Several steps' starts, as [`step_start`] each (a driver may make them in
+/// one statement); the outcome of each. A start the driver's statement did
 /// not make runs alone after, to say why.
-pub fn step_starts(c: &dyn Db, starts: &[(&str, u32, &str, &str)], actor: &str) -> Result<Vec<Result<u32>>> {
-    let fast = match c.postgres() && !starts.is_empty() {
-        true => super::moves::step_starts(c, starts, actor)?,
-        false => vec![None; starts.len()],
+pub fn step_starts(c: &dyn Db, starts: &[StepStart], actor: &str) -> Result<Vec<Result<u32>>> {
+    let fast = match starts.is_empty() {
+        true => Vec::new(),
+        false => c.driver().step_starts(c, starts, actor)?,
     };
     Ok(fast
         .into_iter()
         .zip(starts)
-        .map(|(done, (id, seq, version, params))| match done {
+        .map(|(done, s)| match done {
             Some(attempt) => Ok(attempt),
-            None => step_start(c, id, *seq, version, params, actor),
+            None => step_start(c, *s, actor),
         })
         .collect())
 }
 
 /// Records a step's SUCCESS, its output and the new context together (the
-/// portable moves; on PostgreSQL they run only when its statement refused
-/// the SUCCESS, to say why).
+/// portable moves: they run when the driver's statement refused the
+/// SUCCESS, to say why).
 fn step_success(c: &dyn Db, id: &str, seq: u32, output: &str, context: &str, actor: &str) -> Result<()> {
-    let (from, _, _) = held_step(c, id, seq, actor)?;
+    let from = c.driver().held_step(c, id, seq, actor)?.state;
     check_step(from, StepState::Success)?;
     let now = ts(Utc::now());
     c.execute(STEP_SUCCESS, p![id, seq, output, now.as_str()])?;
@@ -335,165 +192,35 @@ fn step_success(c: &dyn Db, id: &str, seq: u32, output: &str, context: &str, act
     Ok(())
 }
 
-/// A step's SUCCESS write with what follows it ([`step_success_and`]),
-/// owned for the writer thread, which makes those of one batch together on
-/// PostgreSQL ([`super::moves::step_successes`]).
-pub struct Success {
-    pub id: String,
-    pub seq: u32,
-    /// The step's output and the instance's new context, as JSON.
-    pub output: String,
-    pub context: String,
-    /// The next step to start: its seq, plugin version and params as JSON.
-    pub next: Option<(u32, String, String)>,
-    /// Ends the instance SUCCESS (when `next` is `None`).
-    pub finish: bool,
-    pub actor: String,
-}
-
-impl Success {
-    fn after(&self) -> After<'_> {
-        match (&self.next, self.finish) {
-            (Some((n, v, p)), _) => After::Start(*n, v, p),
-            (None, true) => After::Finish,
-            (None, false) => After::Nothing,
-        }
-    }
-
-    pub fn run(&self, c: &dyn Db) -> Result<(bool, u32)> {
-        step_success_and(c, self)
-    }
-
-    /// Whether it can be made with others: an instance's SUCCESS only when
-    /// the table allows RUNNING → SUCCESS.
-    pub fn mergeable(&self) -> bool {
-        !matches!(self.after(), After::Finish) || check_task(TaskState::Running, TaskState::Success).is_ok()
-    }
-}
-
-/// What follows a step's SUCCESS in the same write (see
-/// [`step_success_and`]).
-enum After<'a> {
-    Nothing,
-    /// Starts step `seq`: its plugin version and params (JSON).
-    Start(u32, &'a str, &'a str),
-    /// Ends the instance SUCCESS.
-    Finish,
-}
-
-/// A step's SUCCESS and what follows it, in the fewest statements: one read
-/// of the instance and both steps, one insert for both history rows. Returns
-/// the started step's attempt (0 when nothing started), and whether the
+/// A step's SUCCESS and what follows it: the driver makes it in the fewest
+/// statements it can ([`super::db::Driver::step_success`]). Returns the
+/// started step's attempt (0 when nothing started), and whether the
 /// follow-up was done: one the table refuses is left out, the SUCCESS
-/// stands. The moves and their checks are those of [`step_success`],
-/// [`step_start`] and [`finish_success`]; PostgreSQL makes all of it in one
-/// statement ([`super::moves::step_successes`] for this write alone) and,
-/// when that refuses the SUCCESS, runs those three to say why.
-fn step_success_and(c: &dyn Db, w: &Success) -> Result<(bool, u32)> {
+/// stands. When the driver did not make it, the portable moves
+/// ([`step_success`], [`step_start`], [`finish_success`]) run and say why.
+pub(super) fn step_success_and(c: &dyn Db, w: &Success) -> Result<(bool, u32)> {
+    if let Some(done) = c.driver().step_success(c, w)? {
+        return Ok(done);
+    }
     let (id, seq, output, context, actor) = (w.id.as_str(), w.seq, w.output.as_str(), w.context.as_str(), &w.actor);
-    let after = w.after();
-    if c.postgres() {
-        if w.mergeable() {
-            if let Some(done) = super::moves::step_successes(c, &[w])?.pop().flatten() {
-                return Ok(done);
-            }
+    step_success(c, id, seq, output, context, actor)?;
+    let followed = match w.after() {
+        After::Nothing => return Ok((false, 0)),
+        After::Start(seq, version, params) => {
+            step_start(c, StepStart { id, seq, version, params }, actor).map(|a| (true, a))
         }
-        // Refused: the portable moves say why.
-        step_success(c, id, seq, output, context, actor)?;
-        let followed = match after {
-            After::Nothing => return Ok((false, 0)),
-            After::Start(n, v, p) => step_start(c, id, n, v, p, actor).map(|a| (true, a)),
-            After::Finish => finish_success(c, id, actor).map(|()| (true, 0)),
-        };
-        return match followed {
-            Err(StoreError::Illegal(_) | StoreError::Invalid(_)) => Ok((false, 0)),
-            other => other,
-        };
-    }
-    let next = match after {
-        After::Start(n, ..) => i64::from(n),
-        _ => -1,
+        After::Finish => finish_success(c, id, actor).map(|()| (true, 0)),
     };
-    let rows = c.query(
-        "SELECT i.state, i.lease_owner, s.seq, s.state, s.attempts FROM task_instances i \
-         LEFT JOIN step_runs s ON s.instance_id = i.id AND s.seq IN (?2, ?3) WHERE i.id = ?1",
-        p![id, seq, next],
-    )?;
-    let Some(first) = rows.first() else { return Err(StoreError::NotFound(format!("no instance {id}"))) };
-    let (state, owner): (String, Option<String>) = (first.get(0)?, first.get(1)?);
-    if state != "RUNNING" || owner.as_deref() != Some(actor) {
-        return Err(StoreError::Invalid(format!(
-            "instance {id} is {state}, held by {}; {actor} may not run its steps",
-            owner.as_deref().unwrap_or("nobody")
-        )));
-    }
-    let mut steps = HashMap::new();
-    for r in &rows {
-        if let Some(s) = r.get::<Option<u32>>(2)? {
-            let st: String = r.get(3)?;
-            steps.insert(s, (st.parse::<StepState>().map_err(StoreError::Invalid)?, r.get::<u32>(4)?));
-        }
-    }
-    let step =
-        |s: u32| steps.get(&s).copied().ok_or_else(|| StoreError::NotFound(format!("no step {s} in instance {id}")));
-    let (from, _) = step(seq)?;
-    check_step(from, StepState::Success)?;
-    // The follow-up, when the table allows it.
-    let after = match after {
-        After::Start(n, v, p) => {
-            match step(n).and_then(|(f, a)| Ok(check_step(f, StepState::Running).map(|()| (f, a))?)) {
-                Ok((f, a)) => Some((Some(n), f.as_str(), a + 1, v, p)),
-                Err(StoreError::Illegal(_) | StoreError::Invalid(_) | StoreError::NotFound(_)) => None,
-                Err(e) => return Err(e),
-            }
-        }
-        After::Finish => Some((None, "RUNNING", 0, "", "")),
-        After::Nothing => None,
-    };
-    let now = ts(Utc::now());
-    c.execute(STEP_SUCCESS, p![id, seq, output, now.as_str()])?;
-    let mut moves = vec![V::from(id), V::from(actor), V::from(now.as_str()), V::from(seq), V::from(from.as_str())];
-    let mut sql = String::from(
-        "INSERT INTO transitions (instance_id, step_seq, from_state, to_state, reason, actor, at) \
-         VALUES (?1, ?4, ?5, 'SUCCESS', 'succeeded', ?2, ?3)",
-    );
-    match after {
-        Some((Some(n), nfrom, attempt, version, params)) => {
-            c.execute(STEP_RUNNING, p![id, n, attempt, version, params, now.as_str()])?;
-            c.execute(
-                "UPDATE task_instances SET context = ?2, updated_at = ?3 WHERE id = ?1",
-                p![id, context, now.as_str()],
-            )?;
-            sql.push_str(", (?1, ?6, ?7, 'RUNNING', ?8, ?2, ?3)");
-            moves.extend([V::from(n), V::from(nfrom), V::from(format!("attempt {attempt}"))]);
-            c.execute(&sql, &moves)?;
-            Ok((true, attempt))
-        }
-        Some((None, ..)) => {
-            c.execute(
-                "UPDATE task_instances SET context = ?2, updated_at = ?3, state = 'SUCCESS', finished_at = ?3, error = NULL, \
-                 lease_owner = NULL, lease_expires_at = NULL WHERE id = ?1",
-                p![id, context, now.as_str()],
-            )?;
-            sql.push_str(", (?1, NULL, 'RUNNING', 'SUCCESS', 'all steps succeeded', ?2, ?3)");
-            c.execute(&sql, &moves)?;
-            Ok((true, 0))
-        }
-        None => {
-            c.execute(
-                "UPDATE task_instances SET context = ?2, updated_at = ?3 WHERE id = ?1",
-                p![id, context, now.as_str()],
-            )?;
-            c.execute(&sql, &moves)?;
-            Ok((false, 0))
-        }
+    match followed {
+        Err(StoreError::Illegal(_) | StoreError::Invalid(_)) => Ok((false, 0)),
+        other => other,
     }
 }
 
 /// Records a failed attempt; `counts` is false when the attempt was
 /// interrupted (agent restart) rather than failed by the plugin.
 pub fn step_fail(c: &dyn Db, id: &str, seq: u32, error: &str, counts: bool, actor: &str) -> Result<u32> {
-    let (from, _, failures) = step_row(c, id, seq)?;
+    let StepRow { state: from, failures, .. } = c.driver().step_row(c, id, seq)?;
     check_step(from, StepState::Failed)?;
     let failures = failures + u32::from(counts);
     let now = ts(Utc::now());

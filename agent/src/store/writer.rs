@@ -4,35 +4,11 @@
 //! batch is run again with each write in its own savepoint. SQLite has one; a PostgreSQL store has several,
 //! each with its own connection.
 
-use super::db::Db;
-use super::write::Success;
+use super::db::{Conn, Db};
+use super::model::Success;
 use super::{leases, Result, StoreError};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Mutex};
-
-/// What the writer thread needs of its connection besides running SQL.
-pub trait Conn: Send {
-    fn db(&self) -> &dyn Db;
-    /// Starts the batch transaction (SQLite takes the write lock at once).
-    fn begin(&mut self) -> Result<()>;
-    /// Runs statements without results (savepoints, commit, rollback).
-    fn batch(&mut self, sql: &str) -> Result<()>;
-    /// As [`Conn::batch`], or later: with the next statement, in the same
-    /// round trip (PostgreSQL).
-    fn defer(&mut self, sql: &str) -> Result<()> {
-        self.batch(sql)
-    }
-    /// Whether the batch transaction is still open (SQLite rolls the whole
-    /// transaction back on disk full or I/O errors; a PostgreSQL connection
-    /// can drop).
-    fn in_transaction(&self) -> bool;
-    /// Rows changed so far on this connection.
-    fn changes(&self) -> u64;
-    /// Connects again if the connection was lost.
-    fn reopen(&mut self) -> Result<()> {
-        Ok(())
-    }
-}
 
 /// What a write does in the batch transaction. It may run more than once:
 /// a batch whose writes all succeed commits without savepoints, and one that
@@ -42,7 +18,7 @@ pub(super) trait Work: Send {
     type Out: Send + 'static;
     fn run(&self, conn: &dyn Db) -> Result<Self::Out>;
     /// A step's SUCCESS, when this write is one and its result is what
-    /// [`Success::run`] returns: PostgreSQL makes those of a batch in one
+    /// `write::step_success_and` returns: PostgreSQL makes those of a batch in one
     /// statement.
     fn success(&self) -> Option<&Success> {
         None
@@ -67,7 +43,7 @@ where
 impl Work for Success {
     type Out = (bool, u32);
     fn run(&self, conn: &dyn Db) -> Result<(bool, u32)> {
-        Success::run(self, conn)
+        super::write::step_success_and(conn, self)
     }
     fn success(&self) -> Option<&Success> {
         Some(self)
@@ -142,20 +118,21 @@ where
     }
 }
 
-/// Runs every write of a batch once, stopping at the first failure. On
-/// PostgreSQL the steps' SUCCESS writes of different instances are made
-/// together first, in one statement ([`super::moves::step_successes`]); one
-/// that statement does not make runs on its own, to say why.
+/// Runs every write of a batch once, stopping at the first failure. Where
+/// the driver can (PostgreSQL), the steps' SUCCESS writes of different
+/// instances are made together first, in one statement
+/// ([`super::db::Driver::step_successes`]); one that statement does not make
+/// runs on its own, to say why.
 fn run_all(db: &dyn Db, batch: &mut [Box<dyn Job>]) -> bool {
     let mut made = vec![false; batch.len()];
-    if db.postgres() {
+    if db.driver().merges_successes() {
         let mut ids = std::collections::HashSet::new();
         let together: Vec<usize> = (0..batch.len())
             .filter(|&i| batch[i].success().is_some_and(|s| s.mergeable() && ids.insert(s.id.clone())))
             .collect();
         if together.len() > 1 {
             let writes: Vec<&Success> = together.iter().filter_map(|&i| batch[i].success()).collect();
-            let done = match super::moves::step_successes(db, &writes) {
+            let done = match db.driver().step_successes(db, &writes) {
                 Ok(done) => done,
                 Err(e) => {
                     // The batch runs again, each write on its own.

@@ -1,9 +1,14 @@
 //! The SQLite backend: one file, one writer connection owned by the writer
 //! thread, read-only connections for queries. The embedded default.
 
-use super::db::{Db, Row, V};
+mod driver;
+
+pub use driver::DRIVER;
+
+use super::db::{Conn, Db, Driver};
 use super::rows::ts;
-use super::{Conn, Result, StoreError};
+use super::value::{Row, V};
+use super::{Result, StoreError};
 use chrono::Utc;
 use rusqlite::functions::FunctionFlags;
 use rusqlite::types::{ToSqlOutput, ValueRef};
@@ -53,8 +58,8 @@ impl Db for Connection {
         Ok(out)
     }
 
-    fn postgres(&self) -> bool {
-        false
+    fn driver(&self) -> &'static dyn Driver {
+        &DRIVER
     }
 }
 

@@ -1,7 +1,7 @@
 //! The hot path's moves on PostgreSQL, one statement each: the row locked,
 //! the transition table checked, the row changed and its history row
 //! written in one round trip (data-modifying `WITH`), where the portable
-//! code in [`super::write`] needs four or five. The moves of several
+//! code in `store::write` needs four or five. The moves of several
 //! instances (a claim's, its first steps' starts, a batch's SUCCESS writes)
 //! are one statement for all, their rows passed as a JSON array.
 //!
@@ -11,9 +11,10 @@
 //! and says exactly why. The table itself lives in `apollo_shared::state`;
 //! the states a move may start from are read from it, never written here.
 
-use super::db::{Db, V};
-use super::write::{Also, NewInstance, Success};
-use super::Result;
+use crate::store::db::Db;
+use crate::store::model::{Also, ClaimMove, ClaimsMade, NewInstance, StepStart, Success, TaskMove};
+use crate::store::value::{Row, V};
+use crate::store::{rows, Result, StoreError};
 use apollo_shared::state::{check_step, check_task, StepState, TaskState};
 use std::sync::LazyLock;
 
@@ -50,19 +51,13 @@ const HISTORY: &str = "INSERT INTO transitions (instance_id, step_seq, from_stat
 /// An instance's move to `to` with `also`'s changes and its history row.
 /// `also`'s placeholders follow the move's three (id, state, time); the
 /// reason and the actor come after them.
-pub(super) fn task(
-    c: &dyn Db,
-    id: &str,
-    to: TaskState,
-    reason: &str,
-    actor: &str,
-    also: &Also,
-) -> Result<Option<TaskState>> {
+pub(super) fn task(c: &dyn Db, m: &TaskMove) -> Result<Option<TaskState>> {
+    let TaskMove { id, to, reason, actor, ref also } = *m;
     let Some(row) = c.query_opt(&task_sql(to, also, ""), &task_params(id, to, reason, actor, also))? else {
         return Ok(None);
     };
     let from: String = row.get(0)?;
-    Ok(Some(from.parse().map_err(super::StoreError::Invalid)?))
+    Ok(Some(from.parse().map_err(StoreError::Invalid)?))
 }
 
 /// The statement of an instance's move: it returns the state the move
@@ -84,10 +79,10 @@ fn task_sql(to: TaskState, also: &Also, cols: &str) -> String {
 
 /// The placeholders of [`task_sql`].
 fn task_params(id: &str, to: TaskState, reason: &str, actor: &str, also: &Also) -> Vec<V> {
-    let now = super::rows::ts(chrono::Utc::now());
+    let now = rows::ts(chrono::Utc::now());
     let mut params = vec![V::from(id), V::from(to.as_str()), V::from(now)];
     params.extend_from_slice(also.1);
-    params.push(V::from(super::rows::reason(reason)));
+    params.push(V::from(rows::reason(reason)));
     params.push(V::from(actor));
     params
 }
@@ -95,8 +90,8 @@ fn task_params(id: &str, to: TaskState, reason: &str, actor: &str, also: &Also) 
 /// Claims in two statements sent together (one round trip), whatever their
 /// number: every instance's move to RUNNING for `actor` (its `lease_secs`
 /// measured by the database's clock), each returning the state it left and
-/// the row as moved ([`super::rows::INSTANCE_COLS`]), and every claimed
-/// instance's steps ([`super::rows::STEP_COLS`], with the instance's id
+/// the row as moved ([`rows::INSTANCE_COLS`]), and every claimed
+/// instance's steps ([`rows::STEP_COLS`], with the instance's id
 /// first); with `starts`, a third statement starts those steps
 /// ([`step_starts`]). `retry` says whether the move is a retry's (the
 /// attempt counts up). Rows are looked up by key through `LATERAL`, in the
@@ -107,13 +102,13 @@ fn task_params(id: &str, to: TaskState, reason: &str, actor: &str, also: &Also) 
 #[allow(clippy::type_complexity)]
 pub(super) fn claims(
     c: &dyn Db,
-    moves: &[(&str, bool)],
+    moves: &[ClaimMove],
     actor: &str,
     lease_secs: f64,
-    starts: &[(&str, u32, &str, &str)],
-) -> Result<(Vec<(Option<super::db::Row>, Vec<super::db::Row>)>, Vec<(String, u32)>)> {
+    starts: &[StepStart],
+) -> Result<ClaimsMade> {
     static MOVES: LazyLock<String> = LazyLock::new(|| {
-        let cols = super::rows::qualified("task_instances", super::rows::INSTANCE_COLS);
+        let cols = rows::qualified("task_instances", rows::INSTANCE_COLS);
         format!(
             "WITH b AS (SELECT * FROM json_to_recordset(CAST(?1 AS json)) AS b(claim_id text, retry boolean)), \
              t AS (SELECT t.row_ctid, t.claim_id, t.from_state, o.retry \
@@ -129,23 +124,23 @@ pub(super) fn claims(
                    CASE WHEN retry THEN 'claimed for retry' ELSE 'claimed' END, ?3, ?2 FROM u) \
              SELECT from_state, {plain} FROM u",
             from = task_sources(TaskState::Running),
-            plain = super::rows::INSTANCE_COLS,
+            plain = rows::INSTANCE_COLS,
         )
     });
     static STEPS: LazyLock<String> = LazyLock::new(|| {
         format!(
             "SELECT k.claim_id, s.* FROM json_array_elements_text(CAST(?1 AS json)) AS k(claim_id) \
              CROSS JOIN LATERAL (SELECT {} FROM step_runs WHERE instance_id = k.claim_id ORDER BY seq) s",
-            super::rows::STEP_COLS
+            rows::STEP_COLS
         )
     });
     if moves.is_empty() {
-        return Ok((Vec::new(), Vec::new()));
+        return Ok(ClaimsMade::default());
     }
     let rows: Vec<serde_json::Value> =
-        moves.iter().map(|(id, retry)| serde_json::json!({"claim_id": id, "retry": retry})).collect();
-    let ids: Vec<&str> = moves.iter().map(|(id, _)| *id).collect();
-    let now = super::rows::ts(chrono::Utc::now());
+        moves.iter().map(|m| serde_json::json!({"claim_id": m.id, "retry": m.retry})).collect();
+    let ids: Vec<&str> = moves.iter().map(|m| m.id).collect();
+    let now = rows::ts(chrono::Utc::now());
     let mut statements = vec![
         (
             MOVES.as_str(),
@@ -166,7 +161,7 @@ pub(super) fn claims(
     let started =
         starts_made(&answers.next().unwrap_or_default())?.into_iter().map(|((id, _), attempt)| (id, attempt)).collect();
     // The row as moved is the state it left, then INSTANCE_COLS (id first).
-    let mut by_id: std::collections::HashMap<String, (Option<super::db::Row>, Vec<super::db::Row>)> =
+    let mut by_id: std::collections::HashMap<String, (Option<Row>, Vec<Row>)> =
         std::collections::HashMap::with_capacity(moves.len());
     for row in moved {
         let id: String = row.get(1)?;
@@ -174,30 +169,18 @@ pub(super) fn claims(
     }
     for row in steps {
         let id: String = row.get(0)?;
-        by_id.entry(id).or_default().1.push(super::db::Row(row.0[1..].to_vec()));
+        by_id.entry(id).or_default().1.push(Row(row.0[1..].to_vec()));
     }
-    Ok((ids.iter().map(|id| by_id.remove(*id).unwrap_or_default()).collect(), started))
-}
-
-/// A step's start: its attempt count after it, or `None` (see the module).
-pub(super) fn step_start(
-    c: &dyn Db,
-    id: &str,
-    seq: u32,
-    version: &str,
-    params_json: &str,
-    actor: &str,
-) -> Result<Option<u32>> {
-    Ok(step_starts(c, &[(id, seq, version, params_json)], actor)?.pop().flatten())
+    Ok(ClaimsMade { moved: ids.iter().map(|id| by_id.remove(*id).unwrap_or_default()).collect(), started })
 }
 
 /// Several steps' starts (of instances `actor` holds) in one statement, as
 /// [`step_successes`] makes SUCCESS writes: each start's attempt count after
 /// it, or `None` for one that was not made (see the module).
-pub(super) fn step_starts(c: &dyn Db, starts: &[(&str, u32, &str, &str)], actor: &str) -> Result<Vec<Option<u32>>> {
-    let now = super::rows::ts(chrono::Utc::now());
+pub(super) fn step_starts(c: &dyn Db, starts: &[StepStart], actor: &str) -> Result<Vec<Option<u32>>> {
+    let now = rows::ts(chrono::Utc::now());
     let by_step = starts_made(&c.query(&START_SQL, &starts_params(starts, &now, actor))?)?;
-    Ok(starts.iter().map(|(id, seq, ..)| by_step.get(&(id.to_string(), *seq)).copied()).collect())
+    Ok(starts.iter().map(|s| by_step.get(&(s.id.to_string(), s.seq)).copied()).collect())
 }
 
 /// The statement of [`step_starts`]: `?1` the starts as a JSON array, `?2`
@@ -219,12 +202,12 @@ static START_SQL: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-fn starts_params(starts: &[(&str, u32, &str, &str)], now: &str, actor: &str) -> Vec<V> {
+fn starts_params(starts: &[StepStart], now: &str, actor: &str) -> Vec<V> {
     let rows: Vec<serde_json::Value> = starts
         .iter()
-        .map(|(id, seq, version, params)| {
-            serde_json::json!({"id": id, "seq": seq, "version": version, "params": params, "actor": actor})
-        })
+        .map(
+            |s| serde_json::json!({"id": s.id, "seq": s.seq, "version": s.version, "params": s.params, "actor": actor}),
+        )
         .collect();
     vec![V::from(serde_json::Value::Array(rows).to_string()), V::from(now)]
 }
@@ -249,7 +232,7 @@ fn held(steps: &str) -> String {
 }
 
 /// The attempt of each start [`START_SQL`] made, by instance and step.
-fn starts_made(rows: &[super::db::Row]) -> Result<std::collections::HashMap<(String, u32), u32>> {
+fn starts_made(rows: &[Row]) -> Result<std::collections::HashMap<(String, u32), u32>> {
     rows.iter().map(|row| Ok(((row.get::<String>(0)?, row.get::<u32>(1)?), row.get::<u32>(2)?))).collect()
 }
 
@@ -269,7 +252,7 @@ pub(super) fn create(c: &dyn Db, n: &NewInstance, actor: &str) -> Result<bool> {
         V::from(n.trigger.as_str()),
         V::from(n.dedup_key.as_deref()),
         V::from(n.expected_secs),
-        V::from(super::rows::ts(chrono::Utc::now())),
+        V::from(rows::ts(chrono::Utc::now())),
         V::from(format!("created by {}", n.trigger)),
         V::from(actor),
     ];
@@ -357,7 +340,7 @@ pub(super) fn step_successes(c: &dyn Db, writes: &[&Success]) -> Result<Vec<Opti
             })
         })
         .collect();
-    let now = super::rows::ts(chrono::Utc::now());
+    let now = rows::ts(chrono::Utc::now());
     let made = c.query(&SQL, &[V::from(serde_json::Value::Array(rows).to_string()), V::from(now)])?;
     let mut by_id = std::collections::HashMap::with_capacity(made.len());
     for row in &made {

@@ -8,8 +8,14 @@
 //! every state move locks its row first, so two agents never both act on
 //! what each one read.
 
-use super::db::{to_postgres, Db, Row, V};
-use super::{Conn, Result, StoreError};
+mod driver;
+mod moves;
+
+pub use driver::DRIVER;
+
+use super::db::{Conn, Db, Driver};
+use super::value::{to_postgres, Row, V};
+use super::{Result, StoreError};
 use bytes::BytesMut;
 use postgres::types::{FromSql, IsNull, ToSql, Type};
 use std::cell::{Cell, RefCell};
@@ -303,8 +309,8 @@ impl Db for PgConn {
             .collect()
     }
 
-    fn postgres(&self) -> bool {
-        true
+    fn driver(&self) -> &'static dyn Driver {
+        &DRIVER
     }
 
     fn execute_later(&self, sql: &str) -> Result<()> {

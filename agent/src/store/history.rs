@@ -1,0 +1,76 @@
+//! The portable half of every move: the transition table checked, the row
+//! changed, the history row written. Both drivers and the portable writes
+//! use these; a refused move changes nothing and says why.
+
+use super::db::Db;
+use super::model::Also;
+use super::rows::ts;
+use super::value::{p, V};
+use super::{Result, StoreError};
+use apollo_shared::state::{check_task, TaskState};
+use chrono::Utc;
+
+/// A history row: the move of the instance (`step` `None`) or of one step.
+pub(super) fn history(
+    c: &dyn Db,
+    id: &str,
+    step: Option<u32>,
+    from: Option<&str>,
+    to: &str,
+    reason: &str,
+    actor: &str,
+) -> Result<()> {
+    c.execute(
+        "INSERT INTO transitions (instance_id, step_seq, from_state, to_state, reason, actor, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        p![id, step, from, to, super::rows::reason(reason), actor, ts(Utc::now())],
+    )?;
+    Ok(())
+}
+
+/// Moves an instance from `from` (read by the caller) to `to` after the
+/// table allows it, changing `also` with it, with a history row.
+pub(super) fn apply_task(
+    c: &dyn Db,
+    id: &str,
+    from: TaskState,
+    to: TaskState,
+    reason: &str,
+    actor: &str,
+    also: &Also,
+) -> Result<TaskState> {
+    check_task(from, to)?;
+    let mut params = vec![V::from(id), V::from(to.as_str()), V::from(ts(Utc::now()))];
+    params.extend_from_slice(also.1);
+    if also.0.is_empty() {
+        c.execute("UPDATE task_instances SET state = ?2, updated_at = ?3 WHERE id = ?1", &params)?;
+    } else {
+        c.execute(
+            &format!("UPDATE task_instances SET state = ?2, updated_at = ?3, {} WHERE id = ?1", also.0),
+            &params,
+        )?;
+    }
+    history(c, id, None, Some(from.as_str()), to.as_str(), reason, actor)?;
+    Ok(from)
+}
+
+/// Why `agent` may not move the steps of instance `id`: it is in `state`,
+/// held by `owner`.
+pub(super) fn not_held(id: &str, state: &str, owner: Option<&str>, agent: &str) -> StoreError {
+    StoreError::Invalid(format!(
+        "instance {id} is {state}, held by {}; {agent} may not run its steps",
+        owner.unwrap_or("nobody")
+    ))
+}
+
+/// A state as stored, parsed.
+pub(super) fn parse_state<S: std::str::FromStr<Err = String>>(s: &str) -> Result<S> {
+    s.parse().map_err(StoreError::Invalid)
+}
+
+/// A step's start: attempt, version, params, time.
+pub(super) const STEP_RUNNING: &str =
+    "UPDATE step_runs SET state = 'RUNNING', attempts = ?3, plugin_version = ?4, params = ?5, \
+     started_at = ?6, finished_at = NULL, error = NULL WHERE instance_id = ?1 AND seq = ?2";
+/// A step's SUCCESS: output, time.
+pub(super) const STEP_SUCCESS: &str =
+    "UPDATE step_runs SET state = 'SUCCESS', output = ?3, finished_at = ?4 WHERE instance_id = ?1 AND seq = ?2";

@@ -1,0 +1,138 @@
+//! What the store's operations take and give: a new instance, a step's
+//! start and SUCCESS, a claim's moves, what a move changes besides its state.
+//! Named fields, not positional tuples; shared by the drivers and the
+//! portable code.
+
+use super::value::{Row, V};
+use apollo_shared::protocol::Instance;
+use apollo_shared::state::{check_task, StepState, TaskState};
+use chrono::{DateTime, Utc};
+use serde_json::{Map, Value};
+
+/// What a trigger asks the store to create.
+#[derive(Debug, Clone)]
+pub struct NewInstance {
+    pub id: String,
+    pub task: String,
+    pub def_hash: String,
+    pub queue: String,
+    pub priority: u8,
+    pub max_active: Option<u32>,
+    pub params: Map<String, Value>,
+    /// The initial context (trace id, params, work dir, event).
+    pub context: Value,
+    pub trace_id: String,
+    pub trigger: String,
+    pub dedup_key: Option<String>,
+    /// (name, plugin) of each step, in order.
+    pub steps: Vec<(String, String)>,
+    /// Sum of the steps' timeouts, for the zombie reaper.
+    pub expected_secs: f64,
+}
+
+/// What follows a failure that ended an attempt.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum FailurePlan {
+    /// Wait in RETRYING until this time.
+    Retry(DateTime<Utc>),
+    /// Stay FAILED and held while the rollback runs.
+    Rollback,
+    /// Stay FAILED for an operator (on_failure: stop, cancel).
+    Stop,
+}
+
+/// An instance a claim or a recovery handed to this agent, with its steps.
+pub type Claimed = Instance;
+
+/// What else a move changes in the same row, in the same statement: `SET`
+/// assignments whose placeholders come after the move's own three.
+pub struct Also<'a>(pub &'a str, pub &'a [V]);
+
+/// Nothing else.
+pub const ONLY: Also<'static> = Also("", &[]);
+
+/// An instance's move to `to` with `also`'s changes, for the history row
+/// `reason` and `actor`.
+pub struct TaskMove<'a> {
+    pub id: &'a str,
+    pub to: TaskState,
+    pub reason: &'a str,
+    pub actor: &'a str,
+    pub also: Also<'a>,
+}
+
+/// A step's start: the instance, the step, its plugin version and its
+/// params as JSON.
+#[derive(Debug, Clone, Copy)]
+pub struct StepStart<'a> {
+    pub id: &'a str,
+    pub seq: u32,
+    pub version: &'a str,
+    pub params: &'a str,
+}
+
+/// A step's row as a move reads it.
+#[derive(Debug, Clone, Copy)]
+pub struct StepRow {
+    pub state: StepState,
+    pub attempts: u32,
+    pub failures: u32,
+}
+
+/// A claim's move of one instance to RUNNING; `retry` when it moves from
+/// RETRYING (the attempt counts up).
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimMove<'a> {
+    pub id: &'a str,
+    pub retry: bool,
+}
+
+/// What a driver's claim made: for each move, the row as moved (`None`: not
+/// made) and the instance's steps; and each first step started, with its
+/// attempt.
+#[derive(Default)]
+pub struct ClaimsMade {
+    pub moved: Vec<(Option<Row>, Vec<Row>)>,
+    pub started: Vec<(String, u32)>,
+}
+
+/// A step's SUCCESS write with what follows it (`write::step_success_and`),
+/// owned for the writer thread, which makes those of one batch together
+/// where the driver can ([`super::db::Driver::step_successes`]).
+pub struct Success {
+    pub id: String,
+    pub seq: u32,
+    /// The step's output and the instance's new context, as JSON.
+    pub output: String,
+    pub context: String,
+    /// The next step to start: its seq, plugin version and params as JSON.
+    pub next: Option<(u32, String, String)>,
+    /// Ends the instance SUCCESS (when `next` is `None`).
+    pub finish: bool,
+    pub actor: String,
+}
+
+impl Success {
+    pub fn after(&self) -> After<'_> {
+        match (&self.next, self.finish) {
+            (Some((n, v, p)), _) => After::Start(*n, v, p),
+            (None, true) => After::Finish,
+            (None, false) => After::Nothing,
+        }
+    }
+
+    /// Whether it can be made with others: an instance's SUCCESS only when
+    /// the table allows RUNNING → SUCCESS.
+    pub fn mergeable(&self) -> bool {
+        !matches!(self.after(), After::Finish) || check_task(TaskState::Running, TaskState::Success).is_ok()
+    }
+}
+
+/// What follows a step's SUCCESS in the same write.
+pub enum After<'a> {
+    Nothing,
+    /// Starts step `seq`: its plugin version and params (JSON).
+    Start(u32, &'a str, &'a str),
+    /// Ends the instance SUCCESS.
+    Finish,
+}

@@ -1,0 +1,204 @@
+//! SQLite's driver: one agent per file, whose one writer holds the
+//! database, so nothing is locked row by row and a state this transaction
+//! read stays true; the planner is told which index to use (`INDEXED BY`).
+
+use crate::store::db::{Db, Driver};
+use crate::store::history::{not_held, parse_state, STEP_RUNNING, STEP_SUCCESS};
+use crate::store::model::{After, StepRow, Success};
+use crate::store::rows::{parse_ts, ts, RUNNABLE_TASKS};
+use crate::store::value::{p, Row, V};
+use crate::store::{Result, StoreError};
+use apollo_shared::state::{check_step, StepState, TaskState};
+use chrono::Utc;
+use std::collections::{BTreeMap, HashMap};
+
+pub struct Sqlite;
+
+/// The one SQLite driver.
+pub static DRIVER: Sqlite = Sqlite;
+
+impl Driver for Sqlite {
+    fn shared(&self) -> bool {
+        false
+    }
+
+    fn task_state(&self, c: &dyn Db, id: &str) -> Result<TaskState> {
+        let s: Option<String> = c.value("SELECT state FROM task_instances WHERE id = ?1", p![id])?;
+        parse_state(&s.ok_or_else(|| StoreError::NotFound(format!("no instance {id}")))?)
+    }
+
+    fn state_before_move(&self, c: &dyn Db, id: &str, known: Option<TaskState>) -> Result<TaskState> {
+        match known {
+            Some(from) => Ok(from),
+            None => self.task_state(c, id),
+        }
+    }
+
+    fn step_row(&self, c: &dyn Db, id: &str, seq: u32) -> Result<StepRow> {
+        let r = c
+            .query_opt(
+                "SELECT state, attempts, failures FROM step_runs WHERE instance_id = ?1 AND seq = ?2",
+                p![id, seq],
+            )?
+            .ok_or_else(|| StoreError::NotFound(format!("no step {seq} in instance {id}")))?;
+        Ok(StepRow { state: parse_state(&r.get::<String>(0)?)?, attempts: r.get(1)?, failures: r.get(2)? })
+    }
+
+    /// The instance and its step in one statement.
+    fn held_step(&self, c: &dyn Db, id: &str, seq: u32, agent: &str) -> Result<StepRow> {
+        let row = c.query_opt(
+            "SELECT i.state, i.lease_owner, s.state, s.attempts, s.failures FROM task_instances i \
+             LEFT JOIN step_runs s ON s.instance_id = i.id AND s.seq = ?2 WHERE i.id = ?1",
+            p![id, seq],
+        )?;
+        let Some(r) = row else { return Err(StoreError::NotFound(format!("no instance {id}"))) };
+        let (state, owner): (String, Option<String>) = (r.get(0)?, r.get(1)?);
+        if state != "RUNNING" || owner.as_deref() != Some(agent) {
+            return Err(not_held(id, &state, owner.as_deref(), agent));
+        }
+        let step: Option<String> = r.get(2)?;
+        let step = step.ok_or_else(|| StoreError::NotFound(format!("no step {seq} in instance {id}")))?;
+        Ok(StepRow { state: parse_state(&step)?, attempts: r.get(3)?, failures: r.get(4)? })
+    }
+
+    /// A step's SUCCESS and what follows it, in the fewest statements: one
+    /// read of the instance and both steps, one insert for both history
+    /// rows; the moves and their checks are those of the portable writes.
+    /// Always made or refused here (never `None`).
+    fn step_success(&self, c: &dyn Db, w: &Success) -> Result<Option<(bool, u32)>> {
+        let (id, seq, output, context, actor) = (w.id.as_str(), w.seq, w.output.as_str(), w.context.as_str(), &w.actor);
+        let after = w.after();
+        let next = match after {
+            After::Start(n, ..) => i64::from(n),
+            _ => -1,
+        };
+        let rows = c.query(
+            "SELECT i.state, i.lease_owner, s.seq, s.state, s.attempts FROM task_instances i \
+             LEFT JOIN step_runs s ON s.instance_id = i.id AND s.seq IN (?2, ?3) WHERE i.id = ?1",
+            p![id, seq, next],
+        )?;
+        let Some(first) = rows.first() else { return Err(StoreError::NotFound(format!("no instance {id}"))) };
+        let (state, owner): (String, Option<String>) = (first.get(0)?, first.get(1)?);
+        if state != "RUNNING" || owner.as_deref() != Some(actor) {
+            return Err(not_held(id, &state, owner.as_deref(), actor));
+        }
+        let mut steps = HashMap::new();
+        for r in &rows {
+            if let Some(s) = r.get::<Option<u32>>(2)? {
+                let st: String = r.get(3)?;
+                steps.insert(s, (st.parse::<StepState>().map_err(StoreError::Invalid)?, r.get::<u32>(4)?));
+            }
+        }
+        let step = |s: u32| {
+            steps.get(&s).copied().ok_or_else(|| StoreError::NotFound(format!("no step {s} in instance {id}")))
+        };
+        let (from, _) = step(seq)?;
+        check_step(from, StepState::Success)?;
+        // The follow-up, when the table allows it.
+        let after = match after {
+            After::Start(n, v, p) => {
+                match step(n).and_then(|(f, a)| Ok(check_step(f, StepState::Running).map(|()| (f, a))?)) {
+                    Ok((f, a)) => Some((Some(n), f.as_str(), a + 1, v, p)),
+                    Err(StoreError::Illegal(_) | StoreError::Invalid(_) | StoreError::NotFound(_)) => None,
+                    Err(e) => return Err(e),
+                }
+            }
+            After::Finish => Some((None, "RUNNING", 0, "", "")),
+            After::Nothing => None,
+        };
+        let now = ts(Utc::now());
+        c.execute(STEP_SUCCESS, p![id, seq, output, now.as_str()])?;
+        let mut moves = vec![V::from(id), V::from(actor), V::from(now.as_str()), V::from(seq), V::from(from.as_str())];
+        let mut sql = String::from(
+            "INSERT INTO transitions (instance_id, step_seq, from_state, to_state, reason, actor, at) \
+             VALUES (?1, ?4, ?5, 'SUCCESS', 'succeeded', ?2, ?3)",
+        );
+        match after {
+            Some((Some(n), nfrom, attempt, version, params)) => {
+                c.execute(STEP_RUNNING, p![id, n, attempt, version, params, now.as_str()])?;
+                c.execute(
+                    "UPDATE task_instances SET context = ?2, updated_at = ?3 WHERE id = ?1",
+                    p![id, context, now.as_str()],
+                )?;
+                sql.push_str(", (?1, ?6, ?7, 'RUNNING', ?8, ?2, ?3)");
+                moves.extend([V::from(n), V::from(nfrom), V::from(format!("attempt {attempt}"))]);
+                c.execute(&sql, &moves)?;
+                Ok(Some((true, attempt)))
+            }
+            Some((None, ..)) => {
+                c.execute(
+                    "UPDATE task_instances SET context = ?2, updated_at = ?3, state = 'SUCCESS', finished_at = ?3, error = NULL, \
+                     lease_owner = NULL, lease_expires_at = NULL WHERE id = ?1",
+                    p![id, context, now.as_str()],
+                )?;
+                sql.push_str(", (?1, NULL, 'RUNNING', 'SUCCESS', 'all steps succeeded', ?2, ?3)");
+                c.execute(&sql, &moves)?;
+                Ok(Some((true, 0)))
+            }
+            None => {
+                c.execute(
+                    "UPDATE task_instances SET context = ?2, updated_at = ?3 WHERE id = ?1",
+                    p![id, context, now.as_str()],
+                )?;
+                c.execute(&sql, &moves)?;
+                Ok(Some((false, 0)))
+            }
+        }
+    }
+
+    /// One query per task with runnable work.
+    fn heads(&self, c: &dyn Db, n: usize, _whole: bool) -> Result<BTreeMap<String, Vec<Row>>> {
+        let mut heads = BTreeMap::new();
+        let names: Vec<String> =
+            c.column(&format!("{RUNNABLE_TASKS} SELECT task FROM t WHERE task IS NOT NULL"), &[])?;
+        for task in names {
+            let rows = c.query(
+                "SELECT priority, id, task, queue, max_active, state FROM task_instances \
+                 INDEXED BY task_instances_runnable_task \
+                 WHERE task = ?1 AND state IN ('PENDING', 'RETRYING') \
+                   AND (next_run_at IS NULL OR next_run_at <= apollo_now()) \
+                 ORDER BY priority DESC, id LIMIT ?2",
+                p![task.as_str(), n],
+            )?;
+            heads.insert(task, rows);
+        }
+        Ok(heads)
+    }
+
+    /// The leases and retry times are this host's clock's: they move with it.
+    fn shift_times(&self, c: &dyn Db, delta: chrono::TimeDelta) -> Result<usize> {
+        let rows = c.query(
+            "SELECT id, next_run_at, lease_expires_at FROM task_instances WHERE state = 'RETRYING' \
+             UNION ALL SELECT id, NULL, lease_expires_at FROM task_instances WHERE state = 'RUNNING' \
+             UNION ALL SELECT id, NULL, lease_expires_at FROM task_instances INDEXED BY task_instances_rolling_back \
+             WHERE state = 'FAILED' AND rollback_pending = 1",
+            &[],
+        )?;
+        let shift = |t: Option<String>| parse_ts(t).map(|t| ts(t + delta));
+        for r in &rows {
+            let (id, next, lease): (String, Option<String>, Option<String>) = (r.get(0)?, r.get(1)?, r.get(2)?);
+            c.execute(
+                "UPDATE task_instances SET next_run_at = COALESCE(?2, next_run_at), lease_expires_at = COALESCE(?3, lease_expires_at) WHERE id = ?1",
+                p![id, shift(next), shift(lease)],
+            )?;
+        }
+        Ok(rows.len())
+    }
+
+    fn oldest_ended(&self, c: &dyn Db, cutoff: &str, max: usize) -> Result<Vec<String>> {
+        c.column(OLDEST_ENDED, p![cutoff, max])
+    }
+
+    /// Triggers keep the counts in place.
+    fn state_counts(&self, c: &dyn Db) -> Result<Vec<(String, u64)>> {
+        c.query("SELECT state, n FROM state_counts", &[])?.iter().map(|r| Ok((r.get(0)?, r.get(1)?))).collect()
+    }
+}
+
+/// The ended instances finished before ?1, oldest first, at most ?2.
+/// (`finished_at` is set only on an ended instance: a retry or a rollback
+/// clears it; the index holds only those, oldest first.)
+pub const OLDEST_ENDED: &str = "SELECT id FROM task_instances INDEXED BY task_instances_finished \
+     WHERE finished_at IS NOT NULL AND finished_at < ?1 \
+     AND state IN ('SUCCESS', 'ROLLED_BACK', 'FAILED') AND rollback_pending = 0 \
+     ORDER BY finished_at LIMIT ?2";
