@@ -5,8 +5,8 @@
 //! loses events and is told so (the server then sends `resync`), rather than
 //! slowing the agent.
 
-use apollo_shared::protocol::{Event, EventKind, Topic};
-use serde_json::Value;
+use crate::shutdown::Shutdown;
+use apollo_shared::protocol::{Event, EventData, Raised, Topic};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::broadcast;
@@ -32,10 +32,10 @@ impl Default for Bus {
 }
 
 impl Bus {
-    pub fn publish(&self, topic: Topic, kind: EventKind, data: Value) {
+    pub fn publish(&self, topic: Topic, data: EventData) {
         let mut seq = self.seq.lock().expect("bus seq");
         *seq += 1;
-        let ev = Arc::new(Event { seq: *seq, topic, kind, data });
+        let ev = Arc::new(Event { seq: *seq, topic, data });
         if let Some(tx) = self.topics.lock().expect("bus topics").get(&topic) {
             let _ = tx.send(ev.clone());
         }
@@ -54,23 +54,18 @@ impl Bus {
     }
 
     /// Calls `f` with the data of every alert published from now on, until
-    /// `stop`; alerts missed by falling behind are counted in a warning.
-    pub fn each_alert(
-        &self,
-        stop: tokio_util::sync::CancellationToken,
-        mut f: impl FnMut(&Value) + Send + 'static,
-    ) -> tokio::task::JoinHandle<()> {
-        self.each(Topic::Alerts, stop, move |ev| f(&ev.data))
+    /// the shutdown (a task in its tracker); alerts missed by falling behind are counted in a warning.
+    pub fn each_alert(&self, tasks: &Shutdown, mut f: impl FnMut(&Raised) + Send + 'static) {
+        self.each(Topic::Alerts, tasks, move |ev| {
+            if let EventData::AlertRaised(alert) = &ev.data {
+                f(alert)
+            }
+        })
     }
 
     /// Calls `f` with every event on `topic` published from now on, until
-    /// `stop`; events missed by falling behind are counted in a warning.
-    pub fn each(
-        &self,
-        topic: Topic,
-        stop: tokio_util::sync::CancellationToken,
-        mut f: impl FnMut(&Event) + Send + 'static,
-    ) -> tokio::task::JoinHandle<()> {
+    /// the shutdown (a task in its tracker); events missed by falling behind are counted in a warning.
+    pub fn each(&self, topic: Topic, tasks: &Shutdown, mut f: impl FnMut(&Event) + Send + 'static) {
         let mut rx = self
             .topics
             .lock()
@@ -78,7 +73,8 @@ impl Bus {
             .entry(topic)
             .or_insert_with(|| broadcast::channel(BACKLOG).0)
             .subscribe();
-        tokio::spawn(async move {
+        let stop = tasks.token();
+        tasks.spawn(async move {
             loop {
                 let ev = tokio::select! {
                     ev = rx.recv() => ev,
@@ -93,7 +89,7 @@ impl Bus {
                     Err(broadcast::error::RecvError::Closed) => return,
                 }
             }
-        })
+        });
     }
 
     /// The sequence number of the last event published.

@@ -11,7 +11,9 @@
 
 use crate::config::{Config, HookConf};
 use crate::settings::Settings;
+use crate::shutdown::Shutdown;
 use crate::store::Store;
+use apollo_shared::protocol::{AlertKind, Raised};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -103,17 +105,18 @@ fn build(config: &Config) -> Arc<Vec<Hook>> {
 }
 
 /// Delivers alerts to the hooks in force until shutdown.
-pub fn start(settings: &Settings, store: Store, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
+pub fn start(settings: &Settings, store: Store, tasks: &Shutdown) {
+    let shutdown = tasks.token();
     let mut changes = settings.subscribe();
     let mut hooks = build(&changes.borrow_and_update());
-    let (tx, mut queue) = tokio::sync::mpsc::channel::<Value>(QUEUE);
+    let (tx, mut queue) = tokio::sync::mpsc::channel::<Raised>(QUEUE);
     // From the bus to the queue, never waiting.
-    store.bus().each_alert(shutdown.clone(), move |alert| {
-        if alert["kind"] != "hook_failed" && tx.try_send(alert.clone()).is_err() {
+    store.bus().each_alert(tasks, move |alert| {
+        if alert.kind != AlertKind::HookFailed && tx.try_send(alert.clone()).is_err() {
             tracing::warn!("alert hook queue full; an alert was not delivered to the hooks");
         }
     });
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         let http = reqwest::Client::new();
         let mut recent: HashMap<String, Instant> = HashMap::new();
         let deliveries = tokio_util::task::TaskTracker::new();
@@ -130,23 +133,24 @@ pub fn start(settings: &Settings, store: Store, shutdown: CancellationToken) -> 
             if hooks.is_empty() {
                 continue;
             }
-            let key = format!("{}|{}|{}", alert["kind"], alert["instance"], alert["message"]);
+            let key = format!("{}|{:?}|{}", alert.kind, alert.instance, alert.message);
             let now = Instant::now();
             recent.retain(|_, at| now.duration_since(*at) < REPEAT_WINDOW);
             if recent.insert(key, now).is_some() {
                 continue; // the same alert within the window: delivered once
             }
-            let task = match alert["instance"].as_str() {
+            let task = match alert.instance.as_deref() {
                 Some(id) => store.get(id).await.ok().map(|i| i.task),
                 None => None,
             };
-            let mut alert = alert;
+            // What a hook is sent (see docs/operations.md, "Alert hooks").
+            let kind = alert.kind;
+            let mut alert = json!({ "kind": alert.kind, "instance": alert.instance, "message": alert.message });
             alert["task"] = json!(task);
             alert["at"] = json!(chrono::Utc::now().to_rfc3339());
             alert["agent"] = json!(store.agent());
             for (i, hook) in hooks.iter().enumerate() {
-                let kind = alert["kind"].as_str().unwrap_or_default();
-                if !hook.conf.kinds.is_empty() && !hook.conf.kinds.iter().any(|k| k == kind) {
+                if !hook.conf.kinds.is_empty() && !hook.conf.kinds.iter().any(|k| k == kind.as_str()) {
                     continue;
                 }
                 if !hook.conf.tasks.is_empty() && !task.as_ref().is_some_and(|t| hook.conf.tasks.contains(t)) {
@@ -172,11 +176,11 @@ pub fn start(settings: &Settings, store: Store, shutdown: CancellationToken) -> 
                         alert["message"].as_str().unwrap_or_default()
                     );
                     tracing::error!("{msg}");
-                    let _ = store.alert("hook_failed", &msg, alert["instance"].as_str()).await;
+                    let _ = store.alert(AlertKind::HookFailed, &msg, alert["instance"].as_str()).await;
                 });
             }
         }
         deliveries.close();
         let _ = tokio::time::timeout(Duration::from_secs(5), deliveries.wait()).await;
-    })
+    });
 }

@@ -2,22 +2,29 @@
 //! persisting every step's state and context so work survives crashes, and
 //! serves the JSON-RPC protocol on a Unix socket.
 //!
-//! Layout:
-//! - [`config`]: `apollo.yaml`, defaults and path resolution.
-//! - [`store`]: SQLite — the only module that writes SQL; group commit.
-//! - [`scheduler`]: claims, executes, retries, rolls back, reaps, recovers.
+//! Layout, bottom first (each names only those before it; ARCHITECTURE.md,
+//! "Layers", and `tests/tests/layers.rs`):
+//! - [`config`]: `apollo.yaml` as data, defaults and paths.
+//! - [`shutdown`]: the token, the tracker of every long-lived task, the drain.
+//! - [`bus`]: typed change notifications for subscribers and listeners.
+//! - [`logs`]: per-step log files.
+//! - [`repeats`]: an error that repeats, logged once, then as a count.
+//! - [`notify`]: systemd's notification protocol.
+//! - [`metrics`]: the Prometheus families (a leaf).
+//! - [`telemetry`]: tracing set-up.
+//! - [`settings`]: the settings in force, which SIGHUP replaces.
+//! - [`store`]: the only SQL; one driver per backend; group commit.
 //! - [`plugins`]: the plugin contract, the built-ins and their registry.
 //! - [`catalog`]: definitions loaded from the tasks directory.
-//! - [`reload`]: live definitions (file watcher, SIGHUP).
-//! - [`repeats`]: an error that repeats, logged once, then as a count.
-//! - [`settings`]: the settings in force, which SIGHUP replaces.
+//! - [`steps`]: a step's call made ready (plugin, params, env).
 //! - [`handles`]: what the API, triggers and schedules hold instead of the scheduler.
+//! - [`scheduler`]: claims, executes, retries, rolls back, reaps, recovers.
 //! - [`triggers`]: manual, scheduled and event triggers; the clock.
-//! - [`server`]: the socket server, the protocol methods, dial-stdio.
-//! - [`bus`]: change notifications for subscribers.
-//! - [`logs`]: per-step log files.
+//! - [`hooks`]: alert hooks.
+//! - [`sources`]: events from NATS JetStream and HTTP.
+//! - [`server`]: the socket server, the protocol methods, `/metrics`, dial-stdio.
+//! - [`reload`]: live definitions and config (file watcher, SIGHUP).
 //! - [`check`]: `apollo-agent check`.
-//! - [`telemetry`]: tracing set-up.
 //!
 //! [`run`] is the whole agent; `main.rs` only parses arguments and calls it,
 //! so tests and benchmarks can run the agent in-process.
@@ -41,6 +48,7 @@ pub mod repeats;
 pub mod scheduler;
 pub mod server;
 pub mod settings;
+pub mod shutdown;
 pub mod sources;
 pub mod steps;
 pub mod store;
@@ -48,7 +56,7 @@ pub mod telemetry;
 pub mod triggers;
 
 use anyhow::Context as _;
-use apollo_shared::protocol::{EventKind, Topic};
+use apollo_shared::protocol::{AlertKind, EventData, Topic};
 use config::Config;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
@@ -117,9 +125,12 @@ pub struct Options {
     pub socket: PathBuf,
 }
 
-/// Runs the agent until `shutdown` is cancelled, then stops claiming, lets
-/// running steps finish up to the grace period, and returns.
-pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+/// Runs the agent until `token` is cancelled, then stops claiming, lets
+/// running steps finish up to the grace period, drains every other task and
+/// returns (see [`shutdown`]).
+pub async fn run(config: Config, token: CancellationToken) -> anyhow::Result<()> {
+    let tasks = shutdown::Shutdown::new(token);
+    let shutdown = tasks.token();
     let settings = Arc::new(settings::Settings::new(config));
     let config = settings.get();
     let data_dir = config.data_dir();
@@ -136,7 +147,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let registry = plugins::load(&config).await;
     for b in &registry.broken {
         let msg = format!("plugin {:?} ({}) is not usable: {}", b.name, b.command.display(), b.error);
-        let _ = store.alert("plugin_error", &msg, None).await;
+        let _ = store.alert(apollo_shared::protocol::AlertKind::PluginError, &msg, None).await;
     }
     let registry = Arc::new(plugins::Plugins::new(registry));
     let tasks_dir = config.tasks_dir();
@@ -146,7 +157,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             tracing::warn!(file = %file.display(), "definition not loaded: {e}");
         }
         let msg = errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ");
-        let _ = store.alert("definition_error", &msg, None).await;
+        let _ = store.alert(apollo_shared::protocol::AlertKind::DefinitionError, &msg, None).await;
     }
     tracing::info!(tasks_dir = %tasks_dir.display(), loaded = cat.defs.len(), errors = cat.errors.len(), "definitions loaded");
     if cat.defs.is_empty() && cat.errors.is_empty() {
@@ -188,53 +199,44 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     store.heartbeat(scheduler.heartbeat(), true).await.map_err(|e| anyhow::anyhow!("{e}"))?;
     scheduler.recover().await;
     tracing::info!(socket = %socket.display(), store = %store.location(), "agent ready");
-    let server = tokio::spawn(server::serve(listener, api, access, shutdown.clone()));
-    let hooks_task = hooks::start(&settings, store.clone(), shutdown.clone());
-    let metrics_task = tokio::spawn(server::follow_metrics(scheduler.handles(), shutdown.clone()));
+    tasks.spawn(server::serve(listener, api, access, tasks.clone()));
+    hooks::start(&settings, store.clone(), &tasks);
+    tasks.spawn(server::follow_metrics(scheduler.handles(), shutdown.clone()));
     // Alerts counted by kind, from the bus every alert is published on.
-    let alert_counter = {
+    {
         let s = scheduler.clone();
-        bus.each_alert(shutdown.clone(), move |alert| {
-            let kind = alert["kind"].as_str().unwrap_or("unknown");
-            metrics::get().alerts.get_or_create(&metrics::label("kind", kind)).inc();
+        bus.each_alert(&tasks, move |alert| {
+            metrics::get().alerts.get_or_create(&metrics::label("kind", alert.kind.as_str())).inc();
             // The store is back: what stalled on it goes on now.
-            if kind == "store_writable" {
+            if alert.kind == AlertKind::StoreWritable {
                 s.wake();
             }
-        })
-    };
-    // On a shared database, the other agents' changes wake this one.
-    let listener = {
-        let s = scheduler.clone();
-        store.listen(Arc::new(move |change| s.heard(change)), shutdown.clone())
-    };
-    // Requests from the other agents: stop an instance this one runs.
-    let control = {
-        let (s, me) = (scheduler.clone(), store.agent().to_string());
-        bus.each(Topic::Control, shutdown.clone(), move |ev| {
-            if ev.kind == EventKind::Cancel && ev.data["to"] == me.as_str() {
-                let text = |k: &str| ev.data[k].as_str().unwrap_or_default().to_string();
-                let why = handles::StopReason::Cancel { actor: text("actor"), reason: text("reason") };
-                let _ = s.cancel(&text("id"), why);
-            }
-        })
-    };
-    notify::ready(&scheduler.status_line().await);
-    let reload_task = tokio::spawn(reloader.run(shutdown.clone()));
-    let cron_task = tokio::spawn(cron.run(shutdown.clone()));
-    let sources = sources::start(&config, triggers, shutdown.clone());
-    scheduler.run().await;
-    let _ = server.await;
-    let _ = metrics_task.await;
-    if let Some(l) = listener {
-        let _ = l.await;
+        });
     }
-    let _ = alert_counter.await;
-    let _ = control.await;
-    let _ = hooks_task.await;
-    let _ = reload_task.await;
-    let _ = cron_task.await;
-    sources.wait().await;
+    // On a shared database, the other agents' changes wake this one.
+    {
+        let s = scheduler.clone();
+        store.listen(Arc::new(move |change| s.heard(change)), &tasks);
+    }
+    // Requests from the other agents: stop an instance this one runs.
+    {
+        let (s, me) = (scheduler.clone(), store.agent().to_string());
+        bus.each(Topic::Control, &tasks, move |ev| {
+            if let EventData::Cancel { id, to, actor, reason } = &ev.data {
+                if *to == me {
+                    let why = handles::StopReason::Cancel { actor: actor.clone(), reason: reason.clone() };
+                    let _ = s.cancel(id, why);
+                }
+            }
+        });
+    }
+    notify::ready(&scheduler.status_line().await);
+    tasks.spawn(reloader.run(shutdown.clone()));
+    tasks.spawn(cron.run(shutdown.clone()));
+    sources::start(&config, triggers, &tasks);
+    // Until the token fires; then the executors' grace, then the drain.
+    scheduler.run().await;
+    tasks.drain().await;
     let _ = store.agent_stopped().await;
     store.close();
     let _ = std::fs::remove_file(&socket);

@@ -296,20 +296,7 @@ fn real_main(args: Args) -> anyhow::Result<ExitCode> {
             let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             rt.block_on(async {
                 let shutdown = CancellationToken::new();
-                let signals = shutdown.clone();
-                tokio::spawn(async move {
-                    use tokio::signal::unix::{signal, SignalKind};
-                    let (Ok(mut term), Ok(mut int)) =
-                        (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
-                    else {
-                        return;
-                    };
-                    tokio::select! {
-                        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-                        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
-                    }
-                    signals.cancel();
-                });
+                apollo_agent::shutdown::on_signals(shutdown.clone());
                 apollo_agent::run(cfg, shutdown).await.context("agent failed")
             })?;
             Ok(ExitCode::SUCCESS)

@@ -17,9 +17,8 @@ use crate::plugins::Plugins;
 use crate::server::Access;
 use crate::settings::Settings;
 use crate::store::Store;
-use apollo_shared::protocol::{EventKind, Topic};
+use apollo_shared::protocol::{EventData, Topic};
 use notify_debouncer_full::notify::RecursiveMode;
-use serde_json::json;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -86,7 +85,7 @@ impl Reloader {
         *self.catalog.write().expect("catalog") = merged;
         for e in &new_errors {
             tracing::warn!("definition not loaded (the previous version, if any, stays in force): {e}");
-            let _ = self.store.alert("definition_error", e, None).await;
+            let _ = self.store.alert(apollo_shared::protocol::AlertKind::DefinitionError, e, None).await;
         }
         for task in &summary.removed {
             tracing::warn!(task = %task, "definition file deleted; the task is disabled for new instances");
@@ -96,8 +95,11 @@ impl Reloader {
         }
         self.store.bus().publish(
             Topic::Defs,
-            EventKind::DefsReloaded,
-            json!({"changed": summary.changed, "removed": summary.removed, "errors": new_errors}),
+            EventData::DefsReloaded {
+                changed: summary.changed.clone(),
+                removed: summary.removed.clone(),
+                errors: new_errors.clone(),
+            },
         );
         self.reloaded.notify_waiters();
         summary
@@ -114,7 +116,7 @@ impl Reloader {
             Err(e) => {
                 let msg = format!("{e:#}; the settings in force are kept");
                 tracing::warn!("{msg}");
-                let _ = self.store.alert("config_error", &msg, None).await;
+                let _ = self.store.alert(apollo_shared::protocol::AlertKind::ConfigError, &msg, None).await;
                 return;
             }
         };
@@ -126,15 +128,17 @@ impl Reloader {
                 config.source.as_deref().map(|p| p.display().to_string()).unwrap_or_else(|| "the config".into())
             );
             tracing::warn!("{msg}");
-            let _ = self.store.alert("restart_needed", &msg, None).await;
+            let _ = self.store.alert(apollo_shared::protocol::AlertKind::RestartNeeded, &msg, None).await;
         }
         self.access.set(&config.socket);
         tracing::info!(applied = ?applied.changed, need_restart = ?applied.need_restart, "SIGHUP: config read again");
         self.reload_plugins().await;
         self.store.bus().publish(
             Topic::Agent,
-            EventKind::ConfigReloaded,
-            json!({"applied": applied.changed, "need_restart": applied.need_restart}),
+            EventData::ConfigReloaded {
+                applied: applied.changed.iter().map(|s| s.to_string()).collect(),
+                need_restart: applied.need_restart.iter().map(|s| s.to_string()).collect(),
+            },
         );
     }
 
@@ -147,7 +151,7 @@ impl Reloader {
         for b in &registry.broken {
             let msg = format!("plugin {:?} ({}) is not usable: {}", b.name, b.command.display(), b.error);
             tracing::warn!("{msg}");
-            let _ = self.store.alert("plugin_error", &msg, None).await;
+            let _ = self.store.alert(apollo_shared::protocol::AlertKind::PluginError, &msg, None).await;
         }
         tracing::info!(plugins = registry.all().count(), broken = registry.broken.len(), "plugins registered");
         self.plugins.set(registry);

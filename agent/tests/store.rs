@@ -11,6 +11,7 @@ use apollo_agent::store::{
     postgres::Target, ClaimTerms, FailurePlan, Followed, Location, NewInstance, QueuePolicy, Recover, Store,
     StoreError, Then,
 };
+use apollo_shared::protocol::AlertKind;
 use apollo_shared::state::{StepState, TaskState};
 use serde_json::{json, Map};
 use std::collections::HashMap;
@@ -177,7 +178,7 @@ async fn one_failing_write_does_not_fail_its_batch_mates(db: TestDb) {
     let counts = store.counts().await.unwrap();
     assert_eq!(counts["PENDING"], 200, "{counts:?}");
     let alerts = store.alerts(500).await.unwrap();
-    assert_eq!(alerts.iter().filter(|a| a.kind == "illegal_transition").count(), 100);
+    assert_eq!(alerts.iter().filter(|a| a.kind == AlertKind::IllegalTransition).count(), 100);
     store.close();
 }
 
@@ -609,7 +610,7 @@ async fn dedicated_and_ordered_queues_shape_the_claims(db: TestDb) {
 /// notification when it rides with the commit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn announcements_reach_the_other_agents_whatever_their_text() {
-    use apollo_shared::protocol::{EventKind, Topic};
+    use apollo_shared::protocol::{EventData, Raised, Topic};
     let db = TestDb::postgres("announcements");
     let a = db.open();
     let location = db.location();
@@ -621,12 +622,14 @@ async fn announcements_reach_the_other_agents_whatever_their_text() {
     let wake = std::sync::Arc::new(move |_| {
         let _ = listening_tx.send(());
     });
-    let _listener = b.listen(wake, stop.clone()).expect("a PostgreSQL store listens");
+    let tasks = apollo_agent::shutdown::Shutdown::new(stop.clone());
+    let _listener = b.listen(wake, &tasks).expect("a PostgreSQL store listens");
     // B listens (it wakes its scheduler once LISTEN is in place).
     tokio::time::timeout(std::time::Duration::from_secs(10), listening.recv()).await.expect("B listens");
     let texts = ["it's a plain one", "holds $apollo_note$ and ends with $apollo_note$", "a \\ back'slash"];
     for t in texts {
-        a.announce(Topic::Alerts, EventKind::Other, json!({ "message": t }));
+        let raised = Raised { kind: AlertKind::Other, message: t.to_string(), instance: None };
+        a.announce(Topic::Alerts, EventData::AlertRaised(raised));
     }
     let mut got = Vec::new();
     while got.len() < texts.len() {
@@ -635,7 +638,7 @@ async fn announcements_reach_the_other_agents_whatever_their_text() {
             .unwrap_or_else(|_| panic!("B heard only {got:?}"))
             .unwrap();
         if ev.topic == Topic::Alerts {
-            got.push(ev.data["message"].as_str().unwrap().to_string());
+            got.push(ev.data.json()["message"].as_str().unwrap().to_string());
         }
     }
     // Each in its own write: the writers may commit them in any order.

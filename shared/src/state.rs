@@ -56,6 +56,62 @@ pub enum StepState {
     RolledBack,
 }
 
+/// How a state reads at a glance: the console and the CLI colour by it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tone {
+    /// Done well (SUCCESS).
+    Good,
+    /// Failed (FAILED).
+    Bad,
+    /// Under way (RUNNING).
+    Busy,
+    /// Waiting to try again (RETRYING).
+    Waiting,
+    /// Undone (ROLLED_BACK).
+    Undone,
+    /// Not started, or never to run (PENDING, SKIPPED).
+    Quiet,
+    /// None of these.
+    Plain,
+}
+
+impl Tone {
+    /// The tone of a state named as stored (a history row's `to`, a count's
+    /// key): an instance's or a step's state, else plain.
+    pub fn of_name(name: &str) -> Tone {
+        match (name.parse::<TaskState>(), name.parse::<StepState>()) {
+            (Ok(t), _) => t.tone(),
+            (_, Ok(s)) => s.tone(),
+            _ => Tone::Plain,
+        }
+    }
+}
+
+impl TaskState {
+    pub fn tone(self) -> Tone {
+        match self {
+            TaskState::Pending => Tone::Quiet,
+            TaskState::Running => Tone::Busy,
+            TaskState::Success => Tone::Good,
+            TaskState::Failed => Tone::Bad,
+            TaskState::Retrying => Tone::Waiting,
+            TaskState::RolledBack => Tone::Undone,
+        }
+    }
+}
+
+impl StepState {
+    pub fn tone(self) -> Tone {
+        match self {
+            StepState::Pending | StepState::Skipped => Tone::Quiet,
+            StepState::Running => Tone::Busy,
+            StepState::Success => Tone::Good,
+            StepState::Failed => Tone::Bad,
+            StepState::RolledBack => Tone::Undone,
+        }
+    }
+}
+
 /// A refused transition: the caller asked for something the table forbids.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("illegal transition {from} -> {to} for {what} (allowed from {from}: {allowed})")]

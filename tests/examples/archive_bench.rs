@@ -37,14 +37,14 @@ async fn main() {
     let (mut first, mut last, mut archived) = (None, Instant::now(), 0usize);
     while archived < total {
         let ev = tokio::time::timeout(Duration::from_secs(120), events.recv()).await.expect("progress").unwrap();
-        if ev.kind == EventKind::Resync {
+        if ev.kind() == EventKind::Resync {
             // Fell behind: count from the store instead.
             let page = watcher.request::<m::AgentStatus>(NoParams {}).await.unwrap();
             archived = total - page.counts.get("SUCCESS").and_then(serde_json::Value::as_u64).unwrap_or(0) as usize;
             last = Instant::now();
             continue;
         }
-        if ev.kind == EventKind::InstanceArchived {
+        if ev.kind() == EventKind::InstanceArchived {
             first.get_or_insert_with(Instant::now);
             last = Instant::now();
             archived += 1;

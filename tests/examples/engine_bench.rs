@@ -96,7 +96,11 @@ async fn main() {
         let started = async {
             loop {
                 let e = events.recv().await.expect("event stream");
-                if e.data["step"]["seq"] == 0 && e.data["step"]["state"] == "RUNNING" {
+                let step = match &e.data {
+                    apollo_tests::EventData::InstanceUpdated { step, .. } => *step,
+                    _ => None,
+                };
+                if step.is_some_and(|s| s.seq == 0 && s.state == apollo_shared::state::StepState::Running) {
                     return sent.elapsed();
                 }
             }

@@ -45,8 +45,8 @@ async fn main() {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(agent.pid()), nix::sys::signal::Signal::SIGHUP).unwrap();
         loop {
             let ev = tokio::time::timeout(Duration::from_secs(60), events.recv()).await.unwrap().unwrap();
-            if ev.kind == EventKind::DefsReloaded {
-                assert_eq!(ev.data["changed"].as_array().unwrap().len(), defs);
+            if ev.kind() == EventKind::DefsReloaded {
+                assert_eq!(ev.data.json()["changed"].as_array().unwrap().len(), defs);
                 break;
             }
         }

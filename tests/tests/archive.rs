@@ -30,8 +30,9 @@ async fn past_retention_every_finished_instance_is_archived_yet_browsable() {
     // Woken by the archive's own events.
     let mut archived = BTreeSet::new();
     while archived.len() < 3 {
-        let ev = wait_event(&mut events, "an instance to be archived", |e| e.kind == EventKind::InstanceArchived).await;
-        archived.insert(ev.data["id"].as_str().unwrap().to_string());
+        let ev =
+            wait_event(&mut events, "an instance to be archived", |e| e.kind() == EventKind::InstanceArchived).await;
+        archived.insert(ev.data.json()["id"].as_str().unwrap().to_string());
     }
     assert_eq!(archived, ids.iter().cloned().collect());
     let (code, live) = agent.cli_json(&["ls"]);

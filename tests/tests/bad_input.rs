@@ -342,8 +342,12 @@ async fn a_template_that_cannot_resolve_is_refused_at_load_and_a_reload_keeps_th
         TWO_STEPS.replace("{{ steps.first.exit_code }}", "{{ steps.nope.output }}"),
     )
     .unwrap();
-    let alert = wait_event(&mut events, "the definition_error alert", |e| e.data["kind"] == "definition_error").await;
-    assert!(alert.data["message"].as_str().unwrap().contains("no step \"nope\" runs before this one"), "{alert:?}");
+    let alert =
+        wait_event(&mut events, "the definition_error alert", |e| e.data.json()["kind"] == "definition_error").await;
+    assert!(
+        alert.data.json()["message"].as_str().unwrap().contains("no step \"nope\" runs before this one"),
+        "{alert:?}"
+    );
     let defs = agent.cli(&["defs"]);
     assert_eq!(defs.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&defs.stdout).contains("no step \"nope\""));

@@ -126,7 +126,7 @@ fn the_tasks_view_toggles_to_the_archive() {
         c.subscribe(&[Topic::Tasks]).await.unwrap();
         let mut events = c.take_events().unwrap();
         if agent.cli_json(&["ls", "--archived"]).1.as_array().is_none_or(|a| a.is_empty()) {
-            wait_event(&mut events, "the instance to be archived", |e| e.kind == EventKind::InstanceArchived).await;
+            wait_event(&mut events, "the instance to be archived", |e| e.kind() == EventKind::InstanceArchived).await;
         }
     });
     let sock = agent.socket.display().to_string();

@@ -273,7 +273,7 @@ async fn sighup_registers_new_and_changed_plugins() {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(agent.pid()), nix::sys::signal::Signal::SIGHUP).unwrap();
     loop {
         let ev = tokio::time::timeout(std::time::Duration::from_secs(30), events.recv()).await.unwrap().unwrap();
-        if ev.kind == EventKind::DefsReloaded {
+        if ev.kind() == EventKind::DefsReloaded {
             break;
         }
     }
@@ -308,7 +308,7 @@ async fn a_plugin_dropped_into_the_tasks_dir_is_registered_without_a_signal() {
     std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::rename(&staged, dir.join("maint.sh")).unwrap();
     wait_event(&mut events, "the definitions read again", |e| {
-        e.kind == EventKind::DefsReloaded && e.data["errors"].as_array().is_some_and(|a| a.is_empty())
+        e.kind() == EventKind::DefsReloaded && e.data.json()["errors"].as_array().is_some_and(|a| a.is_empty())
     })
     .await;
     let (code, inst) = agent.cli_json(&["run", "m", "--wait"]);
@@ -316,11 +316,11 @@ async fn a_plugin_dropped_into_the_tasks_dir_is_registered_without_a_signal() {
     // A file that cannot describe itself: an alert naming it, and a run says why.
     std::fs::write(dir.join("broken.sh"), "#!/bin/sh\necho not json\n").unwrap();
     std::fs::set_permissions(dir.join("broken.sh"), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let alert = wait_event(&mut events, "the plugin_error alert", |e| e.data["kind"] == "plugin_error").await;
-    assert!(alert.data["message"].as_str().unwrap().contains("broken.sh"), "{alert:?}");
+    let alert = wait_event(&mut events, "the plugin_error alert", |e| e.data.json()["kind"] == "plugin_error").await;
+    assert!(alert.data.json()["message"].as_str().unwrap().contains("broken.sh"), "{alert:?}");
     std::fs::write(agent.path().join("tasks/b.yaml"), task("b", "broken", 0, 10)).unwrap();
     wait_event(&mut events, "b.yaml read", |e| {
-        e.kind == EventKind::DefsReloaded && e.data["errors"].to_string().contains("is not usable")
+        e.kind() == EventKind::DefsReloaded && e.data.json()["errors"].to_string().contains("is not usable")
     })
     .await;
     let (code, defs) = agent.cli_json(&["defs"]);
@@ -336,7 +336,8 @@ async fn a_plugin_dropped_into_the_tasks_dir_is_registered_without_a_signal() {
     // Removed: the definitions that use it no longer load.
     std::fs::remove_file(dir.join("maint.sh")).unwrap();
     wait_event(&mut events, "the plugins registered anew", |e| {
-        e.kind == EventKind::DefsReloaded && e.data["errors"].to_string().contains("unknown plugin \\\"maint\\\"")
+        e.kind() == EventKind::DefsReloaded
+            && e.data.json()["errors"].to_string().contains("unknown plugin \\\"maint\\\"")
     })
     .await;
 }

@@ -199,11 +199,14 @@ async fn large_answers_are_summaries_or_a_clear_error_never_a_dropped_connection
         let id = trigger(&c, "big", json!({})).await;
         // Waited for by its events: the whole instance is too large to get.
         let ev = wait_event(&mut events, "the instance to end", |ev| {
-            let state = ev.data["state"].as_str().unwrap_or_default();
-            ev.data["id"] == json!(id) && ev.data.get("step").is_none() && !matches!(state, "PENDING" | "RUNNING")
+            let data = ev.data.json();
+            let state = data["state"].as_str().unwrap_or_default();
+            ev.data.json()["id"] == json!(id)
+                && ev.data.json().get("step").is_none()
+                && !matches!(state, "PENDING" | "RUNNING")
         })
         .await;
-        assert_eq!(ev.data["state"], "SUCCESS", "{ev:?}");
+        assert_eq!(ev.data.json()["state"], "SUCCESS", "{ev:?}");
         ids.push(id);
     }
     // Lists carry summaries: `apollo ls` works and carries no context.
@@ -379,7 +382,7 @@ async fn a_repeated_event_creates_nothing_even_for_a_definition_added_since() {
     std::fs::write(agent.path().join("tasks/b.yaml"), "task: b\non_event: order.placed\nsteps:\n  - plugin: sleep\n")
         .unwrap();
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(agent.pid()), nix::sys::signal::Signal::SIGHUP).unwrap();
-    wait_event(&mut events, "the reload", |e| e.kind == EventKind::DefsReloaded).await;
+    wait_event(&mut events, "the reload", |e| e.kind() == EventKind::DefsReloaded).await;
     let again = publish(&c, "order.placed", Value::Null, Some("order-7")).await.unwrap();
     assert!(again.duplicate, "{again:#?}");
     assert_eq!(again.event_id, first.event_id, "the original event is named");
@@ -412,11 +415,11 @@ async fn pushed_events_arrive_in_sequence_order_under_concurrent_commits() {
     let (mut last, mut seen, mut finished) = (0u64, 0usize, 0usize);
     while finished < 400 {
         let ev = tokio::time::timeout(Duration::from_secs(60), events.recv()).await.unwrap().unwrap();
-        assert_ne!(ev.kind, EventKind::Resync, "this subscriber reads as fast as it can");
+        assert_ne!(ev.kind(), EventKind::Resync, "this subscriber reads as fast as it can");
         assert!(ev.seq > last, "event {} arrived after {last}", ev.seq);
         last = ev.seq;
         seen += 1;
-        if ev.data.get("step").is_none() && ev.data["state"] == "SUCCESS" {
+        if ev.data.json().get("step").is_none() && ev.data.json()["state"] == "SUCCESS" {
             finished += 1;
         }
     }

@@ -63,10 +63,12 @@ async fn alerts_reach_a_command_and_a_webhook_and_a_dead_webhook_is_reported() {
     .await;
 
     // The dead one is reported once its retries are spent.
-    let ev =
-        wait_event(&mut events, "a hook_failed alert", |e| e.topic == Topic::Alerts && e.data["kind"] == "hook_failed")
-            .await;
-    let m = ev.data["message"].as_str().unwrap();
+    let ev = wait_event(&mut events, "a hook_failed alert", |e| {
+        e.topic == Topic::Alerts && e.data.json()["kind"] == "hook_failed"
+    })
+    .await;
+    let data = ev.data.json();
+    let m = data["message"].as_str().unwrap();
     assert!(m.contains(&format!("127.0.0.1:{dead}")) && m.contains("failed 4 times"), "{m}");
     let (_, alerts) = agent.cli_json(&["alerts"]);
     assert!(alerts.as_array().unwrap().iter().any(|a| a["kind"] == "hook_failed"), "{alerts:#}");

@@ -319,7 +319,9 @@ async fn a_cancel_through_any_agent_stops_the_instance_where_it_runs() {
     // A subscriber on the agent that does not run it sees its steps move.
     let elsewhere = &mut watchers[if runs_on == "a" { 1 } else { 0 }].1;
     wait_event(elsewhere, "the running agent's step start, pushed to the other's subscriber", |e| {
-        e.kind == EventKind::InstanceUpdated && e.data["id"] == id.as_str() && e.data["step"]["state"] == "RUNNING"
+        e.kind() == EventKind::InstanceUpdated
+            && e.data.json()["id"] == id.as_str()
+            && e.data.json()["step"]["state"] == "RUNNING"
     })
     .await;
     let (code, out) = other.cli_json(&["cancel", &id, "--reason", "wrong release"]);
@@ -382,14 +384,14 @@ async fn a_cut_connection_loses_nothing_and_the_agent_recovers_on_its_own() {
     wait_until(&c, &mut events, &ids[5], "some work to be done", ended).await;
 
     proxy.cut();
-    wait_event(&mut events, "the store_unwritable alert", |e| e.data["kind"] == "store_unwritable").await;
+    wait_event(&mut events, "the store_unwritable alert", |e| e.data.json()["kind"] == "store_unwritable").await;
     let status = c.request::<m::AgentStatus>(NoParams {}).await.unwrap();
     assert!(
         status.store_error.as_deref().is_some_and(|e| e.contains("cannot be reached") || e.contains("cannot be read")),
         "the status says the store is unreachable: {status:?}"
     );
     proxy.restore();
-    wait_event(&mut events, "the store_writable alert", |e| e.data["kind"] == "store_writable").await;
+    wait_event(&mut events, "the store_writable alert", |e| e.data.json()["kind"] == "store_writable").await;
     for id in &ids {
         let done = wait_until(&c, &mut events, id, "every instance to finish", ended).await;
         assert_eq!(done.state.as_str(), "SUCCESS", "{done:?}");

@@ -63,9 +63,9 @@ async fn sighup_applies_limits_hooks_and_metrics_and_names_what_needs_a_restart(
     )
     .unwrap();
     hangup(&agent);
-    let ev = wait_event(&mut events, "config.reloaded", |e| e.kind == EventKind::ConfigReloaded).await;
-    assert_eq!(ev.data["applied"], json!(["scheduler", "alerts.hooks", "metrics"]), "{ev:?}");
-    assert_eq!(ev.data["need_restart"], json!(["database"]), "{ev:?}");
+    let ev = wait_event(&mut events, "config.reloaded", |e| e.kind() == EventKind::ConfigReloaded).await;
+    assert_eq!(ev.data.json()["applied"], json!(["scheduler", "alerts.hooks", "metrics"]), "{ev:?}");
+    assert_eq!(ev.data.json()["need_restart"], json!(["database"]), "{ev:?}");
 
     // The limit: the two waiting instances start without anything else happening.
     for id in &ids[1..] {
@@ -98,8 +98,9 @@ async fn a_config_that_no_longer_parses_changes_nothing_and_says_where() {
     let mut events = c.take_events().unwrap();
     std::fs::write(agent.path().join("apollo.yaml"), "scheduler:\n  concurrency: 5\n  concurency: 6\n").unwrap();
     hangup(&agent);
-    let ev = wait_event(&mut events, "a config_error alert", |e| e.data["kind"] == "config_error").await;
-    let msg = ev.data["message"].as_str().unwrap();
+    let ev = wait_event(&mut events, "a config_error alert", |e| e.data.json()["kind"] == "config_error").await;
+    let data = ev.data.json();
+    let msg = data["message"].as_str().unwrap();
     assert!(msg.contains("apollo.yaml: line 3") && msg.contains("concurency"), "{msg}");
     assert!(msg.contains("the settings in force are kept"), "{msg}");
     let status = c.request::<m::AgentStatus>(NoParams {}).await.unwrap();

@@ -146,10 +146,11 @@ async fn nats_messages_start_work_once_and_bad_ones_are_kept() {
     stream.publish(r#"{"host": "no event field"}"#).await;
     // Messages are handled in order: the alert for the last one means all were.
     let last = wait_event(&mut events, "the alert for the message without a name", |e| {
-        e.data["kind"] == "event_invalid" && e.data["message"].as_str().unwrap_or("").contains("\"event\"")
+        e.data.json()["kind"] == "event_invalid"
+            && e.data.json()["message"].as_str().unwrap_or("").contains("\"event\"")
     })
     .await;
-    assert!(last.data["message"].as_str().unwrap().contains("message 5"), "{last:?}");
+    assert!(last.data.json()["message"].as_str().unwrap().contains("message 5"), "{last:?}");
     ended_count(&agent, &mut events, "remediate", 2).await;
     assert_eq!(witness(&agent), ["db1", "db2"]);
     stream.drained().await;
@@ -212,12 +213,12 @@ async fn a_cut_connection_raises_an_alert_and_the_backlog_is_read_after() {
     stream.publish(r#"{"event": "DiskFull", "host": "before"}"#).await;
     ended_count(&agent, &mut events, "remediate", 1).await;
     proxy.cut();
-    wait_event(&mut events, "event_source_down", |e| e.data["kind"] == "event_source_down").await;
+    wait_event(&mut events, "event_source_down", |e| e.data.json()["kind"] == "event_source_down").await;
     for host in ["during1", "during2", "during3"] {
         stream.publish(&format!(r#"{{"event": "DiskFull", "host": "{host}"}}"#)).await;
     }
     proxy.restore();
-    wait_event(&mut events, "event_source_up", |e| e.data["kind"] == "event_source_up").await;
+    wait_event(&mut events, "event_source_up", |e| e.data.json()["kind"] == "event_source_up").await;
     ended_count(&agent, &mut events, "remediate", 4).await;
     assert_eq!(witness(&agent), ["before", "during1", "during2", "during3"]);
 }

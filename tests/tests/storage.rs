@@ -75,14 +75,14 @@ async fn a_full_disk_refuses_new_work_keeps_reads_and_resumes_when_space_returns
     assert_eq!(code, 0, "{list:#}");
     // The alert reached subscribers.
     wait_event(&mut events, "the store_unwritable alert", |e| {
-        e.topic == Topic::Alerts && e.data["kind"] == "store_unwritable"
+        e.topic == Topic::Alerts && e.data.json()["kind"] == "store_unwritable"
     })
     .await;
     // Space returns: the agent notices by itself at its next write (the lease
     // renewal of its maintenance tick) and says so.
     std::fs::remove_file(&filler).unwrap();
     wait_event(&mut events, "the store_writable alert", |e| {
-        e.topic == Topic::Alerts && e.data["kind"] == "store_writable"
+        e.topic == Topic::Alerts && e.data.json()["kind"] == "store_writable"
     })
     .await;
     let c = agent.client().await;
@@ -152,7 +152,7 @@ async fn a_read_only_store_refuses_new_work_keeps_reads_and_resumes_when_writabl
         immutable(f, false);
     }
     wait_event(&mut events, "the store_writable alert", |e| {
-        e.topic == Topic::Alerts && e.data["kind"] == "store_writable"
+        e.topic == Topic::Alerts && e.data.json()["kind"] == "store_writable"
     })
     .await;
     let c = agent.client().await;

@@ -90,8 +90,8 @@ async fn wait_for_reload(events: &mut tokio::sync::mpsc::Receiver<apollo_shared:
             .await
             .expect("no reload within 30s")
             .expect("connection closed");
-        if ev.kind == EventKind::DefsReloaded {
-            return ev.data;
+        if ev.kind() == EventKind::DefsReloaded {
+            return ev.data.json();
         }
     }
 }

@@ -152,13 +152,16 @@ async fn run_inner(
 }
 
 fn succeeded(task: &str) {
-    finished(task, "SUCCESS");
+    finished(task, TaskState::Success);
     tracing::info!("instance succeeded");
 }
 
 /// Counts an instance that ended, for the metrics.
-fn finished(task: &str, state: &str) {
-    crate::metrics::get().finished.get_or_create(&crate::metrics::labels(("task", task), ("state", state))).inc();
+fn finished(task: &str, state: TaskState) {
+    crate::metrics::get()
+        .finished
+        .get_or_create(&crate::metrics::labels(("task", task), ("state", state.as_str())))
+        .inc();
 }
 
 /// Runs a started step; `next` is the step to start with its SUCCESS (none
@@ -309,7 +312,7 @@ async fn failed(
             let stop = msg.clone();
             let plan = Box::new(move |_| (FailurePlan::Stop, stop.clone()));
             s.store.fail_step_by(id, seq, &msg, false, plan, &actor).await?;
-            finished(&def.task, "FAILED");
+            finished(&def.task, TaskState::Failed);
             tracing::info!(step = %name, "instance cancelled");
             return Ok(Outcome::Ended);
         }
@@ -349,12 +352,19 @@ async fn failed(
     crate::crash_point!("executor.after_failure_commit");
     if e.panicked {
         tracing::error!(step = %name, "{located}");
-        let _ = s.store.alert("plugin_panicked", &format!("task {}: {located}", def.task), Some(id)).await;
+        let _ = s
+            .store
+            .alert(
+                apollo_shared::protocol::AlertKind::PluginPanicked,
+                &format!("task {}: {located}", def.task),
+                Some(id),
+            )
+            .await;
     }
     if !matches!(plan, FailurePlan::Retry(_)) {
         let what = if plan == FailurePlan::Rollback { "rolling back" } else { "left FAILED" };
         let msg = format!("task {}: {located} ({what} after {failures} attempt(s))", def.task);
-        let _ = s.store.alert("instance_failed", &msg, Some(id)).await;
+        let _ = s.store.alert(apollo_shared::protocol::AlertKind::InstanceFailed, &msg, Some(id)).await;
     }
     tracing::warn!(step = %name, failures, retries, permanent = e.permanent, "{located}");
     let m = crate::metrics::get();
@@ -364,7 +374,7 @@ async fn failed(
             s.retry_at(at)
         }
         FailurePlan::Rollback => rollback(s, id, def, ctx, work_dir).await?,
-        FailurePlan::Stop => finished(&def.task, "FAILED"),
+        FailurePlan::Stop => finished(&def.task, TaskState::Failed),
     }
     Ok(Outcome::Ended)
 }
@@ -426,13 +436,13 @@ async fn rollback(
                 tracing::error!("{msg}");
                 s.store.step_note_error(id, step.seq, &msg).await?;
                 s.store.rollback_failed(id, &msg).await?;
-                finished(&def.task, "FAILED");
+                finished(&def.task, TaskState::Failed);
                 return Ok(());
             }
         }
     }
     s.store.finish_rolled_back(id).await?;
-    finished(&def.task, "ROLLED_BACK");
+    finished(&def.task, TaskState::RolledBack);
     tracing::info!("instance rolled back");
     Ok(())
 }

@@ -174,7 +174,7 @@ impl Scheduler {
                     expected.as_secs_f64()
                 );
                 tracing::warn!(task_id = %id, "{msg}");
-                let _ = self.store.alert("zombie_reaped", &msg, Some(&id)).await;
+                let _ = self.store.alert(apollo_shared::protocol::AlertKind::ZombieReaped, &msg, Some(&id)).await;
                 crate::metrics::get().reaped.inc();
                 a.why.lock().expect("why").get_or_insert(StopReason::Zombie(msg));
                 a.token.cancel();
@@ -190,7 +190,7 @@ impl Scheduler {
             for i in found {
                 let msg = format!("instance {} was RUNNING with an expired lease and no holder; resumed here", i.id);
                 tracing::warn!(task_id = %i.id, "{msg}");
-                let _ = self.store.alert("lease_expired", &msg, Some(&i.id)).await;
+                let _ = self.store.alert(apollo_shared::protocol::AlertKind::LeaseExpired, &msg, Some(&i.id)).await;
                 self.adopt(i, None);
             }
         }
@@ -198,7 +198,10 @@ impl Scheduler {
     /// What runs and waits, for the service manager's status line.
     pub async fn status_line(&self) -> String {
         let waiting = match self.store.counts().await {
-            Ok(c) => c.get("PENDING").copied().unwrap_or(0) + c.get("RETRYING").copied().unwrap_or(0),
+            Ok(c) => [apollo_shared::state::TaskState::Pending, apollo_shared::state::TaskState::Retrying]
+                .iter()
+                .filter_map(|s| c.get(s.as_str()))
+                .sum(),
             Err(_) => 0,
         };
         let mut line = format!("{} running, {waiting} queued", self.running());
@@ -235,7 +238,7 @@ impl Scheduler {
         if let Some(due) = self.retry_due.lock().expect("retry due").as_mut() {
             *due += delta;
         }
-        let _ = self.store.alert("clock_jump", &msg, None).await;
+        let _ = self.store.alert(apollo_shared::protocol::AlertKind::ClockJump, &msg, None).await;
         self.clock_jumped.notify_one();
     }
     /// Before a taken-over instance runs again, stops whatever an earlier
@@ -270,7 +273,7 @@ impl Scheduler {
                 if more > 0 { format!(" and {more} more") } else { String::new() }
             );
             tracing::warn!("{msg}");
-            let _ = self.store.alert("leftover_processes", &msg, None).await;
+            let _ = self.store.alert(apollo_shared::protocol::AlertKind::LeftoverProcesses, &msg, None).await;
         }
     }
     /// Moves finished instances past the retention window to the archive, in
@@ -352,7 +355,7 @@ impl Scheduler {
         if let Err(e) = self.store.fail(id, &msg, crate::store::FailurePlan::Stop, self.store.agent()).await {
             tracing::warn!(task_id = %id, error = %e, "could not mark the instance FAILED");
         }
-        let _ = self.store.alert("plugin_panicked", &msg, Some(id)).await;
+        let _ = self.store.alert(apollo_shared::protocol::AlertKind::PluginPanicked, &msg, Some(id)).await;
     }
 }
 

@@ -243,8 +243,13 @@ impl Api {
             if let (TaskState::Running, false, Some(owner)) = (inst.state, expired, elsewhere) {
                 // Another agent on the shared database runs it: it is asked to stop it.
                 let mut changes = store.bus().subscribe();
-                let ask = json!({ "id": p.id, "reason": reason, "actor": actor, "to": owner });
-                store.announce(Topic::Control, EventKind::Cancel, ask);
+                let ask = EventData::Cancel {
+                    id: p.id.clone(),
+                    to: owner.to_string(),
+                    actor: actor.to_string(),
+                    reason: reason.to_string(),
+                };
+                store.announce(Topic::Control, ask);
                 let grace = self.h.config().scheduler.kill_grace + std::time::Duration::from_secs(10);
                 let until = tokio::time::Instant::now() + grace;
                 while store.get(&p.id).await.map_err(store_err)?.state == TaskState::Running {

@@ -7,7 +7,7 @@ use super::frame::{Frame, FrameCodec};
 use super::Api;
 use apollo_shared::protocol::methods as m;
 use apollo_shared::protocol::{
-    code, Event, EventKind, Method, Request, Response, RpcError, SubscribeResult, Topic, MAX_FRAME_BYTES,
+    code, Event, EventData, Method, Request, Response, RpcError, SubscribeResult, Topic, MAX_FRAME_BYTES,
 };
 use futures::StreamExt;
 use serde_json::{json, Value};
@@ -297,7 +297,7 @@ fn subscribe(
             if behind {
                 // The client missed events: it is told as soon as it has read
                 // enough to take the notice, not only when the next event comes.
-                let resync = Event { seq: bus.seq(), topic: Topic::All, kind: EventKind::Resync, data: json!({}) };
+                let resync = Event { seq: bus.seq(), topic: Topic::All, data: EventData::Resync {} };
                 if !tx.send(notification(&resync)).await {
                     break;
                 }

@@ -83,7 +83,10 @@ pub async fn follow(scheduler: Handles, shutdown: tokio_util::sync::Cancellation
             tokio::spawn(async move {
                 if let Err(e) = serve(addr, scheduler.clone(), stop).await {
                     tracing::error!("{e:#}");
-                    let _ = scheduler.store.alert("metrics_error", &format!("{e:#}"), None).await;
+                    let _ = scheduler
+                        .store
+                        .alert(apollo_shared::protocol::AlertKind::MetricsError, &format!("{e:#}"), None)
+                        .await;
                 }
             })
         });

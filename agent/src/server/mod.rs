@@ -23,12 +23,11 @@ pub use conn::parse as parse_request;
 pub use frame::{Frame, FrameCodec};
 pub use metrics::follow as follow_metrics;
 
+use crate::shutdown::Shutdown;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::Arc;
 use tokio::net::UnixListener;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 /// Binds the socket (mode 0660), replacing a stale file left by a dead agent.
 pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
@@ -47,16 +46,17 @@ pub fn bind(path: &Path) -> anyhow::Result<UnixListener> {
     Ok(listener)
 }
 
-/// Serves connections until `shutdown`; each connection runs on its own
-/// task, and one connection's failure never stops the server.
-pub async fn serve(listener: UnixListener, api: Arc<Api>, access: Arc<Access>, shutdown: CancellationToken) {
-    let tracker = TaskTracker::new();
+/// Serves connections until the shutdown; each connection runs on a task
+/// of its own in the agent's tracker (the drain waits for it), and one
+/// connection's failure never stops the server.
+pub async fn serve(listener: UnixListener, api: Arc<Api>, access: Arc<Access>, tasks: Shutdown) {
+    let shutdown = tasks.token();
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
                     let (api, access, shutdown) = (api.clone(), access.clone(), shutdown.clone());
-                    tracker.spawn(async move { conn::handle(stream, api, access, shutdown).await });
+                    tasks.spawn(async move { conn::handle(stream, api, access, shutdown).await });
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
@@ -66,6 +66,4 @@ pub async fn serve(listener: UnixListener, api: Arc<Api>, access: Arc<Access>, s
             _ = shutdown.cancelled() => break,
         }
     }
-    tracker.close();
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), tracker.wait()).await;
 }

@@ -10,28 +10,26 @@ pub mod http;
 pub mod nats;
 
 use crate::config::Config;
+use crate::shutdown::Shutdown;
 use crate::triggers::Triggers;
 use std::sync::Arc;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 /// Starts every configured source; they stop with `shutdown`. A source that
 /// cannot start is logged and raised as an alert; the agent runs on.
-pub fn start(config: &Config, triggers: Arc<Triggers>, shutdown: CancellationToken) -> TaskTracker {
-    let tracker = TaskTracker::new();
+pub fn start(config: &Config, triggers: Arc<Triggers>, tasks: &Shutdown) {
+    let shutdown = tasks.token();
     for conf in &config.events.sources {
         let source = nats::NatsSource::new(conf.clone(), triggers.clone());
-        tracker.spawn(source.run(shutdown.clone()));
+        tasks.spawn(source.run(shutdown.clone()));
     }
     if let Some(conf) = config.events.http.clone() {
         let (t, stop) = (triggers.clone(), shutdown.clone());
-        tracker.spawn(async move {
+        tasks.spawn(async move {
             if let Err(e) = http::serve(conf, t.clone(), stop).await {
                 tracing::error!("{e:#}");
-                let _ = t.h.store.alert("event_source_down", &format!("{e:#}"), None).await;
+                let _ =
+                    t.h.store.alert(apollo_shared::protocol::AlertKind::EventSourceDown, &format!("{e:#}"), None).await;
             }
         });
     }
-    tracker.close();
-    tracker
 }

@@ -64,14 +64,14 @@ impl NatsSource {
         self.conf.label()
     }
 
-    async fn alert(&self, kind: &str, message: &str) {
+    async fn alert(&self, kind: apollo_shared::protocol::AlertKind, message: &str) {
         let _ = self.triggers.h.store.alert(kind, message, None).await;
     }
 
     /// Raises `event_source_down` once per outage.
     async fn went_down(&self, why: &str) {
         if !self.down.swap(true, Ordering::SeqCst) {
-            self.alert("event_source_down", &format!("{}: {why}", self.label())).await;
+            self.alert(apollo_shared::protocol::AlertKind::EventSourceDown, &format!("{}: {why}", self.label())).await;
         }
     }
 
@@ -80,7 +80,7 @@ impl NatsSource {
         if self.down.swap(false, Ordering::SeqCst) {
             tracing::info!(source = %self.label(), "connection to {} back", self.conf.url);
             let msg = format!("{}: connection to {} back; reading the backlog", self.label(), self.conf.url);
-            self.alert("event_source_up", &msg).await;
+            self.alert(apollo_shared::protocol::AlertKind::EventSourceUp, &msg).await;
         }
     }
 
@@ -241,7 +241,7 @@ impl NatsSource {
             Ok(true) => {
                 tracing::warn!(source = %label, subject, seq, "message kept as an invalid event: {why}");
                 self.alert(
-                    "event_invalid",
+                    apollo_shared::protocol::AlertKind::EventInvalid,
                     &format!("{label}: message {seq} on {subject}: {why} (kept as event {id})"),
                 )
                 .await;

@@ -122,7 +122,7 @@ pub trait Driver: Sync {
     fn step_starts(&self, _c: &dyn Db, starts: &[StepStart], _actor: &str) -> Result<Vec<Option<u32>>> {
         Ok(vec![None; starts.len()])
     }
-    /// A step's SUCCESS with its follow-up (see [`Success`]): whether the
+    /// A step's SUCCESS with its follow-up (see `model::Success`): whether the
     /// follow-up was made and the started step's attempt, or `None`.
     fn step_success(&self, c: &dyn Db, w: &Success) -> Result<Option<(bool, u32)>>;
     /// Whether a batch's SUCCESS writes are made together

@@ -6,7 +6,8 @@
 use super::db::Db;
 use super::postgres::{quote_ident, Target};
 use super::Result;
-use apollo_shared::protocol::{EventKind, Topic};
+use apollo_shared::protocol::{EventData, Topic};
+use apollo_shared::state::TaskState;
 
 /// The schema's notification channel: `apollo_` and 16 hex digits of the
 /// schema name's MD5 (a channel name is at most 63 bytes; a schema name may
@@ -41,6 +42,17 @@ pub fn notify(c: &dyn Db, agent: &str, events: &[String]) -> Result<()> {
         send(c, &payload)?;
     }
     Ok(())
+}
+
+/// One event as the other agents hear it: `{"topic":…,"kind":…,"data":…}`.
+pub fn note(topic: Topic, data: &EventData) -> String {
+    #[derive(serde::Serialize)]
+    struct Note<'a> {
+        topic: Topic,
+        #[serde(flatten)]
+        data: &'a EventData,
+    }
+    serde_json::to_string(&Note { topic, data }).expect("an event is JSON")
 }
 
 /// The SQL that sends one notification.
@@ -148,11 +160,11 @@ pub async fn listen(
             for e in v["events"].as_array().into_iter().flatten() {
                 let topic: Option<Topic> = e["topic"].as_str().and_then(|t| t.parse().ok());
                 let Some(topic) = topic else { continue };
-                let kind = e["kind"].as_str().and_then(|k| k.parse().ok()).unwrap_or(EventKind::Other);
+                let data = EventData::from_parts(e["kind"].as_str().unwrap_or_default(), e["data"].clone());
                 if topic == Topic::Tasks {
-                    strongest = strongest.max(change(&e["data"]));
+                    strongest = strongest.max(change(&data));
                 }
-                bus.publish(topic, kind, e["data"].clone());
+                bus.publish(topic, data);
             }
             if let Some(c) = strongest {
                 wake(c);
@@ -178,10 +190,14 @@ pub enum Change {
 /// move to or within RUNNING (a claim, a step's progress) is nothing to
 /// them, and waking the scheduler for each would cost every agent a claim
 /// per step of every other agent.
-fn change(data: &serde_json::Value) -> Option<Change> {
-    match data.get("state").and_then(|s| s.as_str())? {
-        "RUNNING" => None,
-        "PENDING" | "RETRYING" => Some(Change::Work),
+fn change(data: &EventData) -> Option<Change> {
+    let state = match data {
+        EventData::InstanceCreated { state, .. } | EventData::InstanceUpdated { state, .. } => *state,
+        _ => return None,
+    };
+    match state {
+        TaskState::Running => None,
+        TaskState::Pending | TaskState::Retrying => Some(Change::Work),
         _ => Some(Change::Freed),
     }
 }
@@ -191,14 +207,20 @@ mod tests {
     #[test]
     fn only_changes_that_may_free_work_wake_the_other_agents() {
         use super::{change, Change};
-        use serde_json::json;
-        assert_eq!(change(&json!({"id": "a", "state": "PENDING"})), Some(Change::Work));
-        assert_eq!(change(&json!({"id": "a", "state": "SUCCESS"})), Some(Change::Freed));
-        let retry = json!({"id": "a", "state": "RETRYING", "step": {"seq": 0, "state": "FAILED"}});
-        assert_eq!(change(&retry), Some(Change::Work));
-        assert_eq!(change(&json!({"id": "a", "state": "RUNNING"})), None);
-        assert_eq!(change(&json!({"id": "a", "state": "RUNNING", "step": {"seq": 1, "state": "SUCCESS"}})), None);
-        assert_eq!(change(&json!({"id": "a"})), None);
+        use apollo_shared::protocol::{EventData, StepMoved};
+        use apollo_shared::state::{StepState, TaskState};
+        let moved = |state, step: Option<(u32, StepState)>| EventData::InstanceUpdated {
+            id: "a".into(),
+            state,
+            step: step.map(|(seq, state)| StepMoved { seq, state }),
+        };
+        let created = EventData::InstanceCreated { id: "a".into(), task: "t".into(), state: TaskState::Pending };
+        assert_eq!(change(&created), Some(Change::Work));
+        assert_eq!(change(&moved(TaskState::Success, None)), Some(Change::Freed));
+        assert_eq!(change(&moved(TaskState::Retrying, Some((0, StepState::Failed)))), Some(Change::Work));
+        assert_eq!(change(&moved(TaskState::Running, None)), None);
+        assert_eq!(change(&moved(TaskState::Running, Some((1, StepState::Success)))), None);
+        assert_eq!(change(&EventData::InstanceArchived { id: "a".into() }), None);
     }
 
     #[test]

@@ -1,14 +1,16 @@
 //! The store: the only module that writes SQL, on either backend — SQLite
 //! (the embedded default, one agent per file) or PostgreSQL (several agents
-//! sharing one schema). The SQL is written once ([`db`]); what differs lives
-//! in [`sqlite`] and [`postgres`].
+//! sharing one schema). The portable SQL is written once; what differs is
+//! an operation of the [`Driver`] trait ([`db`]), and each backend's driver
+//! owns its SQL for it ([`sqlite`], [`postgres`]). Shared code never names
+//! a backend.
 //!
 //! Each store has one writer. All writes go to one writer thread that owns
 //! the write connection; it takes every write waiting in its queue, runs them
 //! in one transaction, commits, and only then acknowledges each caller
 //! (group commit). One failing write does not fail its batch-mates: a batch
 //! with a failure is rolled back and run again, each write in its own
-//! savepoint ([`writer`]). Reads use a small pool of connections on blocking
+//! savepoint (`writer.rs`). Reads use a small pool of connections on blocking
 //! threads and never wait for the writer.
 //!
 //! Every state write calls the transition table in `apollo_shared::state`

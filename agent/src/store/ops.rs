@@ -6,9 +6,10 @@ use super::value::p;
 use super::write;
 use super::{leases, records};
 use super::{Result, Store};
-use apollo_shared::protocol::{EventKind, Topic};
+use apollo_shared::protocol::{AlertKind, EventData, Raised, StepMoved, Topic};
+use apollo_shared::state::{StepState, TaskState};
 use chrono::{DateTime, Utc};
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -74,16 +75,13 @@ fn unless_refused(followed: Result<Followed>) -> Result<Followed> {
 }
 
 impl Store {
-    fn changed(&self, id: &str, state: &str, step: Option<(u32, &str)>) {
+    fn changed(&self, id: &str, state: TaskState, step: Option<(u32, StepState)>) {
         // Nobody to tell (no client, no other agent): nothing to build.
         if !self.shared() && !self.bus().wants(Topic::Tasks) {
             return;
         }
-        let mut data = json!({ "id": id, "state": state });
-        if let Some((seq, s)) = step {
-            data["step"] = json!({ "seq": seq, "state": s });
-        }
-        self.announce(Topic::Tasks, EventKind::InstanceUpdated, data);
+        let step = step.map(|(seq, state)| StepMoved { seq, state });
+        self.announce(Topic::Tasks, EventData::InstanceUpdated { id: id.to_string(), state, step });
     }
 
     pub async fn put_def(&self, hash: &str, task: &str, file: &str, source: &str) -> Result<()> {
@@ -118,9 +116,9 @@ impl Store {
             // New work wakes the other agents with this very commit (not
             // a notification of its own after it): the fastest pickup.
             if created && c.driver().shared() {
-                let note = json!({ "topic": "tasks", "kind": "instance.created",
-                                   "data": { "id": id, "task": n.task, "state": "PENDING" } });
-                super::listen::notify(c, &agent, &[note.to_string()])?;
+                let created =
+                    EventData::InstanceCreated { id: id.clone(), task: n.task.clone(), state: TaskState::Pending };
+                super::listen::notify(c, &agent, &[super::listen::note(Topic::Tasks, &created)])?;
             }
             let claimed = match (&claim, created) {
                 (Some(t), true) => leases::claim(c, &agent, 1, t.lease.as_secs_f64(), &t.policy)?,
@@ -139,15 +137,14 @@ impl Store {
         if done.created {
             self.bus().publish(
                 Topic::Tasks,
-                EventKind::InstanceCreated,
-                json!({ "id": done.id, "task": task, "state": "PENDING" }),
+                EventData::InstanceCreated { id: done.id.clone(), task, state: TaskState::Pending },
             );
         }
         for i in &done.claimed {
-            self.changed(&i.id, "RUNNING", None);
+            self.changed(&i.id, TaskState::Running, None);
         }
         if let (Followed::Started(_), Then::Start { seq, .. }) = (done.followed, then) {
-            self.changed(&done.id, "RUNNING", Some((seq, "RUNNING")));
+            self.changed(&done.id, TaskState::Running, Some((seq, StepState::Running)));
         }
         Ok(done)
     }
@@ -225,9 +222,9 @@ impl Store {
             })
             .await?;
         for (i, started) in &claimed {
-            self.changed(&i.id, "RUNNING", None);
+            self.changed(&i.id, TaskState::Running, None);
             if started.is_some() {
-                self.changed(&i.id, "RUNNING", Some((0, "RUNNING")));
+                self.changed(&i.id, TaskState::Running, Some((0, StepState::Running)));
             }
         }
         Ok((claimed, waiting))
@@ -237,7 +234,7 @@ impl Store {
         let (i, v, p, a) = (id.to_string(), version.to_string(), params.to_string(), self.agent().to_string());
         let attempt =
             self.write(move |c| write::step_start(c, StepStart { id: &i, seq, version: &v, params: &p }, &a)).await?;
-        self.changed(id, "RUNNING", Some((seq, "RUNNING")));
+        self.changed(id, TaskState::Running, Some((seq, StepState::Running)));
         Ok(attempt)
     }
 
@@ -269,10 +266,12 @@ impl Store {
             ((true, _), Then::Finish) => Followed::Finished,
             _ => Followed::Nothing,
         };
-        self.changed(id, "RUNNING", Some((seq, "SUCCESS")));
+        self.changed(id, TaskState::Running, Some((seq, StepState::Success)));
         match (followed, then) {
-            (Followed::Started(_), Then::Start { seq: n, .. }) => self.changed(id, "RUNNING", Some((n, "RUNNING"))),
-            (Followed::Finished, _) => self.changed(id, "SUCCESS", None),
+            (Followed::Started(_), Then::Start { seq: n, .. }) => {
+                self.changed(id, TaskState::Running, Some((n, StepState::Running)))
+            }
+            (Followed::Finished, _) => self.changed(id, TaskState::Success, None),
             _ => {}
         }
         Ok(followed)
@@ -282,21 +281,21 @@ impl Store {
     pub async fn step_fail(&self, id: &str, seq: u32, error: &str, counts: bool) -> Result<u32> {
         let (i, e, a) = (id.to_string(), error.to_string(), self.agent().to_string());
         let failures = self.write(move |c| write::step_fail(c, &i, seq, &e, counts, &a)).await?;
-        self.changed(id, "RUNNING", Some((seq, "FAILED")));
+        self.changed(id, TaskState::Running, Some((seq, StepState::Failed)));
         Ok(failures)
     }
 
     pub async fn finish_success(&self, id: &str) -> Result<()> {
         let (i, a) = (id.to_string(), self.agent().to_string());
         self.write(move |c| write::finish_success(c, &i, &a)).await?;
-        self.changed(id, "SUCCESS", None);
+        self.changed(id, TaskState::Success, None);
         Ok(())
     }
 
     pub async fn fail(&self, id: &str, error: &str, plan: FailurePlan, actor: &str) -> Result<()> {
         let (i, e, a) = (id.to_string(), error.to_string(), actor.to_string());
         self.write(move |c| write::fail(c, &i, &e, plan, &a)).await?;
-        let state = if matches!(plan, FailurePlan::Retry(_)) { "RETRYING" } else { "FAILED" };
+        let state = if matches!(plan, FailurePlan::Retry(_)) { TaskState::Retrying } else { TaskState::Failed };
         self.changed(id, state, None);
         Ok(())
     }
@@ -304,7 +303,7 @@ impl Store {
     pub async fn step_rolled_back(&self, id: &str, seq: u32) -> Result<()> {
         let (i, a) = (id.to_string(), self.agent().to_string());
         self.write(move |c| write::step_rolled_back(c, &i, seq, &a)).await?;
-        self.changed(id, "FAILED", Some((seq, "ROLLED_BACK")));
+        self.changed(id, TaskState::Failed, Some((seq, StepState::RolledBack)));
         Ok(())
     }
 
@@ -316,26 +315,24 @@ impl Store {
     pub async fn finish_rolled_back(&self, id: &str) -> Result<()> {
         let (i, a) = (id.to_string(), self.agent().to_string());
         self.write(move |c| write::finish_rolled_back(c, &i, &a)).await?;
-        self.changed(id, "ROLLED_BACK", None);
+        self.changed(id, TaskState::RolledBack, None);
         Ok(())
     }
 
     pub async fn rollback_failed(&self, id: &str, error: &str) -> Result<()> {
         let (i, e, a) = (id.to_string(), error.to_string(), self.agent().to_string());
         self.write(move |c| write::rollback_failed(c, &i, &e, &a)).await?;
-        self.changed(id, "FAILED", None);
-        self.announce(
-            Topic::Alerts,
-            EventKind::AlertRaised,
-            json!({ "kind": "rollback_failed", "instance": id, "message": error }),
-        );
+        self.changed(id, TaskState::Failed, None);
+        let raised =
+            Raised { kind: AlertKind::RollbackFailed, message: error.to_string(), instance: Some(id.to_string()) };
+        self.announce(Topic::Alerts, EventData::AlertRaised(raised));
         Ok(())
     }
 
     pub async fn manual_retry(&self, id: &str, reason: &str, actor: &str) -> Result<()> {
         let (i, r, a) = (id.to_string(), reason.to_string(), actor.to_string());
         self.write(move |c| write::manual_retry(c, &i, &r, &a)).await?;
-        self.changed(id, "RETRYING", None);
+        self.changed(id, TaskState::Retrying, None);
         Ok(())
     }
 
@@ -343,14 +340,14 @@ impl Store {
         let (i, r, a, o) = (id.to_string(), reason.to_string(), actor.to_string(), self.agent().to_string());
         let secs = lease.as_secs_f64();
         self.write(move |c| write::manual_rollback(c, &i, secs, &r, &o, &a)).await?;
-        self.changed(id, "FAILED", None);
+        self.changed(id, TaskState::Failed, None);
         Ok(())
     }
 
     pub async fn cancel_waiting(&self, id: &str, reason: &str, actor: &str) -> Result<()> {
         let (i, r, a) = (id.to_string(), reason.to_string(), actor.to_string());
         self.write(move |c| write::cancel_waiting(c, &i, &r, &a)).await?;
-        self.changed(id, "FAILED", None);
+        self.changed(id, TaskState::Failed, None);
         Ok(())
     }
 
@@ -363,7 +360,7 @@ impl Store {
     pub async fn cancel_orphan(&self, id: &str, reason: &str, actor: &str) -> Result<()> {
         let (i, r, a) = (id.to_string(), reason.to_string(), actor.to_string());
         self.write(move |c| write::cancel_orphan(c, &i, &r, &a)).await?;
-        self.changed(id, "FAILED", None);
+        self.changed(id, TaskState::Failed, None);
         Ok(())
     }
 
@@ -394,8 +391,8 @@ impl Store {
     ) -> Result<(u32, FailurePlan)> {
         let (i, e, a) = (id.to_string(), error.to_string(), actor.to_string());
         let (failures, plan) = self.write(move |c| write::fail_step(c, &i, seq, &e, counts, &decide, &a)).await?;
-        self.changed(id, "RUNNING", Some((seq, "FAILED")));
-        let state = if matches!(plan, FailurePlan::Retry(_)) { "RETRYING" } else { "FAILED" };
+        self.changed(id, TaskState::Running, Some((seq, StepState::Failed)));
+        let state = if matches!(plan, FailurePlan::Retry(_)) { TaskState::Retrying } else { TaskState::Failed };
         self.changed(id, state, None);
         Ok((failures, plan))
     }
@@ -411,14 +408,11 @@ impl Store {
         self.write(move |c| leases::shift_times(c, delta)).await
     }
 
-    pub async fn alert(&self, kind: &str, message: &str, instance: Option<&str>) -> Result<()> {
-        let (k, m, i) = (kind.to_string(), message.to_string(), instance.map(str::to_string));
-        self.write(move |c| records::insert_alert(c, &k, &m, i.as_deref())).await?;
-        self.announce(
-            Topic::Alerts,
-            EventKind::AlertRaised,
-            json!({ "kind": kind, "instance": instance, "message": message }),
-        );
+    pub async fn alert(&self, kind: AlertKind, message: &str, instance: Option<&str>) -> Result<()> {
+        let (m, i) = (message.to_string(), instance.map(str::to_string));
+        self.write(move |c| records::insert_alert(c, kind, &m, i.as_deref())).await?;
+        let raised = Raised { kind, message: message.to_string(), instance: instance.map(str::to_string) };
+        self.announce(Topic::Alerts, EventData::AlertRaised(raised));
         Ok(())
     }
 
@@ -474,7 +468,7 @@ impl Store {
     pub async fn archive(&self, cutoff: DateTime<Utc>, max: usize) -> Result<usize> {
         let ids = self.write(move |c| records::archive(c, cutoff, max)).await?;
         for id in &ids {
-            self.announce(Topic::Tasks, EventKind::InstanceArchived, json!({ "id": id }));
+            self.announce(Topic::Tasks, EventData::InstanceArchived { id: id.clone() });
         }
         Ok(ids.len())
     }

@@ -8,7 +8,7 @@ use super::writer::{writer_loop, Job, Pending, Work};
 use super::{listen, records, schema, sqlite, Conn, Result, StoreError};
 use crate::bus::Bus;
 use crate::config::{Config, Synchronous};
-use apollo_shared::protocol::{EventKind, Topic};
+use apollo_shared::protocol::{AlertKind, EventData, Raised, Topic};
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, Mutex};
 use tokio::sync::oneshot;
@@ -226,9 +226,9 @@ impl Store {
     /// Publishes a committed change on this agent's bus and, on a shared
     /// database, to the other agents (a notification after this change's
     /// commit; see [`listen::listen`]).
-    pub fn announce(&self, topic: Topic, kind: EventKind, data: serde_json::Value) {
+    pub fn announce(&self, topic: Topic, data: EventData) {
         if self.shared() {
-            let payload = serde_json::json!({ "topic": topic, "kind": kind, "data": &data }).to_string();
+            let payload = listen::note(topic, &data);
             // PostgreSQL carries at most 8000 bytes; a longer one (an alert
             // with a long message) is left to the others' next read.
             if payload.len() < listen::MAX_NOTIFY {
@@ -253,7 +253,7 @@ impl Store {
                 }
             }
         }
-        self.bus().publish(topic, kind, data);
+        self.bus().publish(topic, data);
     }
 
     /// On a shared database: hears the other agents' changes until
@@ -262,15 +262,15 @@ impl Store {
     pub fn listen(
         &self,
         wake: std::sync::Arc<dyn Fn(listen::Change) + Send + Sync>,
-        shutdown: tokio_util::sync::CancellationToken,
+        tasks: &crate::shutdown::Shutdown,
     ) -> Option<tokio::task::JoinHandle<()>> {
         let Backend::Postgres { target, .. } = &self.inner.backend else { return None };
-        Some(tokio::spawn(listen::listen(
+        Some(tasks.spawn(listen::listen(
             (**target).clone(),
             self.agent().to_string(),
             self.bus().clone(),
             wake,
-            shutdown,
+            tasks.token(),
         )))
     }
 
@@ -322,7 +322,7 @@ impl Store {
             // of its own, durable before the caller hears of the refusal.
             let (tx, rx) = oneshot::channel();
             let alert = self.submit(
-                move |c| records::insert_alert(c, "illegal_transition", &message, None),
+                move |c| records::insert_alert(c, AlertKind::IllegalTransition, &message, None),
                 move |r| {
                     let _ = tx.send(r);
                 },
@@ -330,11 +330,8 @@ impl Store {
             if alert.is_ok() {
                 let _ = rx.await;
             }
-            self.announce(
-                Topic::Alerts,
-                EventKind::AlertRaised,
-                serde_json::json!({ "kind": "illegal_transition", "message": e.to_string() }),
-            );
+            let raised = Raised { kind: AlertKind::IllegalTransition, message: e.to_string(), instance: None };
+            self.announce(Topic::Alerts, EventData::AlertRaised(raised));
         }
         result
     }
@@ -374,11 +371,8 @@ impl Store {
                 let mut state = self.inner.unwritable.lock().expect("unwritable");
                 if state.is_none() {
                     tracing::error!("{message}");
-                    self.bus().publish(
-                        Topic::Alerts,
-                        EventKind::AlertRaised,
-                        serde_json::json!({ "kind": "store_unwritable", "message": message }),
-                    );
+                    let raised = Raised { kind: AlertKind::StoreUnwritable, message: message.clone(), instance: None };
+                    self.bus().publish(Topic::Alerts, EventData::AlertRaised(raised));
                 }
                 *state = Some((message.clone(), wrote));
                 Err(StoreError::Unwritable(message))
@@ -397,15 +391,12 @@ impl Store {
                 if let Some(message) = was {
                     let back = format!("the store {} can be written again", self.location());
                     tracing::info!("{back}");
-                    self.bus().publish(
-                        Topic::Alerts,
-                        EventKind::AlertRaised,
-                        serde_json::json!({ "kind": "store_writable", "message": back }),
-                    );
+                    let raised = Raised { kind: AlertKind::StoreWritable, message: back.clone(), instance: None };
+                    self.bus().publish(Topic::Alerts, EventData::AlertRaised(raised));
                     let _ = self.submit(
                         move |c| {
-                            records::insert_alert(c, "store_unwritable", &message, None)?;
-                            records::insert_alert(c, "store_writable", &back, None)
+                            records::insert_alert(c, AlertKind::StoreUnwritable, &message, None)?;
+                            records::insert_alert(c, AlertKind::StoreWritable, &back, None)
                         },
                         |_| {},
                     );

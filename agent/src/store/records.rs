@@ -4,13 +4,14 @@ use super::db::Db;
 use super::rows::ts;
 use super::value::p;
 use super::Result;
+use apollo_shared::protocol::AlertKind;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
-pub fn insert_alert(c: &dyn Db, kind: &str, message: &str, instance: Option<&str>) -> Result<()> {
+pub fn insert_alert(c: &dyn Db, kind: AlertKind, message: &str, instance: Option<&str>) -> Result<()> {
     c.execute(
         "INSERT INTO alerts (at, kind, message, instance_id) VALUES (?1, ?2, ?3, ?4)",
-        p![ts(Utc::now()), kind, message, instance],
+        p![ts(Utc::now()), kind.as_str(), message, instance],
     )?;
     Ok(())
 }

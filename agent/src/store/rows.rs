@@ -3,7 +3,7 @@
 use super::db::Db;
 use super::value::{p, Row};
 use super::{Result, StoreError};
-use apollo_shared::protocol::{Alert, AttemptRun, Instance, StepRun, Transition};
+use apollo_shared::protocol::{Alert, AlertKind, AttemptRun, Instance, StepRun, Transition};
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::Value;
 
@@ -107,7 +107,7 @@ pub fn alert(r: &Row) -> Result<Alert> {
     Ok(Alert {
         id: r.get(0)?,
         at: parse_ts(r.get(1)?).unwrap_or_default(),
-        kind: r.get(2)?,
+        kind: r.get::<String>(2)?.parse().unwrap_or(AlertKind::Other),
         message: r.get(3)?,
         instance: r.get(4)?,
     })

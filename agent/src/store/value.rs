@@ -1,6 +1,6 @@
 //! The values the store's SQL binds and reads, on either backend. Every statement of the
 //! store is written once, in the SQL both SQLite and PostgreSQL accept, with
-//! `?N` placeholders; [`Db`] runs it on a SQLite connection as it is, and on
+//! `?N` placeholders; `Db` runs it on a SQLite connection as it is, and on
 //! a PostgreSQL connection with the placeholders renumbered `$N` and SQLite's
 //! planner hints (`INDEXED BY`) left out. Values cross as [`V`], read back by
 //! column with [`Row::get`].

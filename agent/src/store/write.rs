@@ -143,7 +143,7 @@ pub fn create(c: &dyn Db, n: &NewInstance, actor: &str) -> Result<(String, bool)
     }
     // The trigger names who made it; the row's actor says so already.
     let how = n.trigger.strip_suffix(&format!(" by {actor}")).unwrap_or(&n.trigger);
-    history(c, &n.id, None, None, "PENDING", &format!("created by {how}"), actor)?;
+    history(c, &n.id, None, None, TaskState::Pending.as_str(), &format!("created by {how}"), actor)?;
     Ok((n.id.clone(), true))
 }
 
@@ -157,7 +157,7 @@ pub fn step_start(c: &dyn Db, s: StepStart, actor: &str) -> Result<u32> {
     check_step(from, StepState::Running)?;
     let attempt = attempts + 1;
     c.execute(STEP_RUNNING, p![id, seq, attempt, version, params, ts(Utc::now())])?;
-    history(c, id, Some(seq), Some(from.as_str()), "RUNNING", &format!("attempt {attempt}"), actor)?;
+    history(c, id, Some(seq), Some(from.as_str()), StepState::Running.as_str(), &format!("attempt {attempt}"), actor)?;
     Ok(attempt)
 }
 
@@ -187,7 +187,7 @@ fn step_success(c: &dyn Db, id: &str, seq: u32, output: &str, context: &str, act
     check_step(from, StepState::Success)?;
     let now = ts(Utc::now());
     c.execute(STEP_SUCCESS, p![id, seq, output, now.as_str()])?;
-    history(c, id, Some(seq), Some(from.as_str()), "SUCCESS", "succeeded", actor)?;
+    history(c, id, Some(seq), Some(from.as_str()), StepState::Success.as_str(), "succeeded", actor)?;
     c.execute("UPDATE task_instances SET context = ?2, updated_at = ?3 WHERE id = ?1", p![id, context, now])?;
     Ok(())
 }
@@ -235,7 +235,7 @@ pub fn step_fail(c: &dyn Db, id: &str, seq: u32, error: &str, counts: bool, acto
         "UPDATE step_runs SET state = 'FAILED', error = ?3, finished_at = ?4, failures = ?5 WHERE instance_id = ?1 AND seq = ?2",
         p![id, seq, error, now, failures],
     )?;
-    history(c, id, Some(seq), Some(from.as_str()), "FAILED", error, actor)?;
+    history(c, id, Some(seq), Some(from.as_str()), StepState::Failed.as_str(), error, actor)?;
     Ok(failures)
 }
 
@@ -324,8 +324,8 @@ pub fn finish_rolled_back(c: &dyn Db, id: &str, actor: &str) -> Result<()> {
 pub fn rollback_failed(c: &dyn Db, id: &str, error: &str, actor: &str) -> Result<()> {
     release(c, id)?;
     c.execute("UPDATE task_instances SET error = ?2 WHERE id = ?1", p![id, error])?;
-    history(c, id, None, Some("FAILED"), "FAILED", error, actor)?;
-    super::records::insert_alert(c, "rollback_failed", error, Some(id))
+    history(c, id, None, Some(TaskState::Failed.as_str()), TaskState::Failed.as_str(), error, actor)?;
+    super::records::insert_alert(c, apollo_shared::protocol::AlertKind::RollbackFailed, error, Some(id))
 }
 
 /// An operator's retry of a FAILED instance: RETRYING now, with a fresh
@@ -368,7 +368,15 @@ pub fn manual_rollback(c: &dyn Db, id: &str, lease_secs: f64, reason: &str, owne
          lease_expires_at = apollo_now_plus(?3) WHERE id = ?1",
         p![id, owner, lease_secs],
     )?;
-    history(c, id, None, Some("FAILED"), "FAILED", &format!("rollback requested: {reason}"), actor)
+    history(
+        c,
+        id,
+        None,
+        Some(TaskState::Failed.as_str()),
+        TaskState::Failed.as_str(),
+        &format!("rollback requested: {reason}"),
+        actor,
+    )
 }
 
 fn refuse_while_rolling_back(c: &dyn Db, id: &str) -> Result<()> {

@@ -18,9 +18,12 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-pub mod methods;
+#[macro_use]
 mod topics;
+mod events;
+pub mod methods;
 mod types;
+pub use events::{AlertKind, Event, EventData, Raised, StepMoved};
 pub use methods::{is_mutating, Call, Method, METHODS};
 pub use topics::*;
 pub use types::*;
@@ -135,15 +138,6 @@ impl Response {
     }
 }
 
-/// A pushed notification's params.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Event {
-    pub seq: u64,
-    pub topic: Topic,
-    pub kind: EventKind,
-    pub data: Value,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,16 +185,7 @@ mod tests {
     }
 
     #[test]
-    fn events_carry_typed_topics_and_kinds() {
-        let ev: Event =
-            serde_json::from_value(json!({"seq": 1, "topic": "tasks", "kind": "instance.updated", "data": {}}))
-                .unwrap();
-        assert_eq!((ev.topic, ev.kind), (Topic::Tasks, EventKind::InstanceUpdated));
-        // A kind from a newer agent still arrives.
-        let ev: Event =
-            serde_json::from_value(json!({"seq": 2, "topic": "tasks", "kind": "instance.teleported", "data": {}}))
-                .unwrap();
-        assert_eq!(ev.kind, EventKind::Other);
+    fn an_unknown_topic_is_refused_naming_the_known_ones() {
         let e = serde_json::from_value::<SubscribeParams>(json!({"topics": ["gossip"]})).unwrap_err();
         assert!(
             e.to_string().contains("unknown topic \"gossip\" (expected any of: tasks, defs, alerts, queues, agent)"),

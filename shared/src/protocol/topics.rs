@@ -25,7 +25,7 @@ macro_rules! names {
         }
         impl std::fmt::Display for $ty {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(self.as_str())
+                f.pad(self.as_str())
             }
         }
         impl Serialize for $ty {

@@ -1,6 +1,6 @@
 //! The params and results of the methods.
 
-use super::Topic;
+use super::{AlertKind, Topic};
 use crate::state::{StepState, TaskState};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -443,7 +443,7 @@ pub struct QueueRate {
 pub struct Alert {
     pub id: i64,
     pub at: DateTime<Utc>,
-    pub kind: String,
+    pub kind: AlertKind,
     pub message: String,
     pub instance: Option<String>,
 }

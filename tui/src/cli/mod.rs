@@ -18,6 +18,7 @@ mod failure;
 mod render;
 mod watch;
 
+use apollo_shared::state::Tone;
 use failure::Failure;
 use render::print_json;
 use watch::get;
@@ -318,7 +319,7 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
                     print_json(&r);
                 } else {
                     let note = if r.created { "" } else { " (already existed for this dedup key)" };
-                    println!("{} {task} {}{note}", out.paint("created", "PENDING"), r.id);
+                    println!("{} {task} {}{note}", out.paint("created", Tone::Quiet), r.id);
                 }
                 return Ok(ExitCode::SUCCESS);
             }

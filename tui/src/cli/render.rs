@@ -5,6 +5,7 @@ use apollo_shared::protocol::{
     AgentInfo, AgentStatus, Alert, AuditEntry, DefInfo, DryRunResult, EventRecord, Instance, PluginInfo, PluginStats,
     PoolStats, QueueStats,
 };
+use apollo_shared::state::Tone;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use std::io::IsTerminal;
@@ -25,24 +26,24 @@ impl Out {
     }
 
     /// `text` in the colour of `state`.
-    pub fn paint(&self, text: &str, state: &str) -> String {
+    pub fn paint(&self, text: &str, tone: Tone) -> String {
         if !self.color {
             return text.to_string();
         }
-        let code = match state {
-            "SUCCESS" => "32",
-            "FAILED" => "31",
-            "RUNNING" => "36",
-            "RETRYING" => "33",
-            "ROLLED_BACK" => "35",
-            "SKIPPED" | "PENDING" => "2",
-            _ => "0",
+        let code = match tone {
+            Tone::Good => "32",
+            Tone::Bad => "31",
+            Tone::Busy => "36",
+            Tone::Waiting => "33",
+            Tone::Undone => "35",
+            Tone::Quiet => "2",
+            Tone::Plain => "0",
         };
         format!("\x1b[{code}m{text}\x1b[0m")
     }
 
-    fn state(&self, s: &str, width: usize) -> String {
-        self.paint(&format!("{s:<width$}"), s)
+    fn state(&self, s: &str, tone: Tone, width: usize) -> String {
+        self.paint(&format!("{s:<width$}"), tone)
     }
 }
 
@@ -84,7 +85,7 @@ pub fn list(out: &Out, items: &[Instance]) {
     println!("{head}ERROR");
     for i in items {
         let task: String = apollo_shared::text::one_line(&i.task, task_w);
-        let mut line = format!("{:<26}  {task:<task_w$}  {}  ", i.id, out.state(i.state.as_str(), 11));
+        let mut line = format!("{:<26}  {task:<task_w$}  {}  ", i.id, out.state(i.state.as_str(), i.state.tone(), 11));
         if wide {
             line.push_str(&format!("{:>7}  {:<10}  ", i.attempt, i.queue));
         }
@@ -96,7 +97,7 @@ pub fn list(out: &Out, items: &[Instance]) {
 }
 
 pub fn instance(out: &Out, i: &Instance) {
-    println!("{} {} {}", out.paint(i.state.as_str(), i.state.as_str()), i.task, i.id);
+    println!("{} {} {}", out.paint(i.state.as_str(), i.state.tone()), i.task, i.id);
     println!("  attempt {}   queue {}   priority {}   trace {}", i.attempt, i.queue, i.priority, i.trace_id);
     println!("  created {}   finished {}", when(Some(i.created_at)), when(i.finished_at));
     if let Some(e) = &i.error {
@@ -119,7 +120,7 @@ pub fn instance(out: &Out, i: &Instance) {
             s.seq,
             s.name,
             plugin,
-            out.state(s.state.as_str(), 11),
+            out.state(s.state.as_str(), s.state.tone(), 11),
             s.attempts,
             took(s.started_at, s.finished_at),
             detail
@@ -137,7 +138,7 @@ pub fn history(out: &Out, i: &Instance) {
             when(Some(t.at)),
             what,
             t.from.as_deref().unwrap_or("-"),
-            out.paint(&t.to, &t.to),
+            out.paint(&t.to, Tone::of_name(&t.to)),
             t.reason,
             t.actor
         );
@@ -145,10 +146,10 @@ pub fn history(out: &Out, i: &Instance) {
 }
 
 pub fn dry_run(out: &Out, r: &DryRunResult) {
-    let verdict = if r.valid { out.paint("valid", "SUCCESS") } else { out.paint("invalid", "FAILED") };
+    let verdict = if r.valid { out.paint("valid", Tone::Good) } else { out.paint("invalid", Tone::Bad) };
     println!("dry-run {}: {verdict} (nothing was executed)", r.task);
     for s in &r.steps {
-        let mark = if s.valid { out.paint("ok", "SUCCESS") } else { out.paint("error", "FAILED") };
+        let mark = if s.valid { out.paint("ok", Tone::Good) } else { out.paint("error", Tone::Bad) };
         println!("  {} {} ({} {})  {mark}", s.seq, s.name, s.plugin, s.version.as_deref().unwrap_or("?"));
         println!("      params: {}", s.params);
         if !s.unresolved.is_empty() {
@@ -173,7 +174,7 @@ pub fn defs(out: &Out, defs: &[DefInfo]) {
             );
         }
         for e in &d.errors {
-            println!("{} {e}", out.paint("error", "FAILED"));
+            println!("{} {e}", out.paint("error", Tone::Bad));
         }
     }
 }
@@ -204,11 +205,11 @@ pub fn agents(out: &Out, agents: &[AgentInfo]) {
     );
     for a in agents {
         let state = if a.stopped {
-            out.paint("stopped", "SKIPPED")
+            out.paint("stopped", Tone::Quiet)
         } else if a.late {
-            out.paint("late", "FAILED")
+            out.paint("late", Tone::Bad)
         } else {
-            out.paint("live", "SUCCESS")
+            out.paint("live", Tone::Good)
         };
         println!(
             "{:<16} {:<22} {:<16} {:<8} {:>7} {:>9.1}s  {:<10} {}",
@@ -249,7 +250,7 @@ pub fn status(out: &Out, s: &AgentStatus) {
         "  tasks {}   definitions {} ({} with errors)   concurrency {}",
         s.tasks_dir, s.definitions, s.definition_errors, s.concurrency
     );
-    let counts: Vec<String> = s.counts.iter().map(|(k, n)| format!("{} {n}", out.paint(k, k))).collect();
+    let counts: Vec<String> = s.counts.iter().map(|(k, n)| format!("{} {n}", out.paint(k, Tone::of_name(k)))).collect();
     println!("  {}", counts.join("   "));
 }
 

@@ -54,7 +54,7 @@ impl Seen {
             if json {
                 println!("{}", json!({"id": inst.id, "state": inst.state, "error": inst.error}));
             } else {
-                eprintln!("{} {} {}", out.paint(inst.state.as_str(), inst.state.as_str()), inst.task, inst.id);
+                eprintln!("{} {} {}", out.paint(inst.state.as_str(), inst.state.tone()), inst.task, inst.id);
             }
         }
     }
@@ -76,7 +76,7 @@ fn step_line(out: &render::Out, s: &StepRun) -> String {
         "  step {} {}: {} (attempt {}{took}){error}",
         s.seq,
         s.name,
-        out.paint(s.state.as_str(), s.state.as_str()),
+        out.paint(s.state.as_str(), s.state.tone()),
         s.attempts
     )
 }
@@ -111,7 +111,7 @@ pub async fn until_end(client: &Client, id: &str, json: bool, out: &render::Out)
             loop {
                 let ev =
                     events.recv().await.ok_or(Failure::Unreachable("the connection to the agent closed".into()))?;
-                if ev.kind == EventKind::Resync || ev.data["id"] == id {
+                if ev.kind() == EventKind::Resync || ev.data.instance() == Some(id) {
                     break;
                 }
             }
@@ -194,7 +194,7 @@ pub async fn logs(
                     let events = events.as_mut().ok_or(Failure::Unreachable("no event stream".into()))?;
                     let _ = tokio::time::timeout(FOLLOW_WAIT, async {
                         while let Some(ev) = events.recv().await {
-                            if ev.kind == EventKind::Resync || ev.data["id"] == id {
+                            if ev.kind() == EventKind::Resync || ev.data.instance() == Some(id) {
                                 return;
                             }
                         }

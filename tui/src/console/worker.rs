@@ -216,10 +216,10 @@ async fn session(
             ev = events.recv() => match ev {
                 None => return Ended::Lost("the agent closed the connection".into()),
                 Some(ev) => {
-                    defs_changed |= matches!(ev.topic, Topic::Defs | Topic::Alerts) || ev.kind == EventKind::Resync;
+                    defs_changed |= matches!(ev.topic, Topic::Defs | Topic::Alerts) || ev.kind() == EventKind::Resync;
                     // The followed instance moved: a parked follow goes on.
-                    again |= ev.kind == EventKind::Resync || followed.as_deref().is_some_and(|id| ev.data["id"] == id);
-                    if matches!(ev.topic, Topic::Tasks) || ev.kind == EventKind::Resync {
+                    again |= ev.kind() == EventKind::Resync || followed.as_deref().is_some_and(|id| ev.data.instance() == Some(id));
+                    if matches!(ev.topic, Topic::Tasks) || ev.kind() == EventKind::Resync {
                         stats.want(tokio::time::Instant::now() + DEBOUNCE);
                     }
                     due.get_or_insert(tokio::time::Instant::now() + DEBOUNCE);

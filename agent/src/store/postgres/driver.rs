@@ -54,7 +54,7 @@ impl Driver for Postgres {
             row.map(|r| Ok::<_, StoreError>((r.get(0)?, r.get(1)?))).transpose()?;
         match row {
             None => return Err(StoreError::NotFound(format!("no instance {id}"))),
-            Some((state, owner)) if state != "RUNNING" || owner.as_deref() != Some(agent) => {
+            Some((state, owner)) if state != TaskState::Running.as_str() || owner.as_deref() != Some(agent) => {
                 return Err(not_held(id, &state, owner.as_deref(), agent))
             }
             Some(_) => {}

@@ -53,7 +53,7 @@ impl Driver for Sqlite {
         )?;
         let Some(r) = row else { return Err(StoreError::NotFound(format!("no instance {id}"))) };
         let (state, owner): (String, Option<String>) = (r.get(0)?, r.get(1)?);
-        if state != "RUNNING" || owner.as_deref() != Some(agent) {
+        if state != TaskState::Running.as_str() || owner.as_deref() != Some(agent) {
             return Err(not_held(id, &state, owner.as_deref(), agent));
         }
         let step: Option<String> = r.get(2)?;
@@ -79,7 +79,7 @@ impl Driver for Sqlite {
         )?;
         let Some(first) = rows.first() else { return Err(StoreError::NotFound(format!("no instance {id}"))) };
         let (state, owner): (String, Option<String>) = (first.get(0)?, first.get(1)?);
-        if state != "RUNNING" || owner.as_deref() != Some(actor) {
+        if state != TaskState::Running.as_str() || owner.as_deref() != Some(actor) {
             return Err(not_held(id, &state, owner.as_deref(), actor));
         }
         let mut steps = HashMap::new();
@@ -103,7 +103,7 @@ impl Driver for Sqlite {
                     Err(e) => return Err(e),
                 }
             }
-            After::Finish => Some((None, "RUNNING", 0, "", "")),
+            After::Finish => Some((None, TaskState::Running.as_str(), 0, "", "")),
             After::Nothing => None,
         };
         let now = ts(Utc::now());

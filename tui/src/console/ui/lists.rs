@@ -3,6 +3,7 @@
 
 use super::super::app::{App, View};
 use super::theme::Theme;
+use apollo_shared::state::Tone;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Cell, Paragraph, Row, Table};
@@ -163,7 +164,7 @@ pub fn tasks(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             let mut cells = vec![
                 Cell::from(id),
                 Cell::from(i.task.clone()),
-                Cell::from(Span::styled(i.state.as_str(), theme.state(i.state.as_str()))),
+                Cell::from(Span::styled(i.state.as_str(), theme.tone(i.state.tone()))),
             ];
             if wide {
                 cells.extend([Cell::from(i.attempt.to_string()), Cell::from(i.queue.clone())]);
@@ -351,7 +352,7 @@ pub fn alerts(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         .map(|a| {
             vec![
                 Cell::from(a.at.format("%m-%d %H:%M:%S").to_string()),
-                Cell::from(Span::styled(a.kind.clone(), theme.error())),
+                Cell::from(Span::styled(a.kind.as_str(), theme.error())),
                 Cell::from(a.instance.clone().unwrap_or_default()),
                 Cell::from(a.message.clone()),
             ]
@@ -385,7 +386,7 @@ pub fn agents(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             } else if a.late {
                 Span::styled("late", theme.error())
             } else {
-                Span::styled("live", theme.state("SUCCESS"))
+                Span::styled("live", theme.tone(Tone::Good))
             };
             vec![
                 Cell::from(a.name.clone()),
@@ -453,13 +454,13 @@ pub fn fleet(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
                 cells.push(Cell::from(c.describe()));
             }
             let (state, agent, counts) = match app.fleet_state(&c.name) {
-                FleetState::Connecting => (Span::styled("connecting", theme.state("RETRYING")), String::new(), None),
+                FleetState::Connecting => (Span::styled("connecting", theme.tone(Tone::Waiting)), String::new(), None),
                 FleetState::Unreachable(why) => (Span::styled("unreachable", theme.error()), why.clone(), None),
                 FleetState::Up { agent, counts, store_error: Some(_) } => {
                     (Span::styled("store error", theme.error()), agent.clone(), Some(counts))
                 }
                 FleetState::Up { agent, counts, store_error: None } => {
-                    (Span::styled("connected", theme.state("SUCCESS")), agent.clone(), Some(counts))
+                    (Span::styled("connected", theme.tone(Tone::Good)), agent.clone(), Some(counts))
                 }
             };
             cells.push(Cell::from(state));
@@ -468,7 +469,7 @@ pub fn fleet(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             }
             for k in ["RUNNING", "PENDING", "FAILED", "SUCCESS"] {
                 let n = counts.map(|c| count(c, k)).unwrap_or_default();
-                cells.push(Cell::from(Span::styled(n, theme.state(k))));
+                cells.push(Cell::from(Span::styled(n, theme.tone(Tone::of_name(k)))));
             }
             cells.push(Cell::from(flags.join(", ")));
             cells

@@ -10,6 +10,7 @@ mod theme;
 mod timeline;
 
 use super::app::{App, Conn, Mode, View};
+use apollo_shared::state::Tone;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
@@ -50,10 +51,10 @@ fn draw_header(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let spark_w = if area.width >= 110 { 24 } else { 0 };
     let [text, spark] = Layout::horizontal([Constraint::Min(40), Constraint::Length(spark_w)]).areas(area);
     let conn = match &app.conn {
-        Conn::Connecting => Span::styled("● connecting", theme.state("RETRYING")),
-        Conn::Connected => Span::styled("● connected", theme.state("SUCCESS")),
+        Conn::Connecting => Span::styled("● connecting", theme.tone(Tone::Waiting)),
+        Conn::Connected => Span::styled("● connected", theme.tone(Tone::Good)),
         Conn::Lost { attempt, reason } => {
-            Span::styled(format!("● disconnected (retry {attempt}): {reason}"), theme.state("FAILED"))
+            Span::styled(format!("● disconnected (retry {attempt}): {reason}"), theme.tone(Tone::Bad))
         }
     };
     let agent = match (&app.hello, &app.status) {
@@ -91,7 +92,7 @@ fn draw_header(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let mut counts = Vec::new();
     if let Some(s) = &app.status {
         for (k, v) in &s.counts {
-            counts.push(Span::styled(format!("{k} {v}"), theme.state(k)));
+            counts.push(Span::styled(format!("{k} {v}"), theme.tone(Tone::of_name(k))));
             counts.push(Span::raw("  "));
         }
     }
@@ -114,7 +115,7 @@ fn draw_header(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let title = Paragraph::new(format!("{hour} ended in 1h")).style(theme.dim());
     let [t, s] = Layout::vertical([Constraint::Length(1), Constraint::Length(2)]).areas(spark);
     f.render_widget(title, t);
-    f.render_widget(Sparkline::default().data(&data).style(theme.state("RUNNING")), s);
+    f.render_widget(Sparkline::default().data(&data).style(theme.tone(Tone::Busy)), s);
 }
 
 fn draw_status(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {

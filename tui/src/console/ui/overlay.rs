@@ -3,6 +3,7 @@
 use super::super::app::{App, Mode, Stage};
 use super::super::keys::HELP;
 use super::theme::Theme;
+use apollo_shared::state::Tone;
 use ratatui::layout::{Constraint, Flex, Layout, Rect};
 use ratatui::style::Style;
 use ratatui::text::{Line, Span};
@@ -99,7 +100,7 @@ pub fn draw(f: &mut Frame, app: &App, theme: &Theme) {
             let mut lines = vec![(format!("{}: {verdict} — nothing was executed", r.task), Style::default())];
             for s in &r.steps {
                 let (mark, style) =
-                    if s.valid { ("ok   ", theme.state("SUCCESS")) } else { ("error", theme.state("FAILED")) };
+                    if s.valid { ("ok   ", theme.tone(Tone::Good)) } else { ("error", theme.tone(Tone::Bad)) };
                 let version = s.version.as_deref().unwrap_or("?");
                 lines.push((format!("{mark} {} {} ({} {version})", s.seq, s.name, s.plugin), style));
                 // Params as a readable block: a multi-line command keeps its lines.

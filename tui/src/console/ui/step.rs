@@ -19,7 +19,7 @@ pub fn draw(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     let [tabs, body] = Layout::vertical([Constraint::Length(3), Constraint::Min(3)]).areas(area);
     let title = Line::from(vec![
         Span::raw(format!(" step {} {} — {}@{} ", s.seq, s.name, s.plugin, s.plugin_version.as_deref().unwrap_or("?"))),
-        Span::styled(format!("{} ", s.state.as_str()), theme.state(s.state.as_str())),
+        Span::styled(format!("{} ", s.state.as_str()), theme.tone(s.state.tone())),
         Span::raw(format!("attempts {} ", s.attempts)),
     ]);
     let sel = Pane::ALL.iter().position(|p| *p == app.pane).unwrap_or(0);

@@ -1,5 +1,6 @@
 //! The console's colours and emphasis; none when NO_COLOR is set.
 
+use apollo_shared::state::Tone;
 use ratatui::style::{Color, Modifier, Style};
 
 /// Colours are dropped when NO_COLOR is set.
@@ -8,18 +9,18 @@ pub struct Theme {
 }
 
 impl Theme {
-    pub fn state(&self, s: &str) -> Style {
+    pub fn tone(&self, tone: Tone) -> Style {
         if !self.color {
             return Style::default();
         }
-        let c = match s {
-            "SUCCESS" => Color::Green,
-            "FAILED" => Color::Red,
-            "RUNNING" => Color::Cyan,
-            "RETRYING" => Color::Yellow,
-            "ROLLED_BACK" => Color::Magenta,
-            "PENDING" | "SKIPPED" => Color::DarkGray,
-            _ => Color::Reset,
+        let c = match tone {
+            Tone::Good => Color::Green,
+            Tone::Bad => Color::Red,
+            Tone::Busy => Color::Cyan,
+            Tone::Waiting => Color::Yellow,
+            Tone::Undone => Color::Magenta,
+            Tone::Quiet => Color::DarkGray,
+            Tone::Plain => Color::Reset,
         };
         Style::default().fg(c)
     }

@@ -5,6 +5,7 @@
 use super::super::app::{App, View};
 use super::theme::Theme;
 use apollo_shared::protocol::Instance;
+use apollo_shared::state::{StepState, Tone};
 use chrono::{DateTime, Utc};
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::text::{Line, Span};
@@ -15,7 +16,7 @@ use ratatui::widgets::{Block, Borders, Paragraph, Wrap};
 const ERROR_LINES: usize = 6;
 use ratatui::Frame;
 
-/// One attempt of a step: when it ran and how it ended ("RUNNING" if it still runs).
+/// One attempt of a step: when it ran and how it ended (RUNNING if it still runs).
 pub struct Segment {
     pub start: DateTime<Utc>,
     pub end: Option<DateTime<Utc>>,
@@ -26,9 +27,9 @@ pub struct Segment {
 pub fn segments(i: &Instance, seq: u32) -> Vec<Segment> {
     let mut out: Vec<Segment> = Vec::new();
     for t in i.transitions.iter().flatten().filter(|t| t.step == Some(seq)) {
-        match t.to.as_str() {
-            "RUNNING" => out.push(Segment { start: t.at, end: None, outcome: "RUNNING".into() }),
-            "SUCCESS" | "FAILED" => {
+        match t.to.parse::<StepState>() {
+            Ok(StepState::Running) => out.push(Segment { start: t.at, end: None, outcome: t.to.clone() }),
+            Ok(StepState::Success | StepState::Failed) => {
                 if let Some(s) = out.last_mut().filter(|s| s.end.is_none()) {
                     s.end = Some(t.at);
                     s.outcome = t.to.clone();
@@ -63,7 +64,7 @@ pub fn draw(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         Layout::vertical([Constraint::Length(bars_h), Constraint::Length(ops_h), Constraint::Min(3)]).areas(area);
     let title = Line::from(vec![
         Span::raw(format!(" {} {} ", i.task, i.id)),
-        Span::styled(format!("{} ", i.state.as_str()), theme.state(i.state.as_str())),
+        Span::styled(format!("{} ", i.state.as_str()), theme.tone(i.state.tone())),
         Span::raw(format!("attempt {} ", i.attempt)),
     ]);
     let block = Block::default().borders(Borders::ALL).title(title);
@@ -94,7 +95,7 @@ pub fn draw(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         for (ch, outcome) in row {
             cells.push(Span::styled(
                 ch.to_string(),
-                if outcome.is_empty() { theme.dim() } else { theme.state(&outcome) },
+                if outcome.is_empty() { theme.dim() } else { theme.tone(Tone::of_name(&outcome)) },
             ));
         }
         let took = match (s.started_at, s.finished_at) {
@@ -110,7 +111,7 @@ pub fn draw(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         let mut spans =
             vec![Span::styled(name, if n == app.sel(View::Timeline) { theme.selected() } else { Default::default() })];
         spans.extend(cells);
-        spans.push(Span::styled(format!(" {:<11}", s.state.as_str()), theme.state(s.state.as_str())));
+        spans.push(Span::styled(format!(" {:<11}", s.state.as_str()), theme.tone(s.state.tone())));
         spans.push(Span::raw(format!("{took:>6} ×{}", segs.len().max(s.attempts as usize))));
         lines.push(Line::from(spans));
     }
@@ -129,7 +130,7 @@ pub fn draw(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             .map(|t| {
                 Line::from(vec![
                     Span::raw(format!("{} ", t.at.format("%m-%d %H:%M:%S"))),
-                    Span::styled(format!("{:<11}", t.to), theme.state(&t.to)),
+                    Span::styled(format!("{:<11}", t.to), theme.tone(Tone::of_name(&t.to))),
                     Span::raw(format!("{}  — {}", t.reason, t.actor)),
                 ])
             })
@@ -153,7 +154,7 @@ pub fn draw(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
                     what,
                     t.from.as_deref().unwrap_or("-")
                 )),
-                Span::styled(t.to.clone(), theme.state(&t.to)),
+                Span::styled(t.to.clone(), theme.tone(Tone::of_name(&t.to))),
                 Span::raw(format!("  {}  ({})", t.reason, t.actor)),
             ])
         })
