@@ -3,11 +3,11 @@
 //! `read`, `records` and `leases`.
 
 use super::db::{Db, Driver};
-use super::postgres::{self, Target};
+use super::location::Location;
+use super::postgres;
 use super::writer::{writer_loop, Job, Pending, Work};
 use super::{listen, records, schema, sqlite, Conn, Result, StoreError};
 use crate::bus::Bus;
-use crate::config::{Config, Synchronous};
 use apollo_shared::protocol::{AlertKind, EventData, Raised, Topic};
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Arc, Mutex};
@@ -79,49 +79,6 @@ impl Drop for Inner {
         if !readers.is_empty() {
             let _ = std::thread::spawn(move || drop(readers)).join();
         }
-    }
-}
-
-/// Where an agent's store is, from `database:` in its config.
-pub enum Location {
-    Sqlite {
-        path: PathBuf,
-        synchronous_full: bool,
-    },
-    /// `pool`: reader connections kept open.
-    Postgres {
-        target: Box<postgres::Target>,
-        read: Option<Box<postgres::Target>>,
-        pool: usize,
-    },
-}
-
-impl Location {
-    /// Where the store is: the SQLite file, or the PostgreSQL database with
-    /// its password from `database.password_env` (else `PGPASSWORD`).
-    pub fn from_conf(config: &Config) -> anyhow::Result<Location> {
-        let db = &config.database;
-        if !db.is_postgres() {
-            return Ok(Location::Sqlite {
-                path: config.db_path(),
-                synchronous_full: db.synchronous == Synchronous::Full,
-            });
-        }
-        let password = match &db.password_env {
-            Some(var) => Some(std::env::var(var).map_err(|_| {
-                anyhow::anyhow!("database.password_env: the variable {var} is not set (it holds the database password)")
-            })?),
-            None => std::env::var("PGPASSWORD").ok(),
-        };
-        let url = db.url.as_deref().unwrap_or_default();
-        let ca = db.ca_file.as_deref().map(|p| config.rel(p));
-        let target = Box::new(Target::with_ca(url, &db.schema, password.clone(), ca.as_deref())?);
-        let read = db
-            .read_url
-            .as_deref()
-            .map(|u| Target::with_ca(u, &db.schema, password, ca.as_deref()).map(Box::new))
-            .transpose()?;
-        Ok(Location::Postgres { target, read, pool: db.pool_size })
     }
 }
 

@@ -22,9 +22,11 @@ use serde_json::Value;
 mod topics;
 mod events;
 pub mod methods;
+mod status;
 mod types;
 pub use events::{AlertKind, Event, EventData, Raised, StepMoved};
 pub use methods::{is_mutating, Call, Method, METHODS};
+pub use status::*;
 pub use topics::*;
 pub use types::*;
 

@@ -2,6 +2,7 @@
 //! connection, counts, throughput), the current view, a status line, and the
 //! overlay of the current mode.
 
+mod fleet;
 mod lists;
 mod overlay;
 mod step;
@@ -28,8 +29,8 @@ pub fn draw(f: &mut Frame, app: &App, theme: &Theme) {
         View::Defs => lists::defs(f, body, app, theme),
         View::Plugins => lists::plugins(f, body, app, theme),
         View::Alerts => lists::alerts(f, body, app, theme),
-        View::Agents => lists::agents(f, body, app, theme),
-        View::Fleet => lists::fleet(f, body, app, theme),
+        View::Agents => fleet::agents(f, body, app, theme),
+        View::Fleet => fleet::fleet(f, body, app, theme),
         View::Timeline => timeline::draw(f, body, app, theme),
         View::Step => step::draw(f, body, app, theme),
     }
