@@ -1,0 +1,153 @@
+//! The `apollo` command's arguments: the global flags and every subcommand,
+//! with their help and completion candidates (clap).
+
+use super::{act, docs};
+use apollo_shared::state::TaskState;
+use clap::{Parser, Subcommand};
+use clap_complete::engine::ArgValueCandidates;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "apollo", version, about = "Drive an Apollo-11 agent from scripts and the shell")]
+pub struct Args {
+    /// The agent's socket (default: $APOLLO_SOCKET, ./.apollo/agent.sock, /run/apollo/agent.sock).
+    #[arg(long, global = true)]
+    pub(super) socket: Option<PathBuf>,
+    /// Reach the agent through SSH: [user@]host[:port] (runs `apollo-agent dial-stdio` there).
+    #[arg(long, global = true, conflicts_with = "local")]
+    pub(super) ssh: Option<String>,
+    /// Use the agent of the current directory, starting one (and stopping it after) if none runs.
+    #[arg(long, global = true)]
+    pub(super) local: bool,
+    /// Use a context from $XDG_CONFIG_HOME/apollo/contexts.yaml (its socket or SSH target, read-only and
+    /// production flags).
+    #[arg(long, global = true, conflicts_with_all = ["local", "ssh", "socket"])]
+    pub(super) context: Option<String>,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    pub(super) json: bool,
+    #[command(subcommand)]
+    pub(super) command: Cmd,
+}
+
+#[derive(Subcommand)]
+pub(super) enum Cmd {
+    /// Create an instance of TASK.
+    Run {
+        #[arg(add = ArgValueCandidates::new(docs::tasks))]
+        task: String,
+        /// A parameter, KEY=VALUE (VALUE is read as JSON when it parses, else as text).
+        #[arg(short = 'p', long = "param")]
+        params: Vec<String>,
+        /// Wait until the instance ends; exit 0 only when it ended SUCCESS.
+        #[arg(long)]
+        wait: bool,
+        /// Create at most one instance for this key.
+        #[arg(long)]
+        dedup_key: Option<String>,
+        /// Why, for the history and `apollo audit`.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Validate and describe every step of TASK without running anything.
+    DryRun {
+        #[arg(add = ArgValueCandidates::new(docs::tasks))]
+        task: String,
+        #[arg(short = 'p', long = "param")]
+        params: Vec<String>,
+    },
+    /// List instances, newest first.
+    Ls {
+        #[arg(long)]
+        state: Option<TaskState>,
+        #[arg(long, add = ArgValueCandidates::new(docs::tasks))]
+        task: Option<String>,
+        #[arg(long)]
+        queue: Option<String>,
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+        /// List the archive (instances past the retention window) instead.
+        #[arg(long)]
+        archived: bool,
+        /// Print only the ids, one a line (for scripts: `ID=$(apollo ls --ids --limit 1)`).
+        #[arg(long, conflicts_with = "json")]
+        ids: bool,
+    },
+    /// Show one instance with its steps and history.
+    Show {
+        #[arg(add = ArgValueCandidates::new(docs::instances))]
+        id: String,
+    },
+    /// Print an instance's logs: every step's, each attempt opened by a line naming it.
+    Logs {
+        #[arg(add = ArgValueCandidates::new(docs::instances))]
+        id: String,
+        /// Only this step's log (its name or seq).
+        #[arg(long)]
+        step: Option<String>,
+        /// Keep printing as the logs grow, across steps, until the instance ends; exit with its outcome.
+        #[arg(long, short = 'f')]
+        follow: bool,
+    },
+    /// Retry a FAILED instance from its failed step, or every instance a selection matches.
+    Retry {
+        #[command(flatten)]
+        act: act::ActArgs,
+    },
+    /// Roll back a FAILED instance, or every instance a selection matches.
+    Rollback {
+        #[command(flatten)]
+        act: act::ActArgs,
+    },
+    /// Cancel a PENDING, RETRYING or RUNNING instance, or every instance a selection matches.
+    Cancel {
+        #[command(flatten)]
+        act: act::ActArgs,
+    },
+    /// Publish an event; matching definitions get one instance each.
+    Emit {
+        name: String,
+        #[arg(long)]
+        data: Option<String>,
+        #[arg(long)]
+        dedup_key: Option<String>,
+    },
+    /// Received events, newest first, with the instances each created.
+    Events {
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+    },
+    /// Loaded definitions and load errors.
+    Defs,
+    /// Registered plugins.
+    Plugins,
+    /// Queues: running, limit, pending, retrying.
+    Queues,
+    /// Alerts, newest first.
+    Alerts {
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+    },
+    /// The agent's status.
+    Status,
+    /// The agent's Prometheus metrics, as text (the same as its /metrics).
+    Metrics,
+    /// Print the shell's completion registration (task names and instance ids come from the running agent):
+    /// `source <(apollo completions bash)`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: String,
+    },
+    /// Print this command's man page (roff), or with --dir write every page (apollo.1, apollo-run.1, …) there.
+    Man {
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Every agent on the store: name, host, version, queues, running, last heartbeat, late or not.
+    Agents,
+    /// What operators did (run, retry, rollback, cancel), who, and why; newest first.
+    Audit {
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+}
