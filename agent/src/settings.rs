@@ -111,7 +111,7 @@ mod tests {
         assert_eq!(applied.changed, ["scheduler", "metrics"]);
         assert_eq!(applied.need_restart, ["database", "data_dir"]);
         let now = s.get();
-        assert_eq!(now.scheduler.concurrency, 5);
+        assert_eq!(now.scheduler.concurrency(), 5);
         assert!(now.metrics.listen.is_some());
         assert_eq!(now.data_dir.as_deref(), Some(std::path::Path::new("/a")));
         assert_eq!(now.database.synchronous, crate::config::Synchronous::Full);

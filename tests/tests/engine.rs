@@ -217,3 +217,32 @@ async fn an_instance_held_back_by_a_limit_starts_when_the_one_ahead_ends() {
     let took = began.elapsed();
     assert!(took < std::time::Duration::from_secs(10), "five 50 ms instances, one at a time, took {took:?}");
 }
+
+/// The original design's §4.4: without `scheduler.concurrency`, twice the
+/// cores the agent may run on (its CPU affinity here; a cgroup quota counts
+/// the same way), shown by `apollo status`; a configured value is taken as
+/// it is.
+#[test]
+fn the_default_concurrency_is_twice_the_cores_the_agent_may_use() {
+    use nix::sched::{sched_getaffinity, sched_setaffinity, CpuSet};
+    use nix::unistd::Pid;
+    // The agent inherits this thread's affinity: one core.
+    let before = sched_getaffinity(Pid::from_raw(0)).unwrap();
+    let mut one = CpuSet::new();
+    let first = (0..CpuSet::count()).find(|&c| before.is_set(c).unwrap_or(false)).expect("a usable core");
+    one.set(first).unwrap();
+    sched_setaffinity(Pid::from_raw(0), &one).unwrap();
+    let agent = Agent::builder().start();
+    sched_setaffinity(Pid::from_raw(0), &before).unwrap();
+    let (code, status) = agent.cli_json(&["status"]);
+    assert_eq!(code, 0, "{status:#}");
+    assert_eq!((status["concurrency"].as_u64(), status["cores"].as_u64()), (Some(2), Some(1)), "{status:#}");
+    let human = String::from_utf8_lossy(&agent.cli(&["status"]).stdout).to_string();
+    assert!(human.contains("concurrency 2 (2 × 1 core)"), "{human}");
+
+    let set = Agent::builder().config("scheduler:\n  concurrency: 3\n").start();
+    let (_, status) = set.cli_json(&["status"]);
+    assert_eq!((status["concurrency"].as_u64(), status["cores"].as_u64()), (Some(3), None), "{status:#}");
+    let human = String::from_utf8_lossy(&set.cli(&["status"]).stdout).to_string();
+    assert!(human.contains("concurrency 3\n"), "{human}");
+}

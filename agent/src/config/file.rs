@@ -195,10 +195,9 @@ impl Config {
         problems.extend(self.database.problems(file));
         problems.extend(self.socket.problems(file));
         let s = &self.scheduler;
-        if s.concurrency == 0 || s.concurrency > 10_000 {
+        if let Some(n) = s.concurrency.filter(|n| *n == 0 || *n > 10_000) {
             problems.push(format!(
-                "{file}: scheduler.concurrency: {} is out of range (expected 1 to 10000)",
-                s.concurrency
+                "{file}: scheduler.concurrency: {n} is out of range (expected 1 to 10000, or leave it out for twice the cores)"
             ));
         }
         if s.zombie_factor.is_nan() || s.zombie_factor < 1.0 {
@@ -337,7 +336,8 @@ mod tests {
     #[test]
     fn empty_config_has_the_documented_defaults() {
         let c = Config::parse("{}", "apollo.yaml").unwrap();
-        assert_eq!(c.scheduler.concurrency, 8);
+        assert_eq!(c.scheduler.concurrency, None);
+        assert_eq!(c.scheduler.concurrency(), 2 * crate::config::cores());
         assert_eq!(c.scheduler.default_timeout, std::time::Duration::from_secs(300));
         assert_eq!(c.database.synchronous, crate::config::Synchronous::Full);
         assert_eq!(c.socket_path(), PathBuf::from(".apollo/agent.sock"));
@@ -375,7 +375,7 @@ mod tests {
         assert_eq!(e.lines().count(), 3, "{e}");
         // Nothing but comments: the defaults.
         let c = Config::parse("# nothing set here yet\n\n", "apollo.yaml").unwrap();
-        assert_eq!(c.scheduler.concurrency, Config::default().scheduler.concurrency);
+        assert_eq!(c.scheduler.concurrency(), Config::default().scheduler.concurrency());
         assert!(Config::parse("", "apollo.yaml").is_ok());
         // What passes: sqlite:, a plain path, postgres:// and postgresql://.
         for url in ["sqlite:data/a.db", "data/a.db", "postgres://apollo@db:5432/ops", "postgresql://db/ops"] {

@@ -8,9 +8,10 @@ use std::time::Duration;
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Scheduler {
-    /// Instances running at once, across all queues.
-    #[serde(default = "default_concurrency")]
-    pub concurrency: u32,
+    /// Instances running at once, across all queues, as written; `None`:
+    /// twice the cores available (see [`Scheduler::concurrency`]).
+    #[serde(default)]
+    pub concurrency: Option<u32>,
     /// Step timeout when neither the step nor its plugin registration sets one.
     #[serde(default = "secs::<300>", deserialize_with = "duration")]
     pub default_timeout: Duration,
@@ -47,9 +48,6 @@ pub struct Scheduler {
     pub queues: BTreeMap<String, QueueConf>,
 }
 
-fn default_concurrency() -> u32 {
-    8
-}
 fn default_catchup_max() -> usize {
     100
 }
@@ -61,6 +59,21 @@ fn default_output_bytes() -> usize {
 }
 fn default_context_bytes() -> usize {
     apollo_shared::context::MAX_CONTEXT_BYTES
+}
+
+/// The cores this process may run on: its CPU affinity and its cgroup's
+/// CPU quota, as the standard library reads them (at least 1).
+pub fn cores() -> u32 {
+    std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
+}
+
+impl Scheduler {
+    /// Instances running at once: `concurrency:`, else twice the cores
+    /// available to the process (the original design's §4.4), at most
+    /// 10,000.
+    pub fn concurrency(&self) -> u32 {
+        self.concurrency.unwrap_or_else(|| (2 * cores()).min(10_000))
+    }
 }
 
 impl Default for Scheduler {

@@ -19,7 +19,7 @@ impl Scheduler {
             return 0;
         }
         let mut reserved = self.slots.reserved.lock().expect("reserved");
-        let free = (self.config().scheduler.concurrency as usize).saturating_sub(self.running() + *reserved);
+        let free = (self.config().scheduler.concurrency() as usize).saturating_sub(self.running() + *reserved);
         let k = want.min(free);
         *reserved += k;
         k

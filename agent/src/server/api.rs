@@ -481,7 +481,8 @@ impl Api {
             counts: counts.into_iter().map(|(k, v)| (k, json!(v))).collect(),
             definitions: cat.defs.len() as u64,
             definition_errors: cat.errors.len() as u64,
-            concurrency: cfg.scheduler.concurrency,
+            concurrency: cfg.scheduler.concurrency(),
+            cores: cfg.scheduler.concurrency.is_none().then(crate::config::cores),
             shutting_down: self.h.control.is_shutting_down(),
             store_error: self.h.store.unwritable().or(unread),
         }

@@ -267,6 +267,10 @@ pub struct AgentStatus {
     pub definitions: u64,
     pub definition_errors: u64,
     pub concurrency: u32,
+    /// The cores available to the agent, when `concurrency` is twice them
+    /// (`scheduler.concurrency` not set).
+    #[serde(default)]
+    pub cores: Option<u32>,
     pub shutting_down: bool,
     /// Why the store cannot be written now (disk full, read-only), if so.
     #[serde(default)]

@@ -246,8 +246,9 @@ pub fn alerts(_out: &Out, alerts: &[Alert]) {
 pub fn status(out: &Out, s: &AgentStatus) {
     println!("agent {} (version {}, pid {})", s.agent, s.version, s.pid);
     println!("  up {:.0}s   store {}   socket {}", s.uptime_secs, s.store, s.socket);
+    let why = s.cores.map(|c| format!(" (2 × {c} core{})", if c == 1 { "" } else { "s" })).unwrap_or_default();
     println!(
-        "  tasks {}   definitions {} ({} with errors)   concurrency {}",
+        "  tasks {}   definitions {} ({} with errors)   concurrency {}{why}",
         s.tasks_dir, s.definitions, s.definition_errors, s.concurrency
     );
     let counts: Vec<String> = s.counts.iter().map(|(k, n)| format!("{} {n}", out.paint(k, Tone::of_name(k)))).collect();
