@@ -13,7 +13,7 @@ pub async fn run(
     out: &mut impl std::io::Write,
 ) -> std::io::Result<usize> {
     let registry = match plugins_home(paths) {
-        Some(dir) => crate::plugins::load(&Config { tasks: Some(dir), ..config.clone() }).await,
+        Some(dir) => crate::plugins::load(&Config { tasks: Some(dir), plugins_path: None, ..config.clone() }).await,
         None => crate::plugins::load(config).await,
     };
     for b in &registry.broken {

@@ -162,15 +162,19 @@ impl Reloader {
         // true: a plugin file changed (the plugins are registered anew,
         // then the definitions read again); false: a definition changed.
         let (tx, mut rx) = mpsc::unbounded_channel::<bool>();
-        let plugins_dir = self.dir.join("plugins");
+        // The plugin path is read at the start (a changed `plugins_path`
+        // waits for a restart, as `tasks` does).
+        let plugin_dirs = self.settings.get().plugin_dirs();
         let watcher = {
-            let (tx, tasks_dir, plugins_dir) = (tx.clone(), self.dir.clone(), plugins_dir.clone());
+            let (tx, tasks_dir, plugin_dirs) = (tx.clone(), self.dir.clone(), plugin_dirs.clone());
             notify_debouncer_full::new_debouncer(Duration::from_millis(200), None, move |res| {
                 if let Ok(events) = res {
                     let events: Vec<notify_debouncer_full::DebouncedEvent> = events;
                     // Reading a file (the agent running a plugin opens it) changes nothing.
                     let paths = || events.iter().filter(|e| !e.kind.is_access()).flat_map(|e| e.paths.iter());
-                    if paths().any(|p| p.parent() == Some(plugins_dir.as_path()) || p == &plugins_dir) {
+                    let in_plugins =
+                        |p: &std::path::PathBuf| plugin_dirs.iter().any(|d| p.parent() == Some(d.as_path()) || p == d);
+                    if paths().any(in_plugins) {
                         let _ = tx.send(true);
                     } else if paths().any(|p| {
                         p.parent() == Some(tasks_dir.as_path())
@@ -185,7 +189,16 @@ impl Reloader {
             _ if !self.watch => None,
             // Recursive: `plugins/` is watched too, made before or after.
             Ok(mut w) => match w.watch(&self.dir, RecursiveMode::Recursive) {
-                Ok(()) => Some(w),
+                Ok(()) => {
+                    // A plugin directory outside the tasks directory is
+                    // watched on its own.
+                    for d in plugin_dirs.iter().filter(|d| !d.starts_with(&self.dir)) {
+                        if let Err(e) = w.watch(d, RecursiveMode::NonRecursive) {
+                            tracing::warn!(dir = %d.display(), error = %e, "cannot watch the plugin directory; register with SIGHUP");
+                        }
+                    }
+                    Some(w)
+                }
                 Err(e) => {
                     tracing::warn!(dir = %self.dir.display(), error = %e, "cannot watch the tasks directory; reload with SIGHUP");
                     None

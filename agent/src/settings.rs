@@ -34,6 +34,7 @@ const AT_START: &[Named] = &[
     ("database", |c| format!("{:?}", c.database)),
     ("data_dir", |c| format!("{:?}", c.data_dir)),
     ("tasks", |c| format!("{:?}", c.tasks)),
+    ("plugins_path", |c| format!("{:?}", c.plugins_path)),
     ("watch_tasks", |c| format!("{:?}", c.watch_tasks)),
     ("socket.path", |c| format!("{:?}", c.socket.path)),
     ("logging", |c| format!("{:?}", c.logging)),
@@ -79,6 +80,7 @@ impl Settings {
         fresh.database = old.database.clone();
         fresh.data_dir = old.data_dir.clone();
         fresh.tasks = old.tasks.clone();
+        fresh.plugins_path = old.plugins_path.clone();
         fresh.watch_tasks = old.watch_tasks;
         fresh.socket.path = old.socket.path.clone();
         fresh.logging = old.logging.clone();

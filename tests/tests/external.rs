@@ -341,3 +341,77 @@ async fn a_plugin_dropped_into_the_tasks_dir_is_registered_without_a_signal() {
     })
     .await;
 }
+
+/// The original design's §3.1: `plugins_path` names where plugins are
+/// registered from — one directory or several, in order (the first of a
+/// name wins) — and each is watched as the tasks dir is.
+#[tokio::test]
+async fn plugins_load_from_every_directory_of_the_plugin_path_in_order_and_each_is_watched() {
+    use std::os::unix::fs::PermissionsExt;
+    let named = |name: &str, version: &str, out: &str| {
+        plugin(&format!("echo '{out}'"))
+            .replace("\"name\": \"t\"", &format!("\"name\": \"{name}\""))
+            .replace("\"version\": \"1.0.0\"", &format!("\"version\": \"{version}\""))
+    };
+    let agent = Agent::builder()
+        .config("plugins_path: [ops/first, /nonexistent/apollo-plugins, ops/second]\n")
+        .task("both.yaml", "task: both\nsteps:\n  - plugin: alpha\n  - plugin: beta\n")
+        .task("late.yaml", "task: late\nsteps:\n  - plugin: gamma\n");
+    let put = |dir: &std::path::Path, file: &str, text: &str| {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(dir.join(file), text).unwrap();
+        std::fs::set_permissions(dir.join(file), std::fs::Permissions::from_mode(0o755)).unwrap();
+    };
+    let (first, second) = (agent.path().join("ops/first"), agent.path().join("ops/second"));
+    put(&first, "alpha.sh", &named("alpha", "1.0.0", "{\"from\": \"first\"}"));
+    put(&second, "alpha.sh", &named("alpha", "9.0.0", "{\"from\": \"second\"}"));
+    put(&second, "beta.sh", &named("beta", "2.0.0", "{\"b\": 2}"));
+    // With a plugin path, `<tasks>/plugins` is not on it.
+    put(&agent.path().join("tasks/plugins"), "inside.sh", &named("inside", "1.0.0", "{}"));
+    let agent = agent.start();
+    let (_, plugins) = agent.cli_json(&["plugins"]);
+    let version = |n: &str| {
+        plugins.as_array().unwrap().iter().find(|p| p["name"] == n).map(|p| p["version"].as_str().unwrap().to_string())
+    };
+    assert_eq!(
+        (version("alpha").as_deref(), version("beta").as_deref()),
+        (Some("1.0.0"), Some("2.0.0")),
+        "{plugins:#}"
+    );
+    assert_eq!(version("inside"), None, "{plugins:#}");
+    let (code, inst) = agent.cli_json(&["run", "both", "--wait"]);
+    assert_eq!(code, 0, "{inst:#}");
+    assert_eq!(inst["steps"][0]["output"]["from"], "first", "the first directory's alpha ran");
+    assert!(agent.log().contains("is not registered: a plugin of that name comes first"), "{}", agent.log());
+    // A plugin dropped into the second directory is registered without a signal.
+    let c = agent.client().await;
+    c.subscribe(&[Topic::Defs]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    let staged = agent.path().join("gamma.staged");
+    std::fs::write(&staged, named("gamma", "1.0.0", "{\"g\": 3}")).unwrap();
+    std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::rename(&staged, second.join("gamma.sh")).unwrap();
+    let mut seen = Vec::new();
+    loop {
+        let ev = tokio::time::timeout(std::time::Duration::from_secs(20), events.recv()).await;
+        let Ok(Some(ev)) = ev else { panic!("gamma not registered: {seen:#?}\n{}", agent.log()) };
+        if ev.kind() == EventKind::DefsReloaded && ev.data.json()["errors"].as_array().is_some_and(|a| a.is_empty()) {
+            break;
+        }
+        seen.push(ev);
+    }
+    let (code, inst) = agent.cli_json(&["run", "late", "--wait"]);
+    assert_eq!((code, inst["steps"][0]["output"]["g"].as_u64()), (0, Some(3)), "{inst:#}");
+    // One directory alone may be written without a list.
+    let one = Agent::builder().config("plugins_path: ops\n");
+    put(&one.path().join("ops"), "solo.sh", &named("solo", "1.0.0", "{}"));
+    let one = one.start();
+    let (_, plugins) = one.cli_json(&["plugins"]);
+    assert!(plugins.as_array().unwrap().iter().any(|p| p["name"] == "solo"), "{plugins:#}");
+    // Anything else is refused, naming the field and what it takes.
+    let bad = one.path().join("bad.yaml");
+    std::fs::write(&bad, "plugins_path: {a: 1}\n").unwrap();
+    let out = std::process::Command::new(agent_bin()).arg("--config").arg(&bad).arg("check").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert!(err.contains("plugins_path") && err.contains("a directory or a list of directories"), "{err}");
+}

@@ -23,6 +23,10 @@ pub struct Config {
     /// The definitions directory.
     #[serde(default)]
     pub tasks: Option<PathBuf>,
+    /// Where executables are registered from as plugins (one directory or
+    /// several, in order: the first of a name wins); default `<tasks>/plugins`.
+    #[serde(default, deserialize_with = "one_or_many")]
+    pub plugins_path: Option<Vec<PathBuf>>,
     /// Watch the definitions directory and reload on changes (SIGHUP reloads either way).
     #[serde(default = "yes")]
     pub watch_tasks: bool,
@@ -53,6 +57,26 @@ pub struct Config {
     /// Paths given on the command line, which win over the file's.
     #[serde(skip)]
     pub overrides: Overrides,
+}
+
+/// A path or a list of paths.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Vec<PathBuf>>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Paths {
+        One(PathBuf),
+        Many(Vec<PathBuf>),
+    }
+    let paths = Paths::deserialize(d).map_err(|_| {
+        serde::de::Error::custom(
+            "plugins_path: expected a directory or a list of directories \
+             (`plugins_path: /opt/apollo/plugins` or `plugins_path: [ops/plugins, shared/plugins]`)",
+        )
+    })?;
+    Ok(Some(match paths {
+        Paths::One(p) => vec![p],
+        Paths::Many(ps) => ps,
+    }))
 }
 
 /// Paths given on the command line (or `APOLLO_SOCKET`), already absolute,
@@ -292,6 +316,18 @@ impl Config {
         use apollo_shared::paths::{PROJECT_DATA, SYSTEM_DATA};
         let default = if self.system() { SYSTEM_DATA } else { PROJECT_DATA };
         self.rel(self.data_dir.as_deref().unwrap_or(Path::new(default)))
+    }
+
+    /// The directories plugins are registered from, in order: `plugins_path`
+    /// (relative to the config's directory), else `<tasks>/plugins`.
+    pub fn plugin_dirs(&self) -> Vec<PathBuf> {
+        match &self.plugins_path {
+            // Absolute, as the watcher reports paths.
+            Some(dirs) => {
+                dirs.iter().map(|d| std::path::absolute(self.rel(d)).unwrap_or_else(|_| self.rel(d))).collect()
+            }
+            None => vec![self.tasks_dir().join("plugins")],
+        }
     }
 
     pub fn tasks_dir(&self) -> PathBuf {

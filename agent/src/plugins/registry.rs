@@ -192,16 +192,36 @@ pub async fn load(config: &crate::config::Config) -> Registry {
             })
         })
         .collect();
-    let dir = config.tasks_dir().join("plugins");
-    let mut found: Vec<PathBuf> =
-        std::fs::read_dir(&dir).map(|rd| rd.flatten().map(|e| e.path()).collect()).unwrap_or_default();
-    found.sort();
-    for path in found {
-        use std::os::unix::fs::PermissionsExt;
-        let executable = std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
-        let Some(stem) = path.file_stem().and_then(|s| s.to_str()).map(str::to_string) else { continue };
-        if executable && !externals.iter().any(|e| e.name == stem) {
-            externals.push(Wanted { name: stem, path, env: Vec::new(), timeout: None, retry: None, workers: None });
+    // Each directory of the plugin path in order; a name found in an
+    // earlier one (or registered in the config) wins.
+    for dir in config.plugin_dirs() {
+        let mut found: Vec<PathBuf> =
+            std::fs::read_dir(&dir).map(|rd| rd.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+        found.sort();
+        for path in found {
+            use std::os::unix::fs::PermissionsExt;
+            let executable = std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+            let Some(stem) = path.file_stem().and_then(|s| s.to_str()).map(str::to_string) else { continue };
+            if !executable {
+                continue;
+            }
+            match externals.iter().find(|e| e.name == stem) {
+                Some(first) if first.path == path => {}
+                Some(first) => tracing::warn!(
+                    plugin = %stem,
+                    used = %first.path.display(),
+                    "{} is not registered: a plugin of that name comes first",
+                    path.display()
+                ),
+                None => externals.push(Wanted {
+                    name: stem,
+                    path,
+                    env: Vec::new(),
+                    timeout: None,
+                    retry: None,
+                    workers: None,
+                }),
+            }
         }
     }
     for Wanted { name, path, env, timeout, retry, workers } in externals {
