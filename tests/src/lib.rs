@@ -5,6 +5,7 @@
 
 pub mod chaos;
 pub mod console;
+pub mod layers;
 pub mod service;
 
 pub use apollo_shared::protocol::methods as m;

@@ -1,14 +1,12 @@
 //! The store's operations as the scheduler and the server call them: each
 //! one write (group-committed), followed by a notice on the bus.
 
+use super::leases;
 use super::model::{Claimed, FailurePlan, NewInstance, StepStart};
-use super::value::p;
 use super::write;
-use super::{leases, records};
 use super::{Result, Store};
 use apollo_shared::protocol::{AlertKind, EventData, Raised, StepMoved, Topic};
 use apollo_shared::state::{StepState, TaskState};
-use chrono::{DateTime, Utc};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::time::Duration;
@@ -406,70 +404,5 @@ impl Store {
     /// Moves retry times and leases by `delta` (after the wall clock jumped).
     pub async fn shift_times(&self, delta: chrono::TimeDelta) -> Result<usize> {
         self.write(move |c| leases::shift_times(c, delta)).await
-    }
-
-    pub async fn alert(&self, kind: AlertKind, message: &str, instance: Option<&str>) -> Result<()> {
-        let (m, i) = (message.to_string(), instance.map(str::to_string));
-        self.write(move |c| records::insert_alert(c, kind, &m, i.as_deref())).await?;
-        let raised = Raised { kind, message: message.to_string(), instance: instance.map(str::to_string) };
-        self.announce(Topic::Alerts, EventData::AlertRaised(raised));
-        Ok(())
-    }
-
-    /// Stores a received event; `false` when its dedup key was seen before.
-    pub async fn record_event(
-        &self,
-        id: &str,
-        name: &str,
-        data: Option<Value>,
-        dedup_key: Option<String>,
-        instances: Vec<String>,
-    ) -> Result<bool> {
-        let (i, n) = (id.to_string(), name.to_string());
-        let stored = self
-            .write(move |c| records::insert_event(c, &i, &n, data.as_ref(), dedup_key.as_deref(), &instances))
-            .await?;
-        Ok(stored.is_some())
-    }
-
-    /// Records the last fire of a task's schedule.
-    pub async fn set_cron_fire(&self, task: &str, at: DateTime<Utc>) -> Result<()> {
-        let (t, a) = (task.to_string(), super::rows::ts(at));
-        self.write(move |c| {
-            c.execute(
-                "INSERT INTO cron_state (task, last_fire) VALUES (?1, ?2) ON CONFLICT(task) DO UPDATE SET last_fire = ?2",
-                p![t.as_str(), a.as_str()],
-            )?;
-            Ok(())
-        })
-        .await
-    }
-
-    /// This agent's heartbeat; `starting` for the first of its life.
-    pub async fn heartbeat(&self, h: records::Heartbeat, starting: bool) -> Result<()> {
-        let id = self.agent().trim_start_matches("agent:").to_string();
-        self.write(move |c| records::heartbeat(c, &id, &h, starting)).await
-    }
-
-    /// Notes that this agent stopped cleanly.
-    pub async fn agent_stopped(&self) -> Result<()> {
-        let id = self.agent().trim_start_matches("agent:").to_string();
-        self.write(move |c| records::stopped(c, &id)).await
-    }
-
-    /// Folds the state counts' deltas (where the driver counts in deltas).
-    pub async fn fold_counts(&self) -> Result<()> {
-        if self.shared() {
-            self.write(records::fold_counts).await?;
-        }
-        Ok(())
-    }
-
-    pub async fn archive(&self, cutoff: DateTime<Utc>, max: usize) -> Result<usize> {
-        let ids = self.write(move |c| records::archive(c, cutoff, max)).await?;
-        for id in &ids {
-            self.announce(Topic::Tasks, EventData::InstanceArchived { id: id.clone() });
-        }
-        Ok(ids.len())
     }
 }
