@@ -5,7 +5,7 @@
 //! - `frame`: capped newline framing.
 //! - `access`: who may operate and who may only observe, from the peer's credentials.
 //! - `conn`: one connection — requests, responses, pushed notifications.
-//! - `api`: what each method does.
+//! - `api`: what each method does; `reads`: the methods that describe what it holds.
 //! - `metrics`: `GET /metrics` over HTTP when `metrics.listen` is set.
 //! - `dial`: `apollo-agent dial-stdio`, the bridge SSH uses.
 
@@ -15,6 +15,7 @@ mod conn;
 pub mod dial;
 mod frame;
 mod metrics;
+mod reads;
 mod stats;
 
 pub use access::Access;
