@@ -62,9 +62,11 @@ fn default_context_bytes() -> usize {
 }
 
 /// The cores this process may run on: its CPU affinity and its cgroup's
-/// CPU quota, as the standard library reads them (at least 1).
+/// CPU quota, as the standard library reads them (at least 1). Read once:
+/// the reading opens cgroup files, and every claim asks for the concurrency.
 pub fn cores() -> u32 {
-    std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
+    static CORES: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get() as u32))
 }
 
 impl Scheduler {
