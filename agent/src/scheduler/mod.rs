@@ -19,6 +19,7 @@ use crate::handles::StopReason;
 use crate::steps::FirstStart;
 use crate::store::{Claimed, Recover};
 use apollo_shared::def::TaskDef;
+use apollo_shared::state::TaskState;
 use chrono::Utc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -198,10 +199,7 @@ impl Scheduler {
     /// What runs and waits, for the service manager's status line.
     pub async fn status_line(&self) -> String {
         let waiting = match self.store.counts().await {
-            Ok(c) => [apollo_shared::state::TaskState::Pending, apollo_shared::state::TaskState::Retrying]
-                .iter()
-                .filter_map(|s| c.get(s.as_str()))
-                .sum(),
+            Ok(c) => [TaskState::Pending, TaskState::Retrying].iter().filter_map(|s| c.get(s.as_str())).sum(),
             Err(_) => 0,
         };
         let mut line = format!("{} running, {waiting} queued", self.running());

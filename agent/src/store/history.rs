@@ -3,7 +3,7 @@
 //! use these; a refused move changes nothing and says why.
 
 use super::db::Db;
-use super::model::Also;
+use super::model::{Also, StepRow};
 use super::rows::ts;
 use super::value::{p, V};
 use super::{Result, StoreError};
@@ -60,6 +60,21 @@ pub(super) fn not_held(id: &str, state: &str, owner: Option<&str>, agent: &str) 
         "instance {id} is {state}, held by {}; {agent} may not run its steps",
         owner.unwrap_or("nobody")
     ))
+}
+
+/// An instance's state, read by the driver's `sql` (`?1` the id).
+pub(super) fn read_task_state(c: &dyn Db, sql: &str, id: &str) -> Result<TaskState> {
+    let s: Option<String> = c.value(sql, p![id])?;
+    parse_state(&s.ok_or_else(|| StoreError::NotFound(format!("no instance {id}")))?)
+}
+
+/// A step's row, read by the driver's `sql` (`?1` the id, `?2` the seq;
+/// state, attempts, failures).
+pub(super) fn read_step_row(c: &dyn Db, sql: &str, id: &str, seq: u32) -> Result<StepRow> {
+    let r = c
+        .query_opt(sql, p![id, seq])?
+        .ok_or_else(|| StoreError::NotFound(format!("no step {seq} in instance {id}")))?;
+    Ok(StepRow { state: parse_state(&r.get::<String>(0)?)?, attempts: r.get(1)?, failures: r.get(2)? })
 }
 
 /// A state as stored, parsed.

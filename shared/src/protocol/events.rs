@@ -57,12 +57,7 @@ names! {
     "alert kind"
 }
 
-impl<'de> Deserialize<'de> for AlertKind {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        Ok(s.parse().unwrap_or(AlertKind::Other))
-    }
-}
+or_other!(AlertKind);
 
 /// A step's move within an instance's.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

@@ -89,9 +89,17 @@ names! {
     "event kind"
 }
 
-impl<'de> Deserialize<'de> for EventKind {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        Ok(s.parse().unwrap_or(EventKind::Other))
-    }
+/// Deserializes a [`names!`] enum whose unknown names (a newer agent's)
+/// read as its `Other`.
+macro_rules! or_other {
+    ($ty:ident) => {
+        impl<'de> serde::Deserialize<'de> for $ty {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                Ok(s.parse().unwrap_or($ty::Other))
+            }
+        }
+    };
 }
+
+or_other!(EventKind);

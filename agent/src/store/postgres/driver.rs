@@ -4,7 +4,7 @@
 
 use super::moves;
 use crate::store::db::{Conn, Db, Driver};
-use crate::store::history::{not_held, parse_state};
+use crate::store::history::{not_held, read_step_row, read_task_state};
 use crate::store::model::{ClaimMove, ClaimsMade, NewInstance, StepRow, StepStart, Success, TaskMove};
 use crate::store::rows::{INSTANCE_COLS, RUNNABLE_TASKS, STEP_COLS};
 use crate::store::value::{p, Row};
@@ -26,8 +26,7 @@ impl Driver for Postgres {
     /// Locked until the transaction ends, so two agents never both move an
     /// instance from the state each one read.
     fn task_state(&self, c: &dyn Db, id: &str) -> Result<TaskState> {
-        let s: Option<String> = c.value("SELECT state FROM task_instances WHERE id = ?1 FOR UPDATE", p![id])?;
-        parse_state(&s.ok_or_else(|| StoreError::NotFound(format!("no instance {id}")))?)
+        read_task_state(c, "SELECT state FROM task_instances WHERE id = ?1 FOR UPDATE", id)
     }
 
     /// Another agent may have moved it since: read and locked now.
@@ -36,13 +35,8 @@ impl Driver for Postgres {
     }
 
     fn step_row(&self, c: &dyn Db, id: &str, seq: u32) -> Result<StepRow> {
-        let r = c
-            .query_opt(
-                "SELECT state, attempts, failures FROM step_runs WHERE instance_id = ?1 AND seq = ?2 FOR UPDATE",
-                p![id, seq],
-            )?
-            .ok_or_else(|| StoreError::NotFound(format!("no step {seq} in instance {id}")))?;
-        Ok(StepRow { state: parse_state(&r.get::<String>(0)?)?, attempts: r.get(1)?, failures: r.get(2)? })
+        let sql = "SELECT state, attempts, failures FROM step_runs WHERE instance_id = ?1 AND seq = ?2 FOR UPDATE";
+        read_step_row(c, sql, id, seq)
     }
 
     /// The instance locked and checked, then its step locked: an executor

@@ -3,7 +3,7 @@
 //! read stays true; the planner is told which index to use (`INDEXED BY`).
 
 use crate::store::db::{Db, Driver};
-use crate::store::history::{not_held, parse_state, STEP_RUNNING, STEP_SUCCESS};
+use crate::store::history::{not_held, parse_state, read_step_row, read_task_state, STEP_RUNNING, STEP_SUCCESS};
 use crate::store::model::{After, StepRow, Success};
 use crate::store::rows::{parse_ts, ts, RUNNABLE_TASKS};
 use crate::store::value::{p, Row, V};
@@ -23,8 +23,7 @@ impl Driver for Sqlite {
     }
 
     fn task_state(&self, c: &dyn Db, id: &str) -> Result<TaskState> {
-        let s: Option<String> = c.value("SELECT state FROM task_instances WHERE id = ?1", p![id])?;
-        parse_state(&s.ok_or_else(|| StoreError::NotFound(format!("no instance {id}")))?)
+        read_task_state(c, "SELECT state FROM task_instances WHERE id = ?1", id)
     }
 
     fn state_before_move(&self, c: &dyn Db, id: &str, known: Option<TaskState>) -> Result<TaskState> {
@@ -35,13 +34,7 @@ impl Driver for Sqlite {
     }
 
     fn step_row(&self, c: &dyn Db, id: &str, seq: u32) -> Result<StepRow> {
-        let r = c
-            .query_opt(
-                "SELECT state, attempts, failures FROM step_runs WHERE instance_id = ?1 AND seq = ?2",
-                p![id, seq],
-            )?
-            .ok_or_else(|| StoreError::NotFound(format!("no step {seq} in instance {id}")))?;
-        Ok(StepRow { state: parse_state(&r.get::<String>(0)?)?, attempts: r.get(1)?, failures: r.get(2)? })
+        read_step_row(c, "SELECT state, attempts, failures FROM step_runs WHERE instance_id = ?1 AND seq = ?2", id, seq)
     }
 
     /// The instance and its step in one statement.
