@@ -43,11 +43,6 @@ impl Hook {
         if let Some(argv) = &self.command {
             use crate::plugins::process::{self, Spec};
             let cancel = CancellationToken::new();
-            let timer = cancel.clone();
-            let guard = tokio::spawn(async move {
-                tokio::time::sleep(CALL_TIMEOUT).await;
-                timer.cancel();
-            });
             let spec = Spec {
                 argv: argv.clone(),
                 env: process::clean_env(&[], Vec::new()),
@@ -57,9 +52,17 @@ impl Hook {
                 capture_stdout: Some(4096),
                 step_key: None,
             };
-            let out = process::run(spec, None, cancel, Duration::from_secs(1)).await;
-            guard.abort();
-            let out = out?;
+            // At the timeout the command is stopped (its group gets SIGTERM,
+            // then SIGKILL) and the run ends with `stopped`.
+            let run = process::run(spec, None, cancel.clone(), Duration::from_secs(1));
+            tokio::pin!(run);
+            let out = tokio::select! {
+                out = &mut run => out,
+                _ = tokio::time::sleep(CALL_TIMEOUT) => {
+                    cancel.cancel();
+                    run.await
+                }
+            }?;
             return match (out.stopped, out.code) {
                 (true, _) => Err(format!("did not finish within {}s", CALL_TIMEOUT.as_secs())),
                 (false, Some(0)) => Ok(()),

@@ -107,3 +107,21 @@ fn an_upward_import_or_a_circle_is_named() {
     assert_eq!(named, ["a→b@1", "b→a@1"], "{all:?}");
     assert_eq!(circles(&mods, &all).len(), 1);
 }
+
+/// One shutdown path (`agent/src/shutdown.rs`): what the agent starts for
+/// its whole life goes into the one tracker the drain waits for, never onto
+/// a bare `tokio::spawn` the shutdown would not see.
+#[test]
+fn the_agents_long_lived_tasks_are_spawned_into_the_shutdown_tracker() {
+    let mut problems = Vec::new();
+    for file in ["lib.rs", "bus.rs", "hooks.rs", "sources/mod.rs", "server/mod.rs", "store/pool.rs"] {
+        let text = strip_comments(&std::fs::read_to_string(repo().join("agent/src").join(file)).unwrap());
+        for (n, line) in text.lines().enumerate() {
+            if line.contains("tokio::spawn(") {
+                problems
+                    .push(format!("agent/src/{file}:{}: a bare tokio::spawn: spawn it with Shutdown::spawn", n + 1));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
