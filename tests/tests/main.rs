@@ -28,6 +28,7 @@ mod metrics;
 mod package;
 mod panics;
 mod postgres;
+mod reaper;
 mod reload;
 mod s3;
 mod screen;

@@ -19,9 +19,14 @@ pub struct Scheduler {
     #[serde(default = "secs::<30>", deserialize_with = "duration")]
     pub lease: Duration,
     /// An instance RUNNING longer than this factor times its expected time
-    /// (the sum of its steps' timeouts) is reaped as a zombie.
+    /// (its steps' p99 from history, else their timeouts) is reaped as a
+    /// zombie: FAILED, with a `zombie_reaped` alert.
     #[serde(default = "default_zombie")]
     pub zombie_factor: f64,
+    /// Nothing is reaped before it has run this long, however short its
+    /// expected time.
+    #[serde(default = "secs::<60>", deserialize_with = "duration")]
+    pub zombie_min: Duration,
     /// Finished instances older than this move to the archive.
     #[serde(default = "secs::<2592000>", deserialize_with = "duration")]
     pub retention: Duration,
@@ -52,7 +57,7 @@ fn default_catchup_max() -> usize {
     100
 }
 fn default_zombie() -> f64 {
-    3.0
+    2.0
 }
 fn default_output_bytes() -> usize {
     apollo_shared::context::MAX_STEP_OUTPUT_BYTES

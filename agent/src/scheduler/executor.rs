@@ -87,7 +87,6 @@ async fn run_inner(
             return Ok(());
         }
     };
-    *active.expected.lock().expect("expected") = Duration::from_secs_f64(s.expected_for(&def));
     let mut ctx: Context = serde_json::from_value(inst.context.clone()).unwrap_or_default();
     ctx.attempt = inst.attempt;
     let work_dir = PathBuf::from(&ctx.work_dir);
@@ -318,10 +317,17 @@ async fn failed(
         }
         _ => {}
     }
-    let message = match &why {
-        Some(StopReason::Zombie(m)) => m.clone(),
-        _ => e.message.clone(),
-    };
+    if let Some(StopReason::Zombie(reaped)) = why {
+        // Not retried, not rolled back by itself: what the step did is
+        // unknown (see `reaper`).
+        let stop = format!("step {name:?} (#{seq}) {reaped}");
+        let plan = Box::new(move |_| (FailurePlan::Stop, stop.clone()));
+        s.store.fail_step(id, seq, &reaped, true, plan).await?;
+        finished(&def.task, TaskState::Failed);
+        tracing::warn!(step = %name, "instance reaped");
+        return Ok(Outcome::Ended);
+    }
+    let message = e.message.clone();
     let retries = def.steps[seq as usize]
         .retry
         .unwrap_or_else(|| registration(&s.registry, def, seq).map(|r| r.retry).unwrap_or(0));

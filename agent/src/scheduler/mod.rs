@@ -9,6 +9,7 @@
 pub mod backoff;
 mod calls;
 mod executor;
+pub mod reaper;
 mod slots;
 mod state;
 
@@ -164,23 +165,7 @@ impl Scheduler {
         let ids: Vec<String> = held.iter().map(|(k, _)| k.clone()).collect();
         noted(self.store.renew_leases(ids.clone(), self.lease()).await, &self.failing.leases);
         noted(self.store.heartbeat(self.heartbeat(), false).await, &self.failing.heartbeat);
-        let factor = self.config().scheduler.zombie_factor;
-        for (id, a) in held {
-            let expected = *a.expected.lock().expect("expected");
-            let limit = expected.mul_f64(factor);
-            if a.started.elapsed() > limit && !a.token.is_cancelled() {
-                let msg = format!(
-                    "reaped: RUNNING for {:.0}s, more than zombie_factor {factor} × expected {:.0}s",
-                    a.started.elapsed().as_secs_f64(),
-                    expected.as_secs_f64()
-                );
-                tracing::warn!(task_id = %id, "{msg}");
-                let _ = self.store.alert(apollo_shared::protocol::AlertKind::ZombieReaped, &msg, Some(&id)).await;
-                crate::metrics::get().reaped.inc();
-                a.why.lock().expect("why").get_or_insert(StopReason::Zombie(msg));
-                a.token.cancel();
-            }
-        }
+        reaper::reap(self).await;
         if self.shutdown.is_cancelled() {
             return;
         }
@@ -300,13 +285,8 @@ impl Scheduler {
     /// its first step's start was committed with its claim.
     pub fn adopt(self: &Arc<Self>, inst: Claimed, first: Option<Box<FirstStart>>) {
         let (done, _) = watch::channel(false);
-        let active = Arc::new(Active {
-            token: CancellationToken::new(),
-            why: Mutex::new(None),
-            started: Instant::now(),
-            expected: Mutex::new(self.config().scheduler.default_timeout),
-            done,
-        });
+        let active =
+            Arc::new(Active { token: CancellationToken::new(), why: Mutex::new(None), started: Instant::now(), done });
         {
             let mut map = self.active.lock().expect("active");
             if map.contains_key(&inst.id) {

@@ -25,8 +25,6 @@ pub struct Active {
     pub token: CancellationToken,
     pub why: Mutex<Option<StopReason>>,
     pub started: Instant,
-    /// The sum of the steps' timeouts, set once the definition is loaded.
-    pub expected: Mutex<Duration>,
     /// Becomes true when the executor has finished.
     pub done: watch::Sender<bool>,
 }
@@ -73,6 +71,7 @@ pub(super) struct Failing {
     pub(super) fold: Repeats,
     pub(super) archive: Repeats,
     pub(super) claim: Repeats,
+    pub(super) reaper: Repeats,
 }
 
 impl Failing {
@@ -85,6 +84,7 @@ impl Failing {
             fold: Repeats::new("state counts not folded"),
             archive: Repeats::new("archiving failed"),
             claim: Repeats::new("claim failed"),
+            reaper: Repeats::new("the zombie reaper cannot read the store"),
         }
     }
 }
@@ -226,19 +226,24 @@ impl Scheduler {
     }
     /// The sum of a definition's step timeouts.
     pub fn expected_for(&self, d: &TaskDef) -> f64 {
+        self.step_timeouts(d).iter().sum()
+    }
+    /// Each step's timeout in seconds: its own, else its plugin
+    /// registration's, else `scheduler.default_timeout`.
+    pub fn step_timeouts(&self, d: &TaskDef) -> Vec<f64> {
+        let plugins = self.registry.get();
         d.steps
             .iter()
             .map(|s| {
                 s.timeout.unwrap_or_else(|| {
-                    self.registry
-                        .get()
+                    plugins
                         .resolve(&s.plugin, s.version.as_deref())
                         .map(|r| r.timeout)
                         .unwrap_or(self.config().scheduler.default_timeout)
                         .as_secs_f64()
                 })
             })
-            .sum()
+            .collect()
     }
     /// The definition version with this hash: from the catalog when it is
     /// the one in force, else parsed from the store's copy.

@@ -37,6 +37,7 @@ pub mod sqlite;
 pub mod value;
 mod write;
 mod writer;
+mod zombies;
 
 pub use db::{Conn, Db, Driver};
 pub use error::{Result, StoreError};
@@ -49,3 +50,4 @@ pub use read::ListFilter;
 pub use records::Heartbeat;
 pub use sqlite::backup;
 pub use write::Decide;
+pub use zombies::{Running, StepDurations};

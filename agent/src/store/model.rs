@@ -26,7 +26,8 @@ pub struct NewInstance {
     pub dedup_key: Option<String>,
     /// (name, plugin) of each step, in order.
     pub steps: Vec<(String, String)>,
-    /// Sum of the steps' timeouts, for the zombie reaper.
+    /// Sum of the steps' timeouts when it was created (a record; the
+    /// reaper works its expected time out afresh, see `scheduler::reaper`).
     pub expected_secs: f64,
 }
 

@@ -73,7 +73,7 @@ fn unless_refused(followed: Result<Followed>) -> Result<Followed> {
 }
 
 impl Store {
-    fn changed(&self, id: &str, state: TaskState, step: Option<(u32, StepState)>) {
+    pub(super) fn changed(&self, id: &str, state: TaskState, step: Option<(u32, StepState)>) {
         // Nobody to tell (no client, no other agent): nothing to build.
         if !self.shared() && !self.bus().wants(Topic::Tasks) {
             return;
