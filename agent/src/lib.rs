@@ -16,6 +16,7 @@
 //! - [`store`]: the only SQL; one driver per backend; group commit.
 //! - [`plugins`]: the plugin contract, the built-ins and their registry.
 //! - [`catalog`]: definitions loaded from the tasks directory.
+//! - [`timeouts`]: a step's timeout, fixed or learned from history.
 //! - [`steps`]: a step's call made ready (plugin, params, env).
 //! - [`handles`]: what the API, triggers and schedules hold instead of the scheduler.
 //! - [`scheduler`]: claims, executes, retries, rolls back, reaps, recovers.
@@ -53,6 +54,7 @@ pub mod sources;
 pub mod steps;
 pub mod store;
 pub mod telemetry;
+pub mod timeouts;
 pub mod triggers;
 
 use anyhow::Context as _;

@@ -75,6 +75,7 @@ fn instance(n: usize, steps: usize) -> Instance {
                 started_at: Some(at(s as i64 * 1000 + 400)),
                 finished_at: Some(at(s as i64 * 1000 + 700)),
                 earlier: Vec::new(),
+                timeout: None,
             }
         })
         .collect();

@@ -21,6 +21,7 @@ const AGENT_ORDER: &[&str] = &[
     "store",
     "plugins",
     "catalog",
+    "timeouts",
     "steps",
     "handles",
     "scheduler",

@@ -37,5 +37,6 @@ mod sources;
 mod ssh;
 mod storage;
 mod systemd;
+mod timeouts;
 mod triggers;
 mod workers;

@@ -37,11 +37,40 @@ pub(crate) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::E
     d.deserialize_any(DurationVisitor)
 }
 
-pub(crate) fn opt_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-    duration(d).map(Some)
-}
-
 /// `N` seconds, as a serde default.
 pub(crate) fn secs<const N: u64>() -> Duration {
     Duration::from_secs(N)
+}
+
+/// A registration's timeout: a duration, or `auto` (learned from history).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum TimeoutConf {
+    Fixed(Duration),
+    Auto,
+}
+
+pub(crate) fn opt_timeout<'de, D: Deserializer<'de>>(d: D) -> Result<Option<TimeoutConf>, D::Error> {
+    struct V;
+    impl<'de> serde::de::Visitor<'de> for V {
+        type Value = TimeoutConf;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("auto, seconds or a duration like \"30s\", \"5m\", \"1h\"")
+        }
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<TimeoutConf, E> {
+            DurationVisitor.visit_u64(v).map(TimeoutConf::Fixed)
+        }
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<TimeoutConf, E> {
+            DurationVisitor.visit_i64(v).map(TimeoutConf::Fixed)
+        }
+        fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<TimeoutConf, E> {
+            DurationVisitor.visit_f64(v).map(TimeoutConf::Fixed)
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<TimeoutConf, E> {
+            match v {
+                "auto" => Ok(TimeoutConf::Auto),
+                _ => DurationVisitor.visit_str(v).map(TimeoutConf::Fixed),
+            }
+        }
+    }
+    d.deserialize_any(V).map(Some)
 }

@@ -1,7 +1,7 @@
 //! `plugins:`: registrations of built-in classes and external commands,
 //! and a worker plugin's process pool.
 
-use super::duration::{duration, opt_duration};
+use super::duration::{duration, opt_timeout, TimeoutConf};
 use serde::{Deserialize, Deserializer};
 use serde_json::json;
 use std::time::Duration;
@@ -69,8 +69,9 @@ pub struct PluginReg {
     /// (besides PATH, HOME, LANG, LC_*, TZ, USER, LOGNAME, TMPDIR).
     #[serde(default)]
     pub env: Vec<String>,
-    #[serde(default, deserialize_with = "opt_duration")]
-    pub timeout: Option<Duration>,
+    /// A duration, or `auto` (see `scheduler.auto_timeout`).
+    #[serde(default, deserialize_with = "opt_timeout")]
+    pub timeout: Option<TimeoutConf>,
     #[serde(default)]
     pub retry: Option<u32>,
     /// For a command whose describe says `"mode": "worker"`: its process

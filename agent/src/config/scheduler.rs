@@ -51,6 +51,50 @@ pub struct Scheduler {
     /// Per-queue limits on running instances.
     #[serde(default)]
     pub queues: BTreeMap<String, QueueConf>,
+    /// How `timeout: auto` learns a step's timeout.
+    #[serde(default)]
+    pub auto_timeout: AutoTimeout,
+}
+
+/// `timeout: auto` (the original design's §3.2): the p99 of a plugin
+/// version's successful runs among its last `runs` × `factor`, between
+/// `floor` and `ceiling`; below `min_runs` successful runs, the
+/// registration's fixed timeout.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AutoTimeout {
+    #[serde(default = "auto_runs")]
+    pub runs: u32,
+    #[serde(default = "auto_min_runs")]
+    pub min_runs: u32,
+    #[serde(default = "auto_factor")]
+    pub factor: f64,
+    #[serde(default = "secs::<1>", deserialize_with = "duration")]
+    pub floor: Duration,
+    #[serde(default = "secs::<3600>", deserialize_with = "duration")]
+    pub ceiling: Duration,
+}
+
+impl Default for AutoTimeout {
+    fn default() -> AutoTimeout {
+        AutoTimeout {
+            runs: auto_runs(),
+            min_runs: auto_min_runs(),
+            factor: auto_factor(),
+            floor: Duration::from_secs(1),
+            ceiling: Duration::from_secs(3600),
+        }
+    }
+}
+
+fn auto_runs() -> u32 {
+    100
+}
+fn auto_min_runs() -> u32 {
+    20
+}
+fn auto_factor() -> f64 {
+    1.5
 }
 
 fn default_catchup_max() -> usize {

@@ -3,7 +3,7 @@
 
 use super::contract::Plugin;
 use super::{downloader, external, http, parser, report, shell, sleep, worker};
-use crate::config::BuiltinClass;
+use crate::config::{BuiltinClass, TimeoutConf};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -16,7 +16,10 @@ pub struct Registration {
     /// The built-in class, or `None` for an external command.
     pub class: Option<BuiltinClass>,
     pub command: Option<PathBuf>,
+    /// The fixed timeout (with `auto`, the one until history is enough).
     pub timeout: Duration,
+    /// `timeout: auto` in its registration: learned from its runs.
+    pub auto_timeout: bool,
     pub retry: u32,
     pub plugin: Arc<dyn Plugin>,
 }
@@ -61,6 +64,14 @@ fn builtin(
     }
 }
 
+/// A registration's fixed timeout, if it names one.
+fn fixed(t: Option<TimeoutConf>) -> Option<Duration> {
+    match t {
+        Some(TimeoutConf::Fixed(d)) => Some(d),
+        _ => None,
+    }
+}
+
 /// Network steps default to 30 s and 3 retries, others to 300 s and 1 retry,
 /// as the original design found in practice.
 fn defaults(name: &str) -> (Duration, u32) {
@@ -78,7 +89,16 @@ impl Registry {
         for class in BuiltinClass::ALL {
             let (name, plugin) = builtin(class, &[], storage);
             let (timeout, retry) = defaults(name);
-            r.add(Registration { name: name.into(), class: Some(class), command: None, timeout, retry, plugin }, true);
+            let reg = Registration {
+                name: name.into(),
+                class: Some(class),
+                command: None,
+                timeout,
+                auto_timeout: false,
+                retry,
+                plugin,
+            };
+            r.add(reg, true);
         }
         for p in configured {
             let Some(class) = p.class else { continue };
@@ -88,7 +108,8 @@ impl Registry {
                 name: p.name.clone(),
                 class: Some(class),
                 command: None,
-                timeout: p.timeout.unwrap_or(timeout),
+                timeout: fixed(p.timeout).unwrap_or(timeout),
+                auto_timeout: p.timeout == Some(TimeoutConf::Auto),
                 retry: p.retry.unwrap_or(retry),
                 plugin,
             };
@@ -173,7 +194,7 @@ pub async fn load(config: &crate::config::Config) -> Registry {
         name: String,
         path: PathBuf,
         env: Vec<String>,
-        timeout: Option<Duration>,
+        timeout: Option<TimeoutConf>,
         retry: Option<u32>,
         workers: Option<worker::PoolConf>,
     }
@@ -233,7 +254,8 @@ pub async fn load(config: &crate::config::Config) -> Registry {
                     name: name.clone(),
                     class: None,
                     command: Some(path),
-                    timeout: timeout.unwrap_or(config.scheduler.default_timeout),
+                    timeout: fixed(timeout).unwrap_or(config.scheduler.default_timeout),
+                    auto_timeout: timeout == Some(TimeoutConf::Auto),
                     retry: retry.unwrap_or(1),
                     plugin: Arc::new(plugin),
                 };

@@ -17,7 +17,6 @@ use chrono::Utc;
 use serde_json::Value;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
@@ -183,10 +182,25 @@ async fn run_step(
     let span = tracing::info_span!("step", step = %d.name, seq = step.seq, attempt);
     let log = StepLog::new(StepLog::path_for(&s.data_dir, id, step.seq), s.config().logging.step_log_bytes);
     log.opening(&format!("[apollo: step {}, attempt {attempt}]", d.name));
+    // A learned timeout is recorded with the attempt before the call runs.
+    let applied = match &prepared {
+        Ok((reg, ..)) => Some(crate::timeouts::applied(&s.store, &s.config().scheduler.auto_timeout, d, reg).await),
+        Err(_) => None,
+    };
+    if let Some(a) = applied.as_ref().filter(|a| a.auto) {
+        s.store.step_note_timeout(id, step.seq, a.timeout.as_secs_f64(), &a.basis).await?;
+    }
     let result = async {
         let (reg, params, env) = prepared?;
-        let timeout = d.timeout.map(Duration::from_secs_f64).unwrap_or(reg.timeout);
-        tracing::info!(plugin = %reg.name, version = %version, timeout_secs = timeout.as_secs_f64(), "step started");
+        let applied = applied.expect("made ready");
+        let timeout = applied.timeout;
+        tracing::info!(
+            plugin = %reg.name,
+            version = %version,
+            timeout_secs = timeout.as_secs_f64(),
+            timeout = %applied.basis,
+            "step started"
+        );
         let key = format!("{id}:{}", step.seq);
         let previous =
             step.seq.checked_sub(1).and_then(|p| def.steps.get(p as usize)).and_then(|p| ctx.steps.get(&p.name));
@@ -426,7 +440,8 @@ async fn rollback(
                     cancel: token.clone(),
                     kill_grace: s.config().scheduler.kill_grace,
                 };
-                let timeout = d.timeout.map(Duration::from_secs_f64).unwrap_or(reg.timeout);
+                // A rollback is not the work its runs measured: the fixed timeout.
+                let timeout = crate::timeouts::fixed(d, &reg).timeout;
                 let call = (reg.name.as_str(), reg.plugin.rollback(call, step.output.as_ref()));
                 watchdog(s, timeout, &token, None, call, "rollback ").await
             }

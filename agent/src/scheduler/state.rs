@@ -228,20 +228,18 @@ impl Scheduler {
     pub fn expected_for(&self, d: &TaskDef) -> f64 {
         self.step_timeouts(d).iter().sum()
     }
-    /// Each step's timeout in seconds: its own, else its plugin
-    /// registration's, else `scheduler.default_timeout`.
+    /// Each step's timeout in seconds without history: its own, else its
+    /// plugin registration's fixed one, else `scheduler.default_timeout`.
     pub fn step_timeouts(&self, d: &TaskDef) -> Vec<f64> {
         let plugins = self.registry.get();
         d.steps
             .iter()
-            .map(|s| {
-                s.timeout.unwrap_or_else(|| {
-                    plugins
-                        .resolve(&s.plugin, s.version.as_deref())
-                        .map(|r| r.timeout)
-                        .unwrap_or(self.config().scheduler.default_timeout)
-                        .as_secs_f64()
-                })
+            .map(|s| match plugins.resolve(&s.plugin, s.version.as_deref()) {
+                Ok(reg) => crate::timeouts::fixed(s, reg).timeout.as_secs_f64(),
+                Err(_) => match s.timeout {
+                    Some(apollo_shared::def::Timeout::Secs(secs)) => secs,
+                    _ => self.config().scheduler.default_timeout.as_secs_f64(),
+                },
             })
             .collect()
     }

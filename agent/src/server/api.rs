@@ -178,13 +178,15 @@ impl Api {
             let reg = registry.resolve(&s.plugin, s.version.as_deref());
             let (rendered, unresolved) = apollo_shared::template::render(&s.params, &ctx.to_value(), false)
                 .unwrap_or_else(|_| (s.params.clone(), Vec::new()));
-            let (version, describe, error) = match reg {
+            let (version, describe, error, timeout) = match reg {
                 Ok(r) => {
                     let check = crate::plugins::unwinding(&r.name, r.plugin.validate(&rendered));
                     let err = check.await.err().map(|e| e.message);
-                    (Some(r.version().to_string()), Some(r.plugin.describe()), err)
+                    let conf = &self.h.settings.get().scheduler.auto_timeout;
+                    let timeout = crate::timeouts::applied(&self.listing, conf, s, r).await.wire();
+                    (Some(r.version().to_string()), Some(r.plugin.describe()), err, Some(timeout))
                 }
-                Err(e) => (None, None, Some(e)),
+                Err(e) => (None, None, Some(e), None),
             };
             steps.push(DryRunStep {
                 seq: seq as u32,
@@ -196,6 +198,7 @@ impl Api {
                 valid: error.is_none(),
                 error,
                 describe,
+                timeout,
             });
         }
         Ok(DryRunResult { task: def.task.clone(), valid: steps.iter().all(|s| s.valid), steps })

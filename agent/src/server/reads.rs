@@ -59,6 +59,16 @@ impl Api {
         for p in out.iter_mut().filter(|p| p.error.is_none()) {
             p.stats = self.plugin_stats(&p.name, &p.version).await;
         }
+        // What `timeout: auto` applies now, for the registrations that ask for it.
+        let registry = self.h.plugins.get();
+        let conf = self.h.settings.get().scheduler.auto_timeout.clone();
+        for reg in registry.all().filter(|r| r.auto_timeout) {
+            let applied = crate::timeouts::auto(&self.listing, &conf, crate::timeouts::registered(reg), reg).await;
+            let version = reg.version().to_string();
+            if let Some(p) = out.iter_mut().find(|p| p.name == reg.name && p.version == version) {
+                p.auto_timeout = Some(applied.wire());
+            }
+        }
         out
     }
 
@@ -70,6 +80,7 @@ impl Api {
             command: Some(b.command.display().to_string()),
             version: String::new(),
             timeout_secs: 0.0,
+            auto_timeout: None,
             retry: 0,
             idempotent: false,
             describe: Value::Null,
@@ -85,6 +96,7 @@ impl Api {
                 command: r.command.as_ref().map(|c| c.display().to_string()),
                 version: r.version().to_string(),
                 timeout_secs: r.timeout.as_secs_f64(),
+                auto_timeout: None,
                 retry: r.retry,
                 idempotent: r.plugin.idempotent(),
                 describe: r.plugin.describe(),

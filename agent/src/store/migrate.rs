@@ -30,12 +30,13 @@ const TABLES: &[(&str, &str, &str)] = &[
     (
         "step_runs",
         "instance_id, seq, name, plugin, plugin_version, state, attempts, failures, params, output, error, \
-         started_at, finished_at",
+         started_at, finished_at, timeout_secs, timeout_basis",
         "instance_id, seq",
     ),
     (
         "step_attempts",
-        "instance_id, seq, attempt, plugin_version, params, error, started_at, finished_at, outcome",
+        "instance_id, seq, attempt, plugin_version, params, error, started_at, finished_at, outcome, timeout_secs, \
+         timeout_basis",
         "instance_id, seq, attempt",
     ),
     ("transitions", "id, instance_id, step_seq, from_state, to_state, reason, actor, at", "id"),

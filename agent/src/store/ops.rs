@@ -305,6 +305,12 @@ impl Store {
         Ok(())
     }
 
+    /// Records the learned timeout of a step's attempt (`timeout: auto`).
+    pub async fn step_note_timeout(&self, id: &str, seq: u32, secs: f64, basis: &str) -> Result<()> {
+        let (i, b) = (id.to_string(), basis.to_string());
+        self.write(move |c| write::step_note_timeout(c, &i, seq, secs, &b)).await
+    }
+
     pub async fn step_note_error(&self, id: &str, seq: u32, error: &str) -> Result<()> {
         let (i, e) = (id.to_string(), error.to_string());
         self.write(move |c| write::step_note_error(c, &i, seq, &e)).await

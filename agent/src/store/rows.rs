@@ -3,7 +3,7 @@
 use super::db::Db;
 use super::value::{p, Row};
 use super::{Result, StoreError};
-use apollo_shared::protocol::{Alert, AlertKind, AttemptRun, Instance, StepRun, Transition};
+use apollo_shared::protocol::{Alert, AlertKind, AppliedTimeout, AttemptRun, Instance, StepRun, Transition};
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::Value;
 
@@ -89,6 +89,7 @@ pub fn step(r: &Row) -> Result<StepRun> {
         started_at: parse_ts(r.get(10)?),
         finished_at: parse_ts(r.get(11)?),
         earlier: Vec::new(),
+        timeout: None,
     })
 }
 
@@ -139,8 +140,8 @@ pub(super) fn instance_with_steps(c: &dyn Db, id: &str) -> Result<Instance> {
 /// claims do without).
 pub(super) fn add_earlier_attempts(c: &dyn Db, inst: &mut Instance) -> Result<()> {
     let rows = c.query(
-        "SELECT seq, attempt, plugin_version, params, error, started_at, finished_at FROM step_attempts \
-         WHERE instance_id = ?1 ORDER BY seq, attempt",
+        "SELECT seq, attempt, plugin_version, params, error, started_at, finished_at, timeout_secs, timeout_basis \
+         FROM step_attempts WHERE instance_id = ?1 ORDER BY seq, attempt",
         p![inst.id.as_str()],
     )?;
     for r in &rows {
@@ -152,12 +153,31 @@ pub(super) fn add_earlier_attempts(c: &dyn Db, inst: &mut Instance) -> Result<()
             error: r.get(4)?,
             started_at: parse_ts(r.get(5)?),
             finished_at: parse_ts(r.get(6)?),
+            timeout: applied_timeout(r, 7)?,
         };
         if let Some(step) = inst.steps.iter_mut().flatten().find(|s| s.seq == seq) {
             step.earlier.push(a);
         }
     }
+    // The learned timeouts of the last attempts (only `timeout: auto` steps have one).
+    let learned = c.query(
+        "SELECT seq, timeout_secs, timeout_basis FROM step_runs WHERE instance_id = ?1 AND timeout_secs IS NOT NULL",
+        p![inst.id.as_str()],
+    )?;
+    for r in &learned {
+        let seq: u32 = r.get(0)?;
+        if let Some(step) = inst.steps.iter_mut().flatten().find(|s| s.seq == seq) {
+            step.timeout = applied_timeout(r, 1)?;
+        }
+    }
     Ok(())
+}
+
+/// A learned timeout from columns `at` (seconds) and `at + 1` (basis).
+fn applied_timeout(r: &Row, at: usize) -> Result<Option<AppliedTimeout>> {
+    let secs: Option<f64> = r.get(at)?;
+    Ok(secs
+        .map(|secs| AppliedTimeout { secs, basis: r.get::<Option<String>>(at + 1).ok().flatten().unwrap_or_default() }))
 }
 
 pub(super) fn transitions(c: &dyn Db, id: &str) -> Result<Vec<Transition>> {

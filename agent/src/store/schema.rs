@@ -158,7 +158,16 @@ CREATE INDEX step_runs_plugin ON step_runs(plugin, finished_at) WHERE finished_a
     STEP_ATTEMPTS,
     // 10: whether an earlier attempt failed or was interrupted.
     ATTEMPT_OUTCOME,
+    // 11: the timeout a `timeout: auto` attempt ran under.
+    LEARNED_TIMEOUT,
 ];
+
+/// The timeout learned for a step's attempt and its basis (both backends;
+/// NULL for a fixed timeout, which the definition version says).
+const LEARNED_TIMEOUT: &str = "ALTER TABLE step_runs ADD COLUMN timeout_secs DOUBLE PRECISION; \
+    ALTER TABLE step_runs ADD COLUMN timeout_basis TEXT; \
+    ALTER TABLE step_attempts ADD COLUMN timeout_secs DOUBLE PRECISION; \
+    ALTER TABLE step_attempts ADD COLUMN timeout_basis TEXT;";
 
 /// How each attempt in `step_attempts` ended: `failed` (it counts against
 /// its plugin, in `apollo plugins`) or `interrupted` (a restart, a cancel:
@@ -368,6 +377,7 @@ $$;
     AGENTS,
     STEP_ATTEMPTS,
     ATTEMPT_OUTCOME,
+    LEARNED_TIMEOUT,
 ];
 
 /// The newest PostgreSQL schema this build knows.

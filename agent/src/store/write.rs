@@ -226,8 +226,10 @@ pub fn step_fail(c: &dyn Db, id: &str, seq: u32, error: &str, counts: bool, acto
     let now = ts(Utc::now());
     // The attempt as it ended, kept: the row is overwritten by the next one.
     c.execute(
-        "INSERT INTO step_attempts (instance_id, seq, attempt, plugin_version, params, error, started_at, finished_at, outcome) \
-         SELECT instance_id, seq, attempts, plugin_version, params, ?3, started_at, ?4, ?5 FROM step_runs \
+        "INSERT INTO step_attempts (instance_id, seq, attempt, plugin_version, params, error, started_at, finished_at, outcome, \
+         timeout_secs, timeout_basis) \
+         SELECT instance_id, seq, attempts, plugin_version, params, ?3, started_at, ?4, ?5, timeout_secs, timeout_basis \
+         FROM step_runs \
          WHERE instance_id = ?1 AND seq = ?2 ON CONFLICT DO NOTHING",
         p![id, seq, error, now.as_str(), if counts { "failed" } else { "interrupted" }],
     )?;
@@ -420,4 +422,13 @@ pub fn cancel_orphan(c: &dyn Db, id: &str, reason: &str, actor: &str) -> Result<
         step_fail(c, id, seq, &format!("cancelled: {reason}"), false, actor)?;
     }
     fail(c, id, reason, FailurePlan::Stop, actor)
+}
+
+/// The timeout a `timeout: auto` step's attempt runs under, with its basis.
+pub fn step_note_timeout(c: &dyn Db, id: &str, seq: u32, secs: f64, basis: &str) -> Result<()> {
+    c.execute(
+        "UPDATE step_runs SET timeout_secs = ?3, timeout_basis = ?4 WHERE instance_id = ?1 AND seq = ?2",
+        p![id, seq, secs, basis],
+    )?;
+    Ok(())
 }

@@ -89,6 +89,17 @@ pub struct ParamSpec {
     pub description: Option<String>,
 }
 
+/// A step's timeout as written.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Timeout {
+    /// Seconds.
+    Secs(f64),
+    /// `timeout: auto`: the p99 of the plugin version's recent successful
+    /// runs × 1.5 (the original design's §3.2), once there are enough.
+    Auto,
+}
+
 /// One step of a definition.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StepDef {
@@ -96,8 +107,8 @@ pub struct StepDef {
     pub plugin: String,
     /// A semver requirement such as `^1`; `None` takes the highest registered version.
     pub version: Option<String>,
-    /// Seconds; `None` takes the plugin registration's timeout.
-    pub timeout: Option<f64>,
+    /// `None` takes the plugin registration's timeout.
+    pub timeout: Option<Timeout>,
     /// Retries after the first attempt; `None` takes the registration's.
     pub retry: Option<u32>,
     pub params: Map<String, Value>,

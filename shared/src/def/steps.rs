@@ -1,7 +1,7 @@
 //! The `steps:` list of a definition, and durations.
 
 use super::lines::Lines;
-use super::{kind, opt_string, show, unknown_field, valid_name, DefError, StepDef, STEP_FIELDS};
+use super::{kind, opt_string, show, unknown_field, valid_name, DefError, StepDef, Timeout, STEP_FIELDS};
 use crate::template;
 use serde_json::{Map, Value};
 
@@ -64,14 +64,15 @@ pub(super) fn parse_steps(items: &[Value], lines: &Lines, file: &str, errors: &m
         }
         let timeout = match m.get("timeout") {
             None | Some(Value::Null) => None,
+            Some(Value::String(s)) if s == "auto" => Some(Timeout::Auto),
             Some(v) => match parse_duration(v) {
-                Ok(secs) if secs <= 7.0 * 86400.0 => Some(secs),
+                Ok(secs) if secs <= 7.0 * 86400.0 => Some(Timeout::Secs(secs)),
                 Ok(secs) => {
                     at("timeout", format!("{secs} seconds is out of range (at most a week)"));
                     None
                 }
                 Err(e) => {
-                    at("timeout", e);
+                    at("timeout", e.replacen("expected ", "expected auto, ", 1));
                     None
                 }
             },

@@ -57,7 +57,7 @@ steps:
     assert_eq!(d.params["date"].default, Some(json!("2026-01-01")));
     assert_eq!(d.params["region"].description.as_deref(), Some("sales region"));
     let s = &d.steps[0];
-    assert_eq!((s.timeout, s.retry, s.version.as_deref()), (Some(120.0), Some(3), Some("^1")));
+    assert_eq!((s.timeout, s.retry, s.version.as_deref()), (Some(super::Timeout::Secs(120.0)), Some(3), Some("^1")));
 }
 
 fn first_error(src: &str) -> String {
@@ -69,7 +69,7 @@ fn messages_name_file_line_field_and_what_is_valid() {
     let src = "task: x\nsteps:\n  - plugin: shell\n    timeout: soon\n";
     assert_eq!(
         first_error(src),
-        "t.yaml: line 4: steps[0].timeout: expected seconds (a positive number) or a duration like \"30s\", \"5m\", \"1h\", found \"soon\""
+        "t.yaml: line 4: steps[0].timeout: expected auto, seconds (a positive number) or a duration like \"30s\", \"5m\", \"1h\", found \"soon\""
     );
     let src = "task: x\ncron: '* * * * *'\nsteps:\n  - plugin: shell\n";
     assert!(first_error(src).starts_with("t.yaml: line 2: cron: unknown field \"cron\" (expected one of: task,"));

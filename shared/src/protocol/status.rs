@@ -29,7 +29,11 @@ pub struct PluginInfo {
     pub class: Option<String>,
     pub command: Option<String>,
     pub version: String,
+    /// The fixed timeout (with `auto`, the one until history is enough).
     pub timeout_secs: f64,
+    /// With `timeout: auto` in its registration: what applies now and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_timeout: Option<super::AppliedTimeout>,
     pub retry: u32,
     pub idempotent: bool,
     pub describe: Value,
@@ -76,6 +80,24 @@ impl PoolStats {
                 format!("{:.1}/{:.1}ms", p.wait_p50_ms, p.wait_p99_ms),
             ],
         }
+    }
+}
+
+impl PluginInfo {
+    /// Its TIMEOUT column: `300s`, or `auto 4.512s` (what applies now).
+    pub fn timeout_column(&self) -> String {
+        match &self.auto_timeout {
+            Some(t) => format!("auto {}", timeout_text(t.secs)),
+            None => timeout_text(self.timeout_secs),
+        }
+    }
+}
+
+/// Seconds as a timeout reads: `300s`, `4.512s`.
+pub fn timeout_text(secs: f64) -> String {
+    match secs.fract() == 0.0 {
+        true => format!("{secs:.0}s"),
+        false => format!("{secs:.3}s"),
     }
 }
 

@@ -190,6 +190,18 @@ pub struct StepRun {
     /// interrupted), oldest first, as each ended (`tasks.get` only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub earlier: Vec<AttemptRun>,
+    /// The timeout learned for its last attempt (`timeout: auto`;
+    /// `tasks.get` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<AppliedTimeout>,
+}
+
+/// A learned timeout as an attempt ran under it: seconds, and how it was
+/// reached (the p99, the factor, the runs; or why the fixed one applied).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AppliedTimeout {
+    pub secs: f64,
+    pub basis: String,
 }
 
 /// An earlier attempt of a step, as it ended.
@@ -201,6 +213,8 @@ pub struct AttemptRun {
     pub error: Option<String>,
     pub started_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<AppliedTimeout>,
 }
 
 /// One row of the append-only history.
@@ -235,6 +249,9 @@ pub struct DryRunStep {
     pub valid: bool,
     pub error: Option<String>,
     pub describe: Option<Value>,
+    /// The timeout an attempt would run under now, and its basis.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<AppliedTimeout>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -125,6 +125,9 @@ pub fn instance(out: &Out, i: &Instance) {
             took(s.started_at, s.finished_at),
             detail
         );
+        if let Some(t) = &s.timeout {
+            println!("  {:<4} timeout {} ({})", "", apollo_shared::protocol::timeout_text(t.secs), t.basis);
+        }
     }
 }
 
@@ -152,6 +155,9 @@ pub fn dry_run(out: &Out, r: &DryRunResult) {
         let mark = if s.valid { out.paint("ok", Tone::Good) } else { out.paint("error", Tone::Bad) };
         println!("  {} {} ({} {})  {mark}", s.seq, s.name, s.plugin, s.version.as_deref().unwrap_or("?"));
         println!("      params: {}", s.params);
+        if let Some(t) = &s.timeout {
+            println!("      timeout: {} ({})", apollo_shared::protocol::timeout_text(t.secs), t.basis);
+        }
         if !s.unresolved.is_empty() {
             println!("      resolved at run time: {}", s.unresolved.join(", "));
         }
@@ -187,11 +193,13 @@ pub fn plugins(_out: &Out, plugins: &[PluginInfo]) {
     for p in plugins {
         let [runs, fail, p50, p99, suggested] = PluginStats::columns(p.stats.as_ref());
         let [workers, wait] = PoolStats::columns(p.pool.as_ref());
+        // `auto` shows what applies now; its basis is in `--json`.
+        let timeout = p.timeout_column();
         println!(
-            "{:<18} {:<8} {:>7?}s {:>6} {runs:>6} {fail:>6} {p50:>8} {p99:>8} {suggested:>9} {workers:>11} {wait:>12}  {}",
+            "{:<18} {:<8} {:>8} {:>6} {runs:>6} {fail:>6} {p50:>8} {p99:>8} {suggested:>9} {workers:>11} {wait:>12}  {}",
             p.name,
             p.version,
-            p.timeout_secs,
+            timeout,
             p.retry,
             p.class.as_deref().or(p.command.as_deref()).unwrap_or("")
         );

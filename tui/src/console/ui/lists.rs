@@ -296,7 +296,7 @@ pub fn plugins(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             let mut cells = vec![
                 Cell::from(p.name.clone()),
                 Cell::from(p.version.clone()),
-                Cell::from(format!("{}s", p.timeout_secs)),
+                Cell::from(p.timeout_column()),
                 Cell::from(suggested),
                 Cell::from(runs),
                 Cell::from(fail),

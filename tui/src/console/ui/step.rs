@@ -21,6 +21,11 @@ pub fn draw(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         Span::raw(format!(" step {} {} — {}@{} ", s.seq, s.name, s.plugin, s.plugin_version.as_deref().unwrap_or("?"))),
         Span::styled(format!("{} ", s.state.as_str()), theme.tone(s.state.tone())),
         Span::raw(format!("attempts {} ", s.attempts)),
+        // A learned timeout, as its last attempt ran under it (`timeout: auto`).
+        Span::raw(match &s.timeout {
+            Some(t) => format!("timeout {} (learned) ", apollo_shared::protocol::timeout_text(t.secs)),
+            None => String::new(),
+        }),
     ]);
     let sel = Pane::ALL.iter().position(|p| *p == app.pane).unwrap_or(0);
     let t = Tabs::new(Pane::ALL.iter().map(|p| p.title()))
