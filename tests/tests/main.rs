@@ -3,6 +3,7 @@
 //! sockets through the harness in `src/lib.rs`. One binary links the
 //! dependency tree once instead of once per area.
 
+mod affinity;
 mod archive;
 mod audit;
 mod backup;

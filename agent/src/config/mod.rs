@@ -18,5 +18,5 @@ pub use duration::TimeoutConf;
 pub use events::{EventsConf, HttpEventsConf, S3Conf, SourceConf, StorageConf};
 pub use file::{resolve_path, Config, Overrides};
 pub use plugins::{BuiltinClass, PluginReg, PoolConf};
-pub use scheduler::{cores, AutoTimeout, QueueConf, Scheduler};
+pub use scheduler::{cores, Affinity, AutoTimeout, QueueConf, Scheduler};
 pub use sections::{AgentConf, AlertsConf, HookConf, Logging, MetricsConf, Socket};

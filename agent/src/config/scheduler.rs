@@ -148,4 +148,16 @@ pub struct QueueConf {
     /// order they were created, across every agent.
     #[serde(default)]
     pub ordered: bool,
+    /// `affinity: task`: each task's instances are claimed by one live
+    /// agent serving the queue, chosen by rendezvous hashing (§5.3).
+    #[serde(default)]
+    pub affinity: Option<Affinity>,
+}
+
+/// What a queue's instances stay with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Affinity {
+    /// One agent per task.
+    Task,
 }

@@ -206,6 +206,12 @@ impl Scheduler {
             limits: queues.iter().filter_map(|(q, c)| c.limit.map(|l| (q.clone(), l))).collect(),
             excluded: config.queues_excluded(&self.name),
             ordered: queues.iter().filter(|(_, c)| c.ordered).map(|(q, _)| q.clone()).collect(),
+            affinity: queues
+                .iter()
+                .filter(|(_, c)| c.affinity.is_some())
+                .map(|(q, c)| (q.clone(), c.agents.clone()))
+                .collect(),
+            me: self.name.clone(),
         }
     }
     /// Whether the store answers a read now.

@@ -91,7 +91,7 @@ impl Api {
             Call::EventsList(p) => answer::<m::EventsList>(self.listing.events(limit(p)).await.map_err(store_err)),
             Call::AuditList(p) => answer::<m::AuditList>(self.listing.audit(limit(p)).await.map_err(store_err)),
             Call::AlertsList(p) => answer::<m::AlertsList>(self.listing.alerts(limit(p)).await.map_err(store_err)),
-            Call::AgentsList(_) => answer::<m::AgentsList>(self.listing.agents().await.map_err(store_err)),
+            Call::AgentsList(_) => answer::<m::AgentsList>(self.agents().await),
             // The connection handles it: a subscription is the connection's.
             Call::Subscribe(_) => Err(RpcError::new(code::INVALID_REQUEST, "subscribe is answered by the connection")),
         }

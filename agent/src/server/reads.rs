@@ -7,6 +7,31 @@ use apollo_shared::protocol::*;
 use serde_json::{json, Value};
 
 impl Api {
+    /// The agents on the store, each with the tasks of `affinity: task`
+    /// queues it serves now: the owner each claim computes, from the same
+    /// live agents (not stopped, heartbeat younger than half a lease).
+    pub(super) async fn agents(&self) -> Result<Vec<AgentInfo>, RpcError> {
+        use crate::store::affinity::owner;
+        let mut agents = self.listing.agents().await.map_err(store_err)?;
+        let live: Vec<String> = agents.iter().filter(|a| !a.stopped && !a.late).map(|a| a.name.clone()).collect();
+        let config = self.h.settings.get();
+        let cat = self.h.catalog.read().expect("catalog");
+        for l in cat.defs.values() {
+            let Some(q) = config.scheduler.queues.get(&l.def.queue).filter(|q| q.affinity.is_some()) else { continue };
+            let serving: Vec<String> =
+                live.iter().filter(|a| q.agents.is_empty() || q.agents.contains(a)).cloned().collect();
+            if let Some(o) = owner(&l.def.task, &serving) {
+                if let Some(a) = agents.iter_mut().find(|a| a.name == o) {
+                    a.tasks.push(l.def.task.clone());
+                }
+            }
+        }
+        for a in &mut agents {
+            a.tasks.sort();
+        }
+        Ok(agents)
+    }
+
     pub fn defs(&self) -> Vec<DefInfo> {
         let cat = self.h.catalog.read().expect("catalog");
         let now = chrono::Utc::now();

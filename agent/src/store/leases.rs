@@ -44,6 +44,11 @@ pub struct QueuePolicy {
     pub excluded: Vec<String>,
     /// Queues whose tasks run one instance at a time, in creation order.
     pub ordered: Vec<String>,
+    /// Queues with `affinity: task`, with the agents they are dedicated to
+    /// (empty: every agent): a task's instances go to its owner only.
+    pub affinity: HashMap<String, Vec<String>>,
+    /// This agent's name (`agent.name`), for affinity.
+    pub me: String,
 }
 
 /// Claims up to `n` runnable instances by priority then age, respecting the
@@ -125,6 +130,17 @@ pub fn claim_noting(
         }
     }
     candidates.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+    // Tasks of affinity queues owned by another live agent are theirs.
+    if candidates.iter().any(|c| policy.affinity.contains_key(&c.3)) {
+        let live = super::affinity::live_agents(c)?;
+        candidates.retain(|(_, _, task, queue, ..)| match policy.affinity.get(queue) {
+            None => true,
+            Some(only) => {
+                let serving = super::affinity::serving(&live, only, &policy.me);
+                super::affinity::owner(task, &serving) == Some(policy.me.as_str())
+            }
+        });
+    }
     // What the claim takes, within every limit.
     let mut chosen: Vec<(String, TaskState, Option<Box<Claimed>>)> = Vec::new();
     for (_, id, task, queue, max_active, state, whole) in candidates {

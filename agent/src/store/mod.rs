@@ -17,6 +17,7 @@
 //! first; a refused transition leaves the row as it was, is logged as a
 //! warning and raised as an alert.
 
+pub mod affinity;
 mod bookkeeping;
 pub mod db;
 mod error;

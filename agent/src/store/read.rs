@@ -328,6 +328,7 @@ impl Store {
                     heartbeat_age_secs: (now - heartbeat).num_milliseconds().max(0) as f64 / 1000.0,
                     late: r.get(8)?,
                     stopped: r.get(9)?,
+                    tasks: Vec::new(),
                 })
             })
             .collect()

@@ -176,6 +176,21 @@ pub struct AgentInfo {
     pub late: bool,
     /// It stopped cleanly.
     pub stopped: bool,
+    /// The tasks of `affinity: task` queues it serves now (the definitions
+    /// the answering agent holds).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tasks: Vec<String>,
+}
+
+impl AgentInfo {
+    /// Its QUEUES column: the queues it claims from and, in `affinity: task`
+    /// queues, the tasks it serves (`*,gpu  tasks: backup,rotate`).
+    pub fn serves(&self) -> String {
+        match self.tasks.is_empty() {
+            true => self.queues.join(","),
+            false => format!("{}  tasks: {}", self.queues.join(","), self.tasks.join(",")),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

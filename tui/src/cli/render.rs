@@ -228,7 +228,7 @@ pub fn agents(out: &Out, agents: &[AgentInfo]) {
             a.running,
             a.heartbeat_age_secs,
             state,
-            a.queues.join(",")
+            a.serves()
         );
     }
 }

@@ -213,7 +213,7 @@ impl App {
     pub fn visible_agents(&self) -> Vec<&apollo_shared::protocol::AgentInfo> {
         self.agents
             .iter()
-            .filter(|a| self.keep(View::Agents, &format!("{} {} {}", a.name, a.host, a.queues.join(" "))))
+            .filter(|a| self.keep(View::Agents, &format!("{} {} {}", a.name, a.host, a.serves())))
             .collect()
     }
 

@@ -29,7 +29,7 @@ pub fn agents(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
                 Cell::from(a.running.to_string()),
                 Cell::from(format!("{:.1}s ago", a.heartbeat_age_secs)),
                 Cell::from(state),
-                Cell::from(a.queues.join(", ")),
+                Cell::from(a.serves()),
             ]
         })
         .collect();
