@@ -238,7 +238,7 @@ async fn recovery_takes_running_instances_and_marks_interrupted_steps(db: TestDb
     // A new store on the same database, as after a crash.
     let store = db.open();
     // Expired-only recovery leaves a live lease alone.
-    assert!(store.recover(lease(), Recover::Expired { held: Vec::new() }).await.unwrap().is_empty());
+    assert!(store.recover(lease(), Recover::Expired { held: Vec::new(), capable: None }).await.unwrap().is_empty());
     let found = store.recover(lease(), Recover::All).await.unwrap();
     assert_eq!(found.len(), 1);
     let inst = store.get("R1").await.unwrap();

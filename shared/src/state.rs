@@ -148,6 +148,11 @@ impl TaskState {
         self.next().is_empty()
     }
 
+    /// Runnable, not yet claimed: PENDING or RETRYING.
+    pub fn is_waiting(self) -> bool {
+        matches!(self, TaskState::Pending | TaskState::Retrying)
+    }
+
     pub fn as_str(self) -> &'static str {
         use TaskState::*;
         match self {

@@ -98,6 +98,7 @@ fn instance(n: usize, steps: usize) -> Instance {
         error: Some("step \"x\" failed: exit code 1".into()),
         lease_owner: None,
         lease_expires_at: None,
+        waiting: None,
         context: json!({"steps": {}}),
         steps: Some(step_runs),
         transitions: Some(transitions),

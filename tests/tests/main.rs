@@ -8,6 +8,7 @@ mod archive;
 mod audit;
 mod backup;
 mod bad_input;
+mod capable;
 mod chaos;
 mod cli;
 mod clock;

@@ -22,11 +22,37 @@ pub struct Registration {
     pub auto_timeout: bool,
     pub retry: u32,
     pub plugin: Arc<dyn Plugin>,
+    /// What runs: the executable's SHA-256, or `builtin:<agent version>`
+    /// (published with the heartbeat, so agents' builds can be told apart).
+    pub digest: String,
 }
 
 impl Registration {
     pub fn version(&self) -> semver::Version {
         self.plugin.version()
+    }
+
+    /// As the heartbeat publishes it.
+    pub fn cap(&self) -> apollo_shared::protocol::PluginCap {
+        apollo_shared::protocol::PluginCap {
+            name: self.name.clone(),
+            version: self.version().to_string(),
+            digest: self.digest.clone(),
+        }
+    }
+}
+
+/// A built-in's digest: the agent's build.
+fn builtin_digest() -> String {
+    format!("builtin:{}", env!("CARGO_PKG_VERSION"))
+}
+
+/// An executable's digest: the SHA-256 of its bytes.
+fn file_digest(path: &std::path::Path) -> String {
+    use sha2::{Digest, Sha256};
+    match std::fs::read(path) {
+        Ok(bytes) => Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect(),
+        Err(e) => format!("unreadable: {e}"),
     }
 }
 
@@ -97,6 +123,7 @@ impl Registry {
                 auto_timeout: false,
                 retry,
                 plugin,
+                digest: builtin_digest(),
             };
             r.add(reg, true);
         }
@@ -112,6 +139,7 @@ impl Registry {
                 auto_timeout: p.timeout == Some(TimeoutConf::Auto),
                 retry: p.retry.unwrap_or(retry),
                 plugin,
+                digest: builtin_digest(),
             };
             r.add(reg, true);
         }
@@ -250,6 +278,7 @@ pub async fn load(config: &crate::config::Config) -> Registry {
             Ok(plugin) => {
                 let replace = !named.contains(&name);
                 named.push(name.clone());
+                let digest = file_digest(&path);
                 let reg = Registration {
                     name: name.clone(),
                     class: None,
@@ -258,6 +287,7 @@ pub async fn load(config: &crate::config::Config) -> Registry {
                     auto_timeout: timeout == Some(TimeoutConf::Auto),
                     retry: retry.unwrap_or(1),
                     plugin: Arc::new(plugin),
+                    digest,
                 };
                 tracing::info!(plugin = %name, version = %reg.version(), "external plugin registered");
                 registry.add(reg, replace);

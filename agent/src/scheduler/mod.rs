@@ -12,6 +12,7 @@ mod executor;
 pub mod reaper;
 mod slots;
 mod state;
+pub mod waiting;
 
 use state::noted;
 pub use state::{Active, Scheduler};
@@ -166,11 +167,14 @@ impl Scheduler {
         noted(self.store.renew_leases(ids.clone(), self.lease()).await, &self.failing.leases);
         noted(self.store.heartbeat(self.heartbeat(), false).await, &self.failing.heartbeat);
         reaper::reap(self).await;
+        waiting::check(self).await;
         if self.shutdown.is_cancelled() {
             return;
         }
-        let found =
-            noted(self.store.recover(self.lease(), Recover::Expired { held: ids }).await, &self.failing.lease_check);
+        let found = noted(
+            self.store.recover(self.lease(), Recover::Expired { held: ids, capable: Some(self.capable.clone()) }).await,
+            &self.failing.lease_check,
+        );
         if let Some(found) = found {
             self.stop_leftovers(&found).await;
             for i in found {

@@ -60,6 +60,11 @@ pub struct Scheduler {
     /// The store's work of each turn that can fail turn after turn while
     /// the store is out of reach: each logged once, then as a count.
     pub(super) failing: Failing,
+    /// What claims ask: can this agent run a definition version.
+    pub(super) capable: crate::store::capable::Capable,
+    /// (task, def_hash) whose `no_capable_agent` alert is raised (again
+    /// when a capable agent came and went).
+    pub(super) uncapable: Mutex<std::collections::BTreeSet<(String, String)>>,
 }
 
 /// One [`Repeats`] for each store call the loop makes every turn.
@@ -145,6 +150,11 @@ impl Scheduler {
         shutdown: CancellationToken,
     ) -> Arc<Scheduler> {
         let config = settings.get();
+        let plugins = registry.clone();
+        let can_run = Arc::new(move |d: &TaskDef| {
+            let registry = plugins.get();
+            d.steps.iter().all(|s| registry.resolve(&s.plugin, s.version.as_deref()).is_ok())
+        });
         Arc::new(Scheduler {
             data_dir: config.data_dir(),
             tasks_dir: config.tasks_dir(),
@@ -164,6 +174,8 @@ impl Scheduler {
             clock_jumped: Arc::new(Notify::new()),
             stalled: Mutex::new(Vec::new()),
             failing: Failing::new(),
+            capable: crate::store::capable::Capable::new(can_run),
+            uncapable: Mutex::new(Default::default()),
         })
     }
     /// The settings in force now (SIGHUP may change them between two reads).
@@ -212,6 +224,7 @@ impl Scheduler {
                 .map(|(q, c)| (q.clone(), c.agents.clone()))
                 .collect(),
             me: self.name.clone(),
+            capable: Some(self.capable.clone()),
         }
     }
     /// Whether the store answers a read now.
@@ -228,6 +241,7 @@ impl Scheduler {
             queues: config.queues_served(&self.name),
             running: self.running(),
             lease_secs: config.scheduler.lease.as_secs_f64(),
+            plugins: self.registry.get().all().map(|r| r.cap()).collect(),
         }
     }
     /// The sum of a definition's step timeouts.

@@ -84,6 +84,22 @@ impl Api {
         for p in out.iter_mut().filter(|p| p.error.is_none()) {
             p.stats = self.plugin_stats(&p.name, &p.version).await;
         }
+        // Which live agents have each registration (on a shared store).
+        let agents = match self.listing.shared() {
+            true => self.listing.agents().await.ok(),
+            false => None,
+        };
+        if let Some(agents) = agents {
+            for p in out.iter_mut().filter(|p| p.error.is_none()) {
+                let here = registry_digest(&self.h.plugins.get(), &p.name, &p.version);
+                for a in agents.iter().filter(|a| !a.stopped && !a.late) {
+                    if let Some(cap) = a.plugins.iter().find(|c| c.name == p.name && c.version == p.version) {
+                        let other = here.as_deref().is_some_and(|d| d != cap.digest);
+                        p.agents.push(if other { format!("{} (other build)", a.name) } else { a.name.clone() });
+                    }
+                }
+            }
+        }
         // What `timeout: auto` applies now, for the registrations that ask for it.
         let registry = self.h.plugins.get();
         let conf = self.h.settings.get().scheduler.auto_timeout.clone();
@@ -106,6 +122,7 @@ impl Api {
             version: String::new(),
             timeout_secs: 0.0,
             auto_timeout: None,
+            agents: Vec::new(),
             retry: 0,
             idempotent: false,
             describe: Value::Null,
@@ -122,6 +139,7 @@ impl Api {
                 version: r.version().to_string(),
                 timeout_secs: r.timeout.as_secs_f64(),
                 auto_timeout: None,
+                agents: Vec::new(),
                 retry: r.retry,
                 idempotent: r.plugin.idempotent(),
                 describe: r.plugin.describe(),
@@ -185,4 +203,9 @@ impl Api {
             store_error: self.h.store.unwritable().or(unread),
         }
     }
+}
+
+/// This agent's digest of `name` at `version`, if registered.
+fn registry_digest(registry: &crate::plugins::Registry, name: &str, version: &str) -> Option<String> {
+    registry.all().find(|r| r.name == name && r.version().to_string() == version).map(|r| r.digest.clone())
 }

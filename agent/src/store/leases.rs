@@ -25,10 +25,10 @@ pub(super) fn take_turn(conn: &mut dyn Conn) -> Result<()> {
     driver.take_turn(conn)
 }
 
-/// A runnable instance: priority, id, task, queue, max_active, state, and
-/// the whole row with its step 0 when the claim read it (see
+/// A runnable instance: priority, id, task, queue, max_active, state,
+/// def_hash, and the whole row with its step 0 when the claim read it (see
 /// [`claim_noting`]).
-type Candidate = (i64, String, String, String, Option<u32>, String, Option<Box<Claimed>>);
+type Candidate = (i64, String, String, String, Option<u32>, String, String, Option<Box<Claimed>>);
 
 /// A claim's first steps made ready before the instances move (see
 /// [`claim_noting`]): given an instance as the claim will leave it, the
@@ -49,6 +49,9 @@ pub struct QueuePolicy {
     pub affinity: HashMap<String, Vec<String>>,
     /// This agent's name (`agent.name`), for affinity.
     pub me: String,
+    /// Whether this agent can run an instance's definition version (`None`:
+    /// every one is claimed).
+    pub capable: Option<super::capable::Capable>,
 }
 
 /// Claims up to `n` runnable instances by priority then age, respecting the
@@ -113,11 +116,11 @@ pub fn claim_noting(
             }
             // The row as read, when the query brought it (PostgreSQL, with
             // `first`), with its step 0.
-            let whole = match r.0.len() > 6 {
+            let whole = match r.0.len() > 7 {
                 true => {
                     let n = INSTANCE_COLS.split(',').count();
-                    let mut inst = super::rows::instance(&super::value::Row(r.0[6..6 + n].to_vec()))?;
-                    let step0 = super::value::Row(r.0[6 + n..].to_vec());
+                    let mut inst = super::rows::instance(&super::value::Row(r.0[7..7 + n].to_vec()))?;
+                    let step0 = super::value::Row(r.0[7 + n..].to_vec());
                     inst.steps = Some(match step0.get::<Option<u32>>(0)? {
                         Some(_) => vec![super::rows::step(&step0)?],
                         None => Vec::new(),
@@ -126,7 +129,7 @@ pub fn claim_noting(
                 }
                 false => None,
             };
-            candidates.push((r.get(0)?, r.get(1)?, r.get(2)?, queue, r.get(4)?, r.get(5)?, whole));
+            candidates.push((r.get(0)?, r.get(1)?, r.get(2)?, queue, r.get(4)?, r.get(5)?, r.get(6)?, whole));
         }
     }
     candidates.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
@@ -141,9 +144,30 @@ pub fn claim_noting(
             }
         });
     }
+    // Only what this agent has the plugins for: once per version a claim.
+    if let Some(capable) = &policy.capable {
+        let mut verdicts: HashMap<String, bool> = HashMap::new();
+        let mut kept = Vec::with_capacity(candidates.len());
+        for cand in candidates {
+            let runs = match verdicts.get(&cand.6) {
+                Some(v) => *v,
+                None => {
+                    let v = capable.runs(c, &cand.6)?;
+                    verdicts.insert(cand.6.clone(), v);
+                    v
+                }
+            };
+            if runs {
+                kept.push(cand);
+            } else {
+                capable.passed.lock().expect("passed").insert((cand.2.clone(), cand.6.clone()));
+            }
+        }
+        candidates = kept;
+    }
     // What the claim takes, within every limit.
     let mut chosen: Vec<(String, TaskState, Option<Box<Claimed>>)> = Vec::new();
-    for (_, id, task, queue, max_active, state, whole) in candidates {
+    for (_, id, task, queue, max_active, state, _, whole) in candidates {
         if chosen.len() >= n {
             held_back = true;
             break;
@@ -169,7 +193,7 @@ pub fn claim_noting(
         chosen.push((id, state.parse::<TaskState>().map_err(super::StoreError::Invalid)?, whole));
     }
     let also = "attempt = attempt + ?4, started_at = COALESCE(started_at, ?5), next_run_at = NULL, \
-                lease_owner = ?6, lease_expires_at = apollo_now_plus(?7), finished_at = NULL";
+                lease_owner = ?6, lease_expires_at = apollo_now_plus(?7), finished_at = NULL, waiting = NULL";
     let terms = |from: TaskState| {
         let reason = if from == TaskState::Retrying { "claimed for retry" } else { "claimed" };
         (reason, p![from == TaskState::Retrying, ts(now), agent, lease_secs].to_vec())
@@ -258,17 +282,17 @@ fn running_counts<'a>(c: &dyn Db, running: &'a mut Option<Running>) -> Result<&'
 /// RETRYING), when it may start now.
 fn ordered_head(c: &dyn Db, task: &str, queue: &str) -> Result<Option<Candidate>> {
     let head = c.query_opt(
-        "SELECT priority, id, task, queue, max_active, state, \
+        "SELECT priority, id, task, queue, max_active, state, def_hash, \
          CASE WHEN next_run_at IS NULL OR next_run_at <= apollo_now() THEN 1 ELSE 0 END \
          FROM task_instances INDEXED BY task_instances_runnable_task \
          WHERE task = ?1 AND queue = ?2 AND state IN ('PENDING', 'RETRYING') ORDER BY id LIMIT 1",
         p![task, queue],
     )?;
     let Some(r) = head else { return Ok(None) };
-    if !r.get::<bool>(6)? {
+    if !r.get::<bool>(7)? {
         return Ok(None);
     }
-    Ok(Some((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, None)))
+    Ok(Some((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, None)))
 }
 
 /// Extends the leases this agent holds on instances it still runs (RUNNING,
@@ -306,8 +330,10 @@ pub enum Recover {
     /// At start on a shared database: what earlier lives of this agent held
     /// (lease owners `<prefix><pid>`), and what anyone held whose lease ran out.
     AtStart { prefix: String },
-    /// Those whose lease ran out, but for these (its own, still running).
-    Expired { held: Vec<String> },
+    /// Those whose lease ran out, but for these (its own, still running),
+    /// and, with `capable`, but for those this agent lacks the plugins for
+    /// (an agent that has them takes them over).
+    Expired { held: Vec<String>, capable: Option<super::capable::Capable> },
     /// These, held by this agent, whose executors stopped on a store error.
     Stalled(Vec<String>),
 }
@@ -316,10 +342,11 @@ pub fn recover(c: &dyn Db, agent: &str, lease_secs: f64, which: &Recover) -> Res
     let only_expired = matches!(which, Recover::Expired { .. });
     let rows = c.query(
         // Each branch uses the state index; an OR across them would scan the table.
-        "SELECT id, lease_owner, CASE WHEN lease_expires_at IS NULL OR lease_expires_at < apollo_now() THEN 1 ELSE 0 END FROM (\
-           SELECT id, priority, lease_owner, lease_expires_at FROM task_instances WHERE state = 'RUNNING' \
+        "SELECT id, lease_owner, CASE WHEN lease_expires_at IS NULL OR lease_expires_at < apollo_now() THEN 1 ELSE 0 END, \
+         def_hash FROM (\
+           SELECT id, priority, lease_owner, lease_expires_at, def_hash FROM task_instances WHERE state = 'RUNNING' \
            UNION ALL \
-           SELECT id, priority, lease_owner, lease_expires_at FROM task_instances INDEXED BY task_instances_rolling_back \
+           SELECT id, priority, lease_owner, lease_expires_at, def_hash FROM task_instances INDEXED BY task_instances_rolling_back \
            WHERE state = 'FAILED' AND rollback_pending = 1) AS held \
          WHERE ?1 = 0 OR lease_expires_at IS NULL OR lease_expires_at < apollo_now() ORDER BY priority DESC, id",
         p![only_expired],
@@ -330,7 +357,13 @@ pub fn recover(c: &dyn Db, agent: &str, lease_secs: f64, which: &Recover) -> Res
         let take = match which {
             Recover::All => true,
             Recover::AtStart { prefix } => expired || owner.as_deref().is_none_or(|o| o.starts_with(prefix.as_str())),
-            Recover::Expired { held } => !held.contains(&id),
+            Recover::Expired { held, capable } => {
+                !held.contains(&id)
+                    && match capable {
+                        Some(cap) => cap.runs(c, &r.get::<String>(3)?)?,
+                        None => true,
+                    }
+            }
             Recover::Stalled(these) => these.contains(&id) && owner.as_deref() == Some(agent),
         };
         if take {

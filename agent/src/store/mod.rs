@@ -19,6 +19,7 @@
 
 pub mod affinity;
 mod bookkeeping;
+pub mod capable;
 pub mod db;
 mod error;
 mod history;

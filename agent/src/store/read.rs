@@ -309,7 +309,7 @@ impl Store {
             c.query(
                 "SELECT name, id, host, version, queues, running, started_at, heartbeat_at, \
                  CASE WHEN heartbeat_at < apollo_now_plus(-(lease_secs / 2)) THEN 1 ELSE 0 END, \
-                 CASE WHEN stopped_at IS NULL THEN 0 ELSE 1 END, apollo_now() FROM agents ORDER BY name",
+                 CASE WHEN stopped_at IS NULL THEN 0 ELSE 1 END, apollo_now(), plugins FROM agents ORDER BY name",
                 &[],
             )?
             .iter()
@@ -329,6 +329,10 @@ impl Store {
                     late: r.get(8)?,
                     stopped: r.get(9)?,
                     tasks: Vec::new(),
+                    plugins: r
+                        .get::<Option<String>>(11)?
+                        .and_then(|p| serde_json::from_str(&p).ok())
+                        .unwrap_or_default(),
                 })
             })
             .collect()

@@ -86,6 +86,8 @@ pub struct Heartbeat {
     pub queues: Vec<String>,
     pub running: usize,
     pub lease_secs: f64,
+    /// Its plugin registrations (what it can run).
+    pub plugins: Vec<apollo_shared::protocol::PluginCap>,
 }
 
 /// Records an agent's heartbeat (by the store's clock). On a shared
@@ -99,12 +101,24 @@ pub fn heartbeat(c: &dyn Db, id: &str, h: &Heartbeat, starting: bool) -> Result<
     }
     let queues = serde_json::to_string(&h.queues).unwrap_or_default();
     let started = if starting { Some(ts(Utc::now())) } else { None };
+    let plugins = serde_json::to_string(&h.plugins).unwrap_or_default();
     c.execute(
-        "INSERT INTO agents (name, id, host, version, queues, running, lease_secs, started_at, heartbeat_at, stopped_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, COALESCE(?8, ?9), apollo_now(), NULL) \
+        "INSERT INTO agents (name, id, host, version, queues, running, lease_secs, started_at, heartbeat_at, stopped_at, plugins) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, COALESCE(?8, ?9), apollo_now(), NULL, ?10) \
          ON CONFLICT (name) DO UPDATE SET id = ?2, host = ?3, version = ?4, queues = ?5, running = ?6, lease_secs = ?7, \
-         started_at = COALESCE(?8, agents.started_at), heartbeat_at = apollo_now(), stopped_at = NULL",
-        p![h.name.as_str(), id, h.host.as_str(), h.version.as_str(), queues, h.running, h.lease_secs, started, ts(Utc::now())],
+         started_at = COALESCE(?8, agents.started_at), heartbeat_at = apollo_now(), stopped_at = NULL, plugins = ?10",
+        p![
+            h.name.as_str(),
+            id,
+            h.host.as_str(),
+            h.version.as_str(),
+            queues,
+            h.running,
+            h.lease_secs,
+            started,
+            ts(Utc::now()),
+            plugins
+        ],
     )?;
     Ok(())
 }

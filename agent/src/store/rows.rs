@@ -31,12 +31,12 @@ fn json(s: Option<String>) -> Option<Value> {
 }
 
 pub const INSTANCE_COLS: &str = "id, task, def_hash, state, attempt, trace_id, priority, queue, trigger, dedup_key, \
-     params, created_at, started_at, finished_at, next_run_at, error, context, lease_owner, lease_expires_at";
+     params, created_at, started_at, finished_at, next_run_at, error, context, lease_owner, lease_expires_at, waiting";
 
 /// The columns of a list item: the context is left out (a list carries
 /// summaries; `tasks.get` has the context).
 pub const SUMMARY_COLS: &str = "id, task, def_hash, state, attempt, trace_id, priority, queue, trigger, dedup_key, \
-     params, created_at, started_at, finished_at, next_run_at, error, NULL, lease_owner, lease_expires_at";
+     params, created_at, started_at, finished_at, next_run_at, error, NULL, lease_owner, lease_expires_at, waiting";
 
 pub fn instance(r: &Row) -> Result<Instance> {
     let state: String = r.get(3)?;
@@ -60,6 +60,7 @@ pub fn instance(r: &Row) -> Result<Instance> {
         context: json(r.get(16)?).unwrap_or(Value::Null),
         lease_owner: r.get(17)?,
         lease_expires_at: parse_ts(r.get(18)?),
+        waiting: r.get(19)?,
         steps: None,
         transitions: None,
     })

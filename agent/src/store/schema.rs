@@ -160,7 +160,15 @@ CREATE INDEX step_runs_plugin ON step_runs(plugin, finished_at) WHERE finished_a
     ATTEMPT_OUTCOME,
     // 11: the timeout a `timeout: auto` attempt ran under.
     LEARNED_TIMEOUT,
+    // 12: what each agent can run; why a runnable instance waits.
+    CAPABILITIES,
 ];
+
+/// Each agent's plugin registrations as its heartbeat publishes them
+/// (JSON: name, version, digest), and why a runnable instance waits (no
+/// live agent can run it), both backends.
+const CAPABILITIES: &str = "ALTER TABLE agents ADD COLUMN plugins TEXT; \
+    ALTER TABLE task_instances ADD COLUMN waiting TEXT;";
 
 /// The timeout learned for a step's attempt and its basis (both backends;
 /// NULL for a fixed timeout, which the definition version says).
@@ -378,6 +386,7 @@ $$;
     STEP_ATTEMPTS,
     ATTEMPT_OUTCOME,
     LEARNED_TIMEOUT,
+    CAPABILITIES,
 ];
 
 /// The newest PostgreSQL schema this build knows.

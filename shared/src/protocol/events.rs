@@ -51,6 +51,8 @@ names! {
         EventSourceUp = "event_source_up",
         /// An event source delivered a message that is not a valid event.
         EventInvalid = "event_invalid",
+        /// Instances wait that no live agent has the plugins to run.
+        NoCapableAgent = "no_capable_agent",
         /// A kind this build does not know (from a newer agent).
         Other = "other",
     }

@@ -34,6 +34,11 @@ pub struct PluginInfo {
     /// With `timeout: auto` in its registration: what applies now and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto_timeout: Option<super::AppliedTimeout>,
+    /// The live agents on the store with this name and version registered
+    /// (on PostgreSQL; this agent among them), with a digest that differs
+    /// from this agent's marked `name (other build)`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub agents: Vec<String>,
     pub retry: u32,
     pub idempotent: bool,
     pub describe: Value,
@@ -180,9 +185,53 @@ pub struct AgentInfo {
     /// the answering agent holds).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tasks: Vec<String>,
+    /// What it can run: its plugin registrations, as its heartbeat says.
+    #[serde(default)]
+    pub plugins: Vec<PluginCap>,
+}
+
+/// One plugin registration an agent has: name, version, and a digest of
+/// what runs (the executable's SHA-256, or `builtin:<agent version>`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct PluginCap {
+    pub name: String,
+    pub version: String,
+    pub digest: String,
+}
+
+impl PluginCap {
+    /// Whether one of `caps` is `name` in a version `req` accepts (any
+    /// version for `None`).
+    pub fn any_runs(caps: &[PluginCap], name: &str, req: Option<&str>) -> bool {
+        let req = match req.map(semver::VersionReq::parse) {
+            Some(Ok(r)) => Some(r),
+            Some(Err(_)) => return false,
+            None => None,
+        };
+        caps.iter().filter(|c| c.name == name).any(|c| match (&req, semver::Version::parse(&c.version)) {
+            (None, _) => true,
+            (Some(r), Ok(v)) => r.matches(&v),
+            (Some(_), Err(_)) => false,
+        })
+    }
 }
 
 impl AgentInfo {
+    /// Its PLUGINS column: the registrations that are not built in, as
+    /// `name@version` (built-ins are the agent's version's).
+    pub fn plugins_column(&self) -> String {
+        let own: Vec<String> = self
+            .plugins
+            .iter()
+            .filter(|p| !p.digest.starts_with("builtin:"))
+            .map(|p| format!("{}@{}", p.name, p.version))
+            .collect();
+        match own.is_empty() {
+            true => "built-ins".into(),
+            false => format!("built-ins, {}", own.join(", ")),
+        }
+    }
+
     /// Its QUEUES column: the queues it claims from and, in `affinity: task`
     /// queues, the tasks it serves (`*,gpu  tasks: backup,rotate`).
     pub fn serves(&self) -> String {

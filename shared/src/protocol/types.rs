@@ -154,6 +154,9 @@ pub struct Instance {
     /// When that hold runs out unless renewed.
     #[serde(default)]
     pub lease_expires_at: Option<DateTime<Utc>>,
+    /// Why it waits though runnable (no live agent has the plugins it needs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<String>,
     /// The context; `null` in lists (which carry summaries), whole in `tasks.get`.
     pub context: Value,
     #[serde(default, skip_serializing_if = "Option::is_none")]

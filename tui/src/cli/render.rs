@@ -90,7 +90,11 @@ pub fn list(out: &Out, items: &[Instance]) {
             line.push_str(&format!("{:>7}  {:<10}  ", i.attempt, i.queue));
         }
         line.push_str(&format!("{:<created_w$}  ", created(i.created_at)));
-        let error = i.error.as_deref().unwrap_or("");
+        // A runnable instance that waits for a capable agent says so here.
+        let error = match (&i.waiting, i.state.is_waiting()) {
+            (Some(w), true) => w.as_str(),
+            _ => i.error.as_deref().unwrap_or(""),
+        };
         line.push_str(&apollo_shared::text::one_line(error, room.unwrap_or(usize::MAX)));
         println!("{line}");
     }
@@ -102,6 +106,9 @@ pub fn instance(out: &Out, i: &Instance) {
     println!("  created {}   finished {}", when(Some(i.created_at)), when(i.finished_at));
     if let Some(e) = &i.error {
         println!("  error: {e}");
+    }
+    if let Some(w) = i.waiting.as_ref().filter(|_| i.state.is_waiting()) {
+        println!("  {w}");
     }
     let Some(steps) = &i.steps else { return };
     println!("  {:<4} {:<16} {:<24} {:<11} {:>8} {:>8}  OUTPUT", "SEQ", "STEP", "PLUGIN", "STATE", "ATTEMPTS", "TOOK");
@@ -203,6 +210,10 @@ pub fn plugins(_out: &Out, plugins: &[PluginInfo]) {
             p.retry,
             p.class.as_deref().or(p.command.as_deref()).unwrap_or("")
         );
+        // On a shared store: which live agents have this version.
+        if !p.agents.is_empty() {
+            println!("{:<18} on {}", "", p.agents.join(", "));
+        }
     }
 }
 
@@ -230,6 +241,9 @@ pub fn agents(out: &Out, agents: &[AgentInfo]) {
             state,
             a.serves()
         );
+        if !a.plugins.is_empty() {
+            println!("  plugins: {}", a.plugins_column());
+        }
     }
 }
 

@@ -93,6 +93,7 @@ fn placeholder(id: &str) -> Instance {
         error: None,
         lease_owner: None,
         lease_expires_at: None,
+        waiting: None,
         context: Value::Null,
         steps: Some(Vec::new()),
         transitions: Some(Vec::new()),

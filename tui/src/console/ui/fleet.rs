@@ -30,6 +30,7 @@ pub fn agents(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
                 Cell::from(format!("{:.1}s ago", a.heartbeat_age_secs)),
                 Cell::from(state),
                 Cell::from(a.serves()),
+                Cell::from(a.plugins_column()),
             ]
         })
         .collect();
@@ -41,6 +42,7 @@ pub fn agents(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         Constraint::Length(12),
         Constraint::Length(8),
         Constraint::Min(10),
+        Constraint::Min(10),
     ];
     table(
         f,
@@ -50,7 +52,7 @@ pub fn agents(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         View::Agents,
         Shape {
             title: format!(" agents ({}) ", app.visible_agents().len()),
-            header: vec!["NAME", "HOST", "VERSION", "RUNNING", "HEARTBEAT", "STATE", "QUEUES"],
+            header: vec!["NAME", "HOST", "VERSION", "RUNNING", "HEARTBEAT", "STATE", "QUEUES", "PLUGINS"],
             widths,
             empty: "no agent has recorded a heartbeat yet",
             detail: None,
