@@ -7,7 +7,7 @@
 
 use super::db::Db;
 use super::value::p;
-use super::{Result, Store};
+use super::Result;
 use apollo_shared::def::TaskDef;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -58,33 +58,5 @@ impl Capable {
     /// What claims passed over since the last call.
     pub fn take_passed(&self) -> BTreeSet<(String, String)> {
         std::mem::take(&mut *self.passed.lock().expect("passed"))
-    }
-}
-
-impl Store {
-    /// Says why the runnable instances of a task's definition version wait
-    /// (`None`: they no longer do); returns how many began to wait for this
-    /// reason with this write.
-    pub async fn set_waiting(&self, task: &str, hash: &str, reason: Option<&str>) -> Result<u64> {
-        let (t, h, r) = (task.to_string(), hash.to_string(), reason.map(str::to_string));
-        self.write(move |c| {
-            let fresh = match &r {
-                Some(_) => c
-                    .value::<i64>(
-                        "SELECT COUNT(*) FROM task_instances WHERE task = ?1 AND def_hash = ?2 \
-                         AND state IN ('PENDING', 'RETRYING') AND waiting IS NULL",
-                        p![t.as_str(), h.as_str()],
-                    )?
-                    .unwrap_or(0) as u64,
-                None => 0,
-            };
-            c.execute(
-                "UPDATE task_instances SET waiting = ?3 WHERE task = ?1 AND def_hash = ?2 \
-                 AND state IN ('PENDING', 'RETRYING') AND waiting IS DISTINCT FROM ?3",
-                p![t.as_str(), h.as_str(), r.as_deref()],
-            )?;
-            Ok(fresh)
-        })
-        .await
     }
 }
