@@ -75,6 +75,7 @@ fn instance(n: usize, steps: usize) -> Instance {
                 started_at: Some(at(s as i64 * 1000 + 400)),
                 finished_at: Some(at(s as i64 * 1000 + 700)),
                 earlier: Vec::new(),
+                passed: false,
                 timeout: None,
             }
         })
@@ -99,6 +100,7 @@ fn instance(n: usize, steps: usize) -> Instance {
         lease_owner: None,
         lease_expires_at: None,
         waiting: None,
+        failed_steps: 0,
         context: json!({"steps": {}}),
         steps: Some(step_runs),
         transitions: Some(transitions),

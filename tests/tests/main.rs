@@ -29,6 +29,7 @@ mod layers;
 mod metrics;
 mod package;
 mod panics;
+mod policy;
 mod postgres;
 mod reaper;
 mod reload;

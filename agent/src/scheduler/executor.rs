@@ -29,6 +29,9 @@ enum Outcome {
     Finished,
     /// The instance was handed on (retry scheduled, stopped, rolled back).
     Ended,
+    /// The step failed and was let through (`on_failure: continue`): the
+    /// next step runs.
+    Continued,
 }
 
 /// Runs an instance; true when it stopped on a store error (the scheduler
@@ -94,8 +97,9 @@ async fn run_inner(
     if rolling_back {
         return rollback(s, &inst.id, &def, &ctx, &work_dir).await;
     }
-    // A step whose SUCCESS is committed never runs again.
-    let todo: Vec<&StepRun> = steps.iter().filter(|st| st.state != StepState::Success).collect();
+    // A step whose SUCCESS is committed never runs again, nor one that
+    // failed and was let through.
+    let todo: Vec<&StepRun> = steps.iter().filter(|st| st.state != StepState::Success && !st.passed).collect();
     // The first step started with the claim (a new instance's first).
     let mut started: Option<Box<Started>> = match first.filter(|_| todo.first().is_some_and(|t| t.seq == 0)) {
         Some(f) => Some(Box::new(f.started().await)),
@@ -141,6 +145,7 @@ async fn run_inner(
                 return Ok(());
             }
             Outcome::Ended => return Ok(()),
+            Outcome::Continued => started = None,
         }
     }
     let landed = |i: &apollo_shared::protocol::Instance| (i.state == TaskState::Success).then_some(());
@@ -347,7 +352,8 @@ async fn failed(
         .unwrap_or_else(|| registration(&s.registry, def, seq).map(|r| r.retry).unwrap_or(0));
     let located = format!("step {name:?} (#{seq}) failed: {message}");
     let (base, max) = (s.config().scheduler.backoff_base, s.config().scheduler.backoff_max);
-    let (permanent, on_failure, jitter) = (e.permanent, def.on_failure, rand::random::<f64>());
+    let on_failure = def.steps[seq as usize].on_failure.unwrap_or(def.on_failure);
+    let (permanent, jitter) = (e.permanent, rand::random::<f64>());
     let said = located.clone();
     // Decided inside the transaction that records the failure, from the count
     // it commits: the step's failure and the instance's fate are one write.
@@ -366,6 +372,7 @@ async fn failed(
         match on_failure {
             OnFailure::Stop => (FailurePlan::Stop, msg),
             OnFailure::Rollback => (FailurePlan::Rollback, msg),
+            OnFailure::Continue => (FailurePlan::Continue, format!("{msg}; let through (on_failure: continue)")),
         }
     });
     let (failures, plan) = s.store.fail_step(id, seq, &message, true, decide).await?;
@@ -381,6 +388,10 @@ async fn failed(
             )
             .await;
     }
+    if plan == FailurePlan::Continue {
+        tracing::warn!(step = %name, failures, "{located}; let through (on_failure: continue), the next step runs");
+        return Ok(Outcome::Continued);
+    }
     if !matches!(plan, FailurePlan::Retry(_)) {
         let what = if plan == FailurePlan::Rollback { "rolling back" } else { "left FAILED" };
         let msg = format!("task {}: {located} ({what} after {failures} attempt(s))", def.task);
@@ -395,6 +406,7 @@ async fn failed(
         }
         FailurePlan::Rollback => rollback(s, id, def, ctx, work_dir).await?,
         FailurePlan::Stop => finished(&def.task, TaskState::Failed),
+        FailurePlan::Continue => {}
     }
     Ok(Outcome::Ended)
 }

@@ -24,13 +24,13 @@ const TABLES: &[(&str, &str, &str)] = &[
         "task_instances",
         "id, task, def_hash, queue, priority, max_active, state, attempt, params, context, trace_id, trigger, \
          dedup_key, expected_secs, created_at, started_at, finished_at, updated_at, next_run_at, lease_owner, \
-         lease_expires_at, error, rollback_pending, waiting",
+         lease_expires_at, error, rollback_pending, waiting, failed_steps",
         "id",
     ),
     (
         "step_runs",
         "instance_id, seq, name, plugin, plugin_version, state, attempts, failures, params, output, error, \
-         started_at, finished_at, timeout_secs, timeout_basis",
+         started_at, finished_at, timeout_secs, timeout_basis, passed",
         "instance_id, seq",
     ),
     (

@@ -40,6 +40,9 @@ pub enum FailurePlan {
     Rollback,
     /// Stay FAILED for an operator (on_failure: stop, cancel).
     Stop,
+    /// Let the step's failure through (on_failure: continue): the step is
+    /// marked, the instance counts it and stays RUNNING for its next step.
+    Continue,
 }
 
 /// An instance a claim or a recovery handed to this agent, with its steps.

@@ -396,7 +396,11 @@ impl Store {
         let (i, e, a) = (id.to_string(), error.to_string(), actor.to_string());
         let (failures, plan) = self.write(move |c| write::fail_step(c, &i, seq, &e, counts, &decide, &a)).await?;
         self.changed(id, TaskState::Running, Some((seq, StepState::Failed)));
-        let state = if matches!(plan, FailurePlan::Retry(_)) { TaskState::Retrying } else { TaskState::Failed };
+        let state = match plan {
+            FailurePlan::Retry(_) => TaskState::Retrying,
+            FailurePlan::Continue => TaskState::Running,
+            _ => TaskState::Failed,
+        };
         self.changed(id, state, None);
         Ok((failures, plan))
     }

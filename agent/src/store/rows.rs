@@ -31,12 +31,12 @@ fn json(s: Option<String>) -> Option<Value> {
 }
 
 pub const INSTANCE_COLS: &str = "id, task, def_hash, state, attempt, trace_id, priority, queue, trigger, dedup_key, \
-     params, created_at, started_at, finished_at, next_run_at, error, context, lease_owner, lease_expires_at, waiting";
+     params, created_at, started_at, finished_at, next_run_at, error, context, lease_owner, lease_expires_at, waiting, failed_steps";
 
 /// The columns of a list item: the context is left out (a list carries
 /// summaries; `tasks.get` has the context).
 pub const SUMMARY_COLS: &str = "id, task, def_hash, state, attempt, trace_id, priority, queue, trigger, dedup_key, \
-     params, created_at, started_at, finished_at, next_run_at, error, NULL, lease_owner, lease_expires_at, waiting";
+     params, created_at, started_at, finished_at, next_run_at, error, NULL, lease_owner, lease_expires_at, waiting, failed_steps";
 
 pub fn instance(r: &Row) -> Result<Instance> {
     let state: String = r.get(3)?;
@@ -61,6 +61,7 @@ pub fn instance(r: &Row) -> Result<Instance> {
         lease_owner: r.get(17)?,
         lease_expires_at: parse_ts(r.get(18)?),
         waiting: r.get(19)?,
+        failed_steps: r.get(20)?,
         steps: None,
         transitions: None,
     })
@@ -72,7 +73,7 @@ pub fn qualified(table: &str, list: &str) -> String {
 }
 
 pub const STEP_COLS: &str =
-    "seq, name, plugin, plugin_version, state, attempts, failures, params, output, error, started_at, finished_at";
+    "seq, name, plugin, plugin_version, state, attempts, failures, params, output, error, started_at, finished_at, passed";
 
 pub fn step(r: &Row) -> Result<StepRun> {
     let state: String = r.get(4)?;
@@ -90,6 +91,7 @@ pub fn step(r: &Row) -> Result<StepRun> {
         started_at: parse_ts(r.get(10)?),
         finished_at: parse_ts(r.get(11)?),
         earlier: Vec::new(),
+        passed: r.get(12)?,
         timeout: None,
     })
 }

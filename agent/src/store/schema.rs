@@ -162,7 +162,14 @@ CREATE INDEX step_runs_plugin ON step_runs(plugin, finished_at) WHERE finished_a
     LEARNED_TIMEOUT,
     // 12: what each agent can run; why a runnable instance waits.
     CAPABILITIES,
+    // 13: steps failed and let through (`on_failure: continue`).
+    LET_THROUGH,
 ];
+
+/// Steps that failed and were let through: the step's mark (it never runs
+/// again) and the instance's count (both backends).
+const LET_THROUGH: &str = "ALTER TABLE step_runs ADD COLUMN passed INTEGER NOT NULL DEFAULT 0; \
+    ALTER TABLE task_instances ADD COLUMN failed_steps INTEGER NOT NULL DEFAULT 0;";
 
 /// Each agent's plugin registrations as its heartbeat publishes them
 /// (JSON: name, version, digest), and why a runnable instance waits (no
@@ -387,6 +394,7 @@ $$;
     ATTEMPT_OUTCOME,
     LEARNED_TIMEOUT,
     CAPABILITIES,
+    LET_THROUGH,
 ];
 
 /// The newest PostgreSQL schema this build knows.

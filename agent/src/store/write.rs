@@ -260,6 +260,13 @@ pub fn fail_step(
 ) -> Result<(u32, FailurePlan)> {
     let failures = step_fail(c, id, seq, error, counts, actor)?;
     let (plan, message) = decide(failures);
+    if plan == FailurePlan::Continue {
+        // The instance stays RUNNING; the history says why it goes on.
+        c.execute("UPDATE step_runs SET passed = 1 WHERE instance_id = ?1 AND seq = ?2", p![id, seq])?;
+        c.execute("UPDATE task_instances SET failed_steps = failed_steps + 1 WHERE id = ?1", p![id])?;
+        history(c, id, Some(seq), Some("FAILED"), "FAILED", &message, actor)?;
+        return Ok((failures, plan));
+    }
     fail(c, id, &message, plan, actor)?;
     Ok((failures, plan))
 }
@@ -286,6 +293,7 @@ pub fn fail(c: &dyn Db, id: &str, error: &str, plan: FailurePlan, actor: &str) -
             c.execute("UPDATE task_instances SET rollback_pending = 1 WHERE id = ?1", p![id])?;
         }
         FailurePlan::Stop => release(c, id)?,
+        FailurePlan::Continue => {}
     }
     Ok(())
 }

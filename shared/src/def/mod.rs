@@ -63,6 +63,22 @@ pub enum OnFailure {
     Rollback,
     /// Leave the instance FAILED for an operator to retry or roll back.
     Stop,
+    /// Let the failure through: the step stays FAILED and counted, the next
+    /// step runs, and the instance can end SUCCESS "with failed steps"
+    /// (Dagu's continueOn, Rundeck's keepgoing).
+    Continue,
+}
+
+impl OnFailure {
+    /// `rollback`, `stop` or `continue`, as written; `None` for anything else.
+    pub fn parse(v: &Value) -> Option<OnFailure> {
+        match v.as_str()? {
+            "rollback" => Some(OnFailure::Rollback),
+            "stop" => Some(OnFailure::Stop),
+            "continue" => Some(OnFailure::Continue),
+            _ => None,
+        }
+    }
 }
 
 /// What a schedule does about fires missed while the agent was down.
@@ -111,6 +127,9 @@ pub struct StepDef {
     pub timeout: Option<Timeout>,
     /// Retries after the first attempt; `None` takes the registration's.
     pub retry: Option<u32>,
+    /// What its failure after its retries does; `None` takes the task's.
+    #[serde(default)]
+    pub on_failure: Option<OnFailure>,
     pub params: Map<String, Value>,
     /// Environment variables for an external plugin's process (templates allowed).
     #[serde(default)]
@@ -159,7 +178,8 @@ const TOP_FIELDS: &[&str] = &[
     "params",
     "steps",
 ];
-pub(crate) const STEP_FIELDS: &[&str] = &["name", "plugin", "version", "timeout", "retry", "env", "params"];
+pub(crate) const STEP_FIELDS: &[&str] =
+    &["name", "plugin", "version", "timeout", "retry", "on_failure", "env", "params"];
 
 /// Parses and validates a definition. `file` is only used in messages.
 pub fn parse(src: &str, file: &str) -> Result<TaskDef, DefErrors> {
@@ -285,12 +305,10 @@ pub fn parse(src: &str, file: &str) -> Result<TaskDef, DefErrors> {
     };
     let on_failure = match top.get("on_failure") {
         None | Some(Value::Null) => OnFailure::Rollback,
-        Some(Value::String(s)) if s == "rollback" => OnFailure::Rollback,
-        Some(Value::String(s)) if s == "stop" => OnFailure::Stop,
-        Some(v) => {
-            at("on_failure", format!("expected rollback or stop, found {}", show(v)));
+        Some(v) => OnFailure::parse(v).unwrap_or_else(|| {
+            at("on_failure", format!("expected rollback, stop or continue, found {}", show(v)));
             OnFailure::Rollback
-        }
+        }),
     };
     let params = match top.get("params") {
         None | Some(Value::Null) => BTreeMap::new(),

@@ -1,7 +1,7 @@
 //! The `steps:` list of a definition, and durations.
 
 use super::lines::Lines;
-use super::{kind, opt_string, show, unknown_field, valid_name, DefError, StepDef, Timeout, STEP_FIELDS};
+use super::{kind, opt_string, show, unknown_field, valid_name, DefError, OnFailure, StepDef, Timeout, STEP_FIELDS};
 use crate::template;
 use serde_json::{Map, Value};
 
@@ -85,6 +85,13 @@ pub(super) fn parse_steps(items: &[Value], lines: &Lines, file: &str, errors: &m
                 None
             }
         };
+        let on_failure = match m.get("on_failure") {
+            None | Some(Value::Null) => None,
+            Some(v) => OnFailure::parse(v).or_else(|| {
+                at("on_failure", format!("expected rollback, stop or continue, found {}", show(v)));
+                None
+            }),
+        };
         let params = match m.get("params") {
             None | Some(Value::Null) => Map::new(),
             Some(Value::Object(p)) => p.clone(),
@@ -110,7 +117,7 @@ pub(super) fn parse_steps(items: &[Value], lines: &Lines, file: &str, errors: &m
                 at(&path, format!("bad template: {e}"));
             }
         }
-        steps.push(StepDef { name, plugin, version, timeout, retry, params, env, line: start });
+        steps.push(StepDef { name, plugin, version, timeout, retry, on_failure, params, env, line: start });
     }
     steps
 }

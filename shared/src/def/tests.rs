@@ -197,3 +197,16 @@ mod templates {
         assert!(errors(&step("{% for h in params.host %}{{ h }}{% endfor %}"), declared).is_empty());
     }
 }
+
+#[test]
+fn on_failure_is_read_on_the_task_and_on_each_step() {
+    let src = "task: x\non_failure: continue\nsteps:\n  - plugin: shell\n    on_failure: rollback\n  - plugin: shell\n";
+    let d = parse(src, "f.yaml").unwrap();
+    assert_eq!(d.on_failure, OnFailure::Continue);
+    assert_eq!((d.steps[0].on_failure, d.steps[1].on_failure), (Some(OnFailure::Rollback), None));
+    let src = "task: x\nsteps:\n  - plugin: shell\n    on_failure: ignore\n";
+    assert_eq!(
+        first_error(src),
+        "t.yaml: line 4: steps[0].on_failure: expected rollback, stop or continue, found \"ignore\""
+    );
+}

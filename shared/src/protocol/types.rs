@@ -157,6 +157,10 @@ pub struct Instance {
     /// Why it waits though runnable (no live agent has the plugins it needs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting: Option<String>,
+    /// Steps that failed and were let through (`on_failure: continue`): a
+    /// SUCCESS with failed steps is not a clean run.
+    #[serde(default)]
+    pub failed_steps: u32,
     /// The context; `null` in lists (which carry summaries), whole in `tasks.get`.
     pub context: Value,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -166,6 +170,22 @@ pub struct Instance {
 }
 
 impl Instance {
+    /// What a listing shows beside its state: why it waits, that it
+    /// succeeded with failed steps let through, or its error.
+    pub fn note(&self) -> Option<String> {
+        if let Some(w) = self.waiting.as_ref().filter(|_| self.state.is_waiting()) {
+            return Some(w.clone());
+        }
+        if self.state == TaskState::Success && self.failed_steps > 0 {
+            let n = self.failed_steps;
+            return Some(format!(
+                "{n} failed step{} let through (on_failure: continue)",
+                if n == 1 { "" } else { "s" }
+            ));
+        }
+        self.error.clone()
+    }
+
     /// Whether it has ended: nothing will move it without an operator
     /// (SUCCESS, ROLLED_BACK, or FAILED with no retry or rollback coming).
     pub fn ended(&self) -> bool {
@@ -193,6 +213,10 @@ pub struct StepRun {
     /// interrupted), oldest first, as each ended (`tasks.get` only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub earlier: Vec<AttemptRun>,
+    /// It failed and was let through (`on_failure: continue`): it never
+    /// runs again for this instance, a resume or retry goes past it.
+    #[serde(default)]
+    pub passed: bool,
     /// The timeout learned for its last attempt (`timeout: auto`;
     /// `tasks.get` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -90,12 +90,9 @@ pub fn list(out: &Out, items: &[Instance]) {
             line.push_str(&format!("{:>7}  {:<10}  ", i.attempt, i.queue));
         }
         line.push_str(&format!("{:<created_w$}  ", created(i.created_at)));
-        // A runnable instance that waits for a capable agent says so here.
-        let error = match (&i.waiting, i.state.is_waiting()) {
-            (Some(w), true) => w.as_str(),
-            _ => i.error.as_deref().unwrap_or(""),
-        };
-        line.push_str(&apollo_shared::text::one_line(error, room.unwrap_or(usize::MAX)));
+        // Why it waits, that it succeeded with failed steps, or its error.
+        let note = i.note().unwrap_or_default();
+        line.push_str(&apollo_shared::text::one_line(&note, room.unwrap_or(usize::MAX)));
         println!("{line}");
     }
 }
@@ -109,6 +106,9 @@ pub fn instance(out: &Out, i: &Instance) {
     }
     if let Some(w) = i.waiting.as_ref().filter(|_| i.state.is_waiting()) {
         println!("  {w}");
+    }
+    if let Some(n) = i.note().filter(|_| i.state == apollo_shared::state::TaskState::Success) {
+        println!("  {n}");
     }
     let Some(steps) = &i.steps else { return };
     println!("  {:<4} {:<16} {:<24} {:<11} {:>8} {:>8}  OUTPUT", "SEQ", "STEP", "PLUGIN", "STATE", "ATTEMPTS", "TOOK");

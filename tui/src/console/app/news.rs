@@ -94,6 +94,7 @@ fn placeholder(id: &str) -> Instance {
         lease_owner: None,
         lease_expires_at: None,
         waiting: None,
+        failed_steps: 0,
         context: Value::Null,
         steps: Some(Vec::new()),
         transitions: Some(Vec::new()),

@@ -176,7 +176,7 @@ pub fn tasks(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             if wide {
                 cells.extend([Cell::from(i.attempt.to_string()), Cell::from(i.queue.clone())]);
             }
-            cells.extend([Cell::from(created.to_string()), Cell::from(i.error.clone().unwrap_or_default())]);
+            cells.extend([Cell::from(created.to_string()), Cell::from(i.note().unwrap_or_default())]);
             cells
         })
         .collect();
@@ -205,7 +205,7 @@ pub fn tasks(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             vec!["ID", "TASK", "STATE", "CREATED", "ERROR"],
         )
     };
-    let error = visible.get(app.sel(View::Tasks)).and_then(|i| i.error.clone()).unwrap_or_default();
+    let error = visible.get(app.sel(View::Tasks)).and_then(|i| i.note()).unwrap_or_default();
     table(
         f,
         area,

@@ -1,0 +1,85 @@
+//! Per-step failure policy (`on_failure: continue | stop | rollback` on a
+//! step as well as on the task): a notification step that fails after its
+//! retries does not roll back the restart before it; the instance ends
+//! SUCCESS and says it has a failed step wherever it is listed; a crash right
+//! after the let-through does not run the failed step again.
+
+use apollo_shared::state::{StepState, TaskState};
+use apollo_tests::*;
+use serde_json::json;
+use std::time::Duration;
+
+fn restart(task: &str, retry: u32) -> String {
+    let w = "$APOLLO_WORK_DIR/../../witness";
+    format!(
+        r#"task: {task}
+steps:
+  - name: restart
+    plugin: shell
+    params:
+      command: echo restart >> {w}
+      rollback_command: echo undo restart >> {w}
+  - name: notify
+    plugin: shell
+    retry: {retry}
+    on_failure: continue
+    params:
+      command: echo notify >> {w}; echo pager down >&2; exit 1
+  - name: verify
+    plugin: shell
+    params:
+      command: echo verify >> {w}
+"#
+    )
+}
+
+fn witness(agent: &Agent) -> String {
+    std::fs::read_to_string(agent.path().join("data/witness")).unwrap_or_default()
+}
+
+#[test]
+fn a_failing_step_with_on_failure_continue_leaves_the_instance_success_with_one_failed_step() {
+    let agent = Agent::builder()
+        .config("scheduler:\n  backoff_base: 50ms\n")
+        .task("restart.yaml", &restart("restart", 1))
+        .start();
+    let (code, inst) = agent.cli_json(&["run", "restart", "--wait"]);
+    assert_eq!((code, inst["state"].as_str()), (0, Some("SUCCESS")), "{inst:#}");
+    assert_eq!(inst["failed_steps"], 1, "{inst:#}");
+    let notify = &inst["steps"][1];
+    assert_eq!((notify["state"].as_str(), notify["attempts"].as_u64()), (Some("FAILED"), Some(2)), "{inst:#}");
+    assert_eq!(notify["passed"], true);
+    assert!(notify["error"].as_str().unwrap_or_default().contains("pager down"), "{notify:#}");
+    assert_eq!(inst["steps"][2]["state"], "SUCCESS");
+    // Retried once, then let through; nothing rolled back.
+    assert_eq!(witness(&agent), "restart\nnotify\nnotify\nverify\n");
+    let id = inst["id"].as_str().unwrap();
+    let listed = String::from_utf8_lossy(&agent.cli(&["ls"]).stdout).to_string();
+    assert!(listed.contains("1 failed step let through (on_failure: continue)"), "{listed}");
+    let shown = String::from_utf8_lossy(&agent.cli(&["show", id]).stdout).to_string();
+    assert!(
+        shown.contains("1 failed step let through") && shown.contains("let through (on_failure: continue)"),
+        "{shown}"
+    );
+}
+
+#[tokio::test]
+async fn a_crash_right_after_a_let_through_does_not_run_the_failed_step_again() {
+    let mut agent = Agent::builder().task("restart.yaml", &restart("restart", 0)).start();
+    agent.kill9();
+    agent.spawn_with(&[("FAILPOINTS", "executor.after_failure_commit=return")]);
+    let id = {
+        let c = agent.client().await;
+        trigger(&c, "restart", json!({})).await
+    };
+    let status = agent.wait_exit(Duration::from_secs(60));
+    assert!(!status.success() && agent.log().contains("crashing at fail point"), "{}", agent.log());
+    assert_eq!(witness(&agent), "restart\nnotify\n");
+    agent.spawn();
+    let (c, mut events) = agent.watch().await;
+    let inst = wait_until(&c, &mut events, &id, "the resumed instance", ended).await;
+    assert_eq!((inst.state, inst.failed_steps), (TaskState::Success, 1), "{inst:?}");
+    let steps = inst.steps.unwrap();
+    assert_eq!((steps[1].state, steps[1].attempts, steps[1].passed), (StepState::Failed, 1, true));
+    assert_eq!(witness(&agent), "restart\nnotify\nverify\n", "notify ran once");
+}
