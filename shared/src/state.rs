@@ -47,10 +47,12 @@ pub enum StepState {
     /// Its output is committed with the context; it never runs again for this
     /// instance. Moves to ROLLED_BACK only through a rollback.
     Success,
-    /// The last attempt failed. Moves to RUNNING on a retry or to ROLLED_BACK
-    /// through a rollback.
+    /// The last attempt failed. Moves to RUNNING on a retry, to ROLLED_BACK
+    /// through a rollback, or to SKIPPED when an operator marks it done by
+    /// hand (`apollo skip`).
     Failed,
-    /// Never ran because the instance ended first. Terminal.
+    /// Never ran because the instance ended first, or skipped by an operator
+    /// after it failed (the instance then goes on past it). Terminal.
     Skipped,
     /// Its side effects were undone. Terminal.
     RolledBack,
@@ -182,7 +184,7 @@ impl StepState {
             Pending => &[Running, Skipped],
             Running => &[Success, Failed],
             Success => &[RolledBack],
-            Failed => &[Running, RolledBack],
+            Failed => &[Running, RolledBack, Skipped],
             Skipped | RolledBack => &[],
         }
     }
@@ -370,6 +372,8 @@ mod tests {
             (Success, RolledBack),
             (Failed, Running),
             (Failed, RolledBack),
+            // An operator's skip (`apollo skip`).
+            (Failed, Skipped),
         ];
         for from in StepState::ALL {
             for to in StepState::ALL {

@@ -83,3 +83,54 @@ async fn a_crash_right_after_a_let_through_does_not_run_the_failed_step_again() 
     assert_eq!((steps[1].state, steps[1].attempts, steps[1].passed), (StepState::Failed, 1, true));
     assert_eq!(witness(&agent), "restart\nnotify\nverify\n", "notify ran once");
 }
+
+const HALTS: &str = r#"task: halts
+on_failure: stop
+steps:
+  - name: drain
+    plugin: shell
+    params:
+      command: echo drain >> $APOLLO_WORK_DIR/../../witness
+  - name: flaky
+    plugin: shell
+    retry: 0
+    params:
+      command: echo flaky >> $APOLLO_WORK_DIR/../../witness; exit 1
+  - name: undrain
+    plugin: shell
+    params:
+      command: echo undrain >> $APOLLO_WORK_DIR/../../witness
+"#;
+
+#[tokio::test]
+async fn skip_marks_a_failed_step_done_by_hand_and_the_instance_continues_from_the_next() {
+    let agent = Agent::builder().task("halts.yaml", HALTS).start();
+    let (code, inst) = agent.cli_json(&["run", "halts", "--wait"]);
+    assert_eq!((code, inst["state"].as_str()), (1, Some("FAILED")), "{inst:#}");
+    let id = inst["id"].as_str().unwrap().to_string();
+    // Refused where the table does not allow it, saying why.
+    let refused = agent.cli(&["skip", &id, "drain", "--reason", "x"]);
+    let err = String::from_utf8_lossy(&refused.stderr).to_string();
+    assert!(!refused.status.success() && err.contains("step #0 cannot be skipped") && err.contains("SUCCESS"), "{err}");
+    let refused = agent.cli(&["skip", &id, "nope", "--reason", "x"]);
+    let err = String::from_utf8_lossy(&refused.stderr).to_string();
+    assert!(err.contains("has no step \"nope\" (its steps: drain (#0), flaky (#1), undrain (#2))"), "{err}");
+    assert!(!agent.cli(&["skip", &id, "flaky"]).status.success(), "a reason is required");
+
+    let (c, mut events) = agent.watch().await;
+    let out = agent.cli(&["skip", &id, "flaky", "--reason", "ran it by hand"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let done = wait_until(&c, &mut events, &id, "the instance to resume", ended).await;
+    assert_eq!(done.state, TaskState::Success, "{done:?}");
+    let steps = done.steps.as_ref().unwrap();
+    assert_eq!((steps[1].state, steps[1].attempts, steps[2].state), (StepState::Skipped, 1, StepState::Success));
+    assert_eq!(witness(&agent), "drain\nflaky\nundrain\n", "flaky did not run again");
+    let row = done.transitions.as_ref().unwrap().iter().find(|t| t.step == Some(1) && t.to == "SKIPPED").cloned();
+    let row = row.expect("the skip is in the history");
+    assert!(row.reason == "skipped by hand: ran it by hand" && !row.actor.starts_with("agent:"), "{row:?}");
+    let audit = String::from_utf8_lossy(&agent.cli(&["audit"]).stdout).to_string();
+    assert!(audit.contains("skipped by hand: ran it by hand"), "{audit}");
+    // Once SUCCESS, there is nothing to skip.
+    let err = String::from_utf8_lossy(&agent.cli(&["skip", &id, "flaky", "--reason", "x"]).stderr).to_string();
+    assert!(err.contains("only a FAILED instance's failed step can be skipped"), "{err}");
+}

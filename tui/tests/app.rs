@@ -229,3 +229,23 @@ fn s_sorts_the_tasks_view_by_the_next_column() {
     assert_eq!(app.message.as_ref().unwrap().0, "sorted by state");
     assert_eq!(order(&app), ["flaky_sync", "daily_report", "db_migration"], "by state: RUNNING, SUCCESS, FAILED");
 }
+
+#[test]
+fn x_in_the_step_view_skips_a_failed_step_after_a_reason() {
+    let mut app = fixtures::app();
+    key(&mut app, KeyCode::Char('j'));
+    key(&mut app, KeyCode::Enter);
+    key(&mut app, KeyCode::Char('j'));
+    key(&mut app, KeyCode::Enter);
+    assert_eq!((app.view, app.step), (View::Step, 1));
+    assert!(key(&mut app, KeyCode::Char('x')).is_empty());
+    assert!(!matches!(&app.mode, Mode::Confirm(_)), "a SUCCESS step is not skipped");
+    let id = app.instance.as_ref().unwrap().id.clone();
+    app.instance.as_mut().unwrap().steps.as_mut().unwrap()[1].state = apollo_shared::state::StepState::Failed;
+    assert!(key(&mut app, KeyCode::Char('x')).is_empty());
+    assert!(matches!(&app.mode, Mode::Confirm(c) if c.skip == Some(1)), "{:?}", app.mode);
+    assert!(key(&mut app, KeyCode::Enter).is_empty(), "a skip needs a reason");
+    typed(&mut app, "ran it by hand");
+    let cmds = key(&mut app, KeyCode::Enter);
+    assert_eq!(cmds, [Cmd::Skip { id, seq: 1, reason: "ran it by hand".into() }]);
+}

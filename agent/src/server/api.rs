@@ -80,6 +80,7 @@ impl Api {
             Call::TasksGet(p) => answer::<m::TasksGet>(self.h.store.get(&p.id).await.map_err(store_err)),
             Call::TasksList(p) => answer::<m::TasksList>(self.list(p).await),
             Call::TasksRetry(p) => answer::<m::TasksRetry>(self.retry(p, actor).await),
+            Call::StepsSkip(p) => answer::<m::StepsSkip>(self.skip(p, actor).await),
             Call::TasksRollback(p) => answer::<m::TasksRollback>(self.rollback(p, actor).await),
             Call::TasksCancel(p) => answer::<m::TasksCancel>(self.cancel(p, actor).await),
             Call::StepsLogs(p) => answer::<m::StepsLogs>(self.logs(p).await),
@@ -131,6 +132,27 @@ impl Api {
     async fn retry(&self, p: IdParams, actor: &str) -> Result<Instance, RpcError> {
         let reason = requested("retry", p.reason.as_deref());
         self.h.store.manual_retry(&p.id, &reason, actor).await.map_err(store_err)?;
+        self.h.control.wake();
+        self.h.store.get(&p.id).await.map_err(store_err)
+    }
+
+    async fn skip(&self, p: SkipParams, actor: &str) -> Result<Instance, RpcError> {
+        let reason = p.reason.trim();
+        if reason.is_empty() {
+            return Err(RpcError::new(
+                code::INVALID_PARAMS,
+                "steps.skip: a reason is required (it goes to the history and the audit)",
+            ));
+        }
+        let inst = self.h.store.get(&p.id).await.map_err(store_err)?;
+        let steps = inst.steps.unwrap_or_default();
+        let step = steps.iter().find(|s| s.name == p.step || p.step.parse::<u32>().is_ok_and(|n| n == s.seq));
+        let Some(step) = step else {
+            let names: Vec<String> = steps.iter().map(|s| format!("{} (#{})", s.name, s.seq)).collect();
+            let msg = format!("instance {} has no step {:?} (its steps: {})", p.id, p.step, names.join(", "));
+            return Err(RpcError::new(code::INVALID_PARAMS, msg));
+        };
+        self.h.store.skip_step(&p.id, step.seq, reason, actor).await.map_err(store_err)?;
         self.h.control.wake();
         self.h.store.get(&p.id).await.map_err(store_err)
     }

@@ -340,6 +340,15 @@ impl Store {
         Ok(())
     }
 
+    /// An operator's skip of a failed step; the instance resumes after it.
+    pub async fn skip_step(&self, id: &str, seq: u32, reason: &str, actor: &str) -> Result<()> {
+        let (i, r, a) = (id.to_string(), reason.to_string(), actor.to_string());
+        self.write(move |c| write::skip_step(c, &i, seq, &r, &a)).await?;
+        self.changed(id, TaskState::Failed, Some((seq, StepState::Skipped)));
+        self.changed(id, TaskState::Retrying, None);
+        Ok(())
+    }
+
     pub async fn manual_rollback(&self, id: &str, lease: Duration, reason: &str, actor: &str) -> Result<()> {
         let (i, r, a, o) = (id.to_string(), reason.to_string(), actor.to_string(), self.agent().to_string());
         let secs = lease.as_secs_f64();

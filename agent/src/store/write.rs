@@ -342,8 +342,9 @@ pub fn rollback_failed(c: &dyn Db, id: &str, error: &str, actor: &str) -> Result
 /// retry budget for the failed step.
 pub fn manual_retry(c: &dyn Db, id: &str, reason: &str, actor: &str) -> Result<()> {
     refuse_while_rolling_back(c, id)?;
+    // Steps let through or skipped by hand are past: they never run again.
     let steps: Vec<(String, u32, String)> = c
-        .query("SELECT name, seq, state FROM step_runs WHERE instance_id = ?1 ORDER BY seq", p![id])?
+        .query("SELECT name, seq, state FROM step_runs WHERE instance_id = ?1 AND passed = 0 ORDER BY seq", p![id])?
         .iter()
         .map(|r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
         .collect::<Result<_>>()?;
@@ -363,6 +364,26 @@ pub fn manual_retry(c: &dyn Db, id: &str, reason: &str, actor: &str) -> Result<(
     )?;
     c.execute("UPDATE step_runs SET failures = 0 WHERE instance_id = ?1 AND state = 'FAILED'", p![id])?;
     Ok(())
+}
+
+/// An operator's skip of a FAILED instance's failed step: the step is
+/// marked SKIPPED with who and why (it never runs again), and the instance
+/// resumes from the next step as a retry would, in one transaction.
+pub fn skip_step(c: &dyn Db, id: &str, seq: u32, reason: &str, actor: &str) -> Result<()> {
+    refuse_while_rolling_back(c, id)?;
+    let state = task_state(c, id)?;
+    let step = c.driver().step_row(c, id, seq)?.state;
+    if state != TaskState::Failed {
+        return Err(StoreError::Invalid(format!(
+            "instance {id} is {state}; only a FAILED instance's failed step can be skipped"
+        )));
+    }
+    check_step(step, StepState::Skipped)
+        .map_err(|e| StoreError::Invalid(format!("step #{seq} cannot be skipped: {e}")))?;
+    check_task(state, TaskState::Retrying)?;
+    move_step(c, id, seq, StepState::Skipped, &format!("skipped by hand: {reason}"), actor)?;
+    c.execute("UPDATE step_runs SET passed = 1 WHERE instance_id = ?1 AND seq = ?2", p![id, seq])?;
+    manual_retry(c, id, &format!("resumed after step #{seq} was skipped: {reason}"), actor)
 }
 
 /// An operator's rollback of a FAILED instance: held by this agent with the

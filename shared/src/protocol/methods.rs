@@ -103,6 +103,8 @@ methods! {
     TasksRollback = "tasks.rollback" (IdParams) -> Instance, true, "id, reason?";
     TasksCancel = "tasks.cancel" (IdParams) -> Instance, true, "id, reason?";
     StepsLogs = "steps.logs" (LogsParams) -> LogsResult, false, "id, step, offset?";
+    /// Marks a FAILED instance's failed step done by hand; it resumes after it.
+    StepsSkip = "steps.skip" (SkipParams) -> Instance, true, "id, step (name or seq), reason";
     DefsList = "defs.list" (NoParams) -> Vec<DefInfo>, false, "no params";
     DefsGet = "defs.get" (DefParams) -> DefDetail, false, "task";
     PluginsList = "plugins.list" (NoParams) -> Vec<PluginInfo>, false, "no params";

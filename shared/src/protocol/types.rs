@@ -71,6 +71,16 @@ pub struct IdParams {
     pub reason: Option<String>,
 }
 
+/// `steps.skip`: the instance, its step by name or seq, and why (required:
+/// the history and the audit keep it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SkipParams {
+    pub id: String,
+    pub step: String,
+    pub reason: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct ListParams {

@@ -94,6 +94,15 @@ pub(super) enum Cmd {
         #[command(flatten)]
         act: act::ActArgs,
     },
+    /// Mark a FAILED instance's failed step done by hand; the instance resumes from the next step.
+    Skip {
+        id: String,
+        /// The step, by name or seq.
+        step: String,
+        /// Why (required: the history and the audit keep it).
+        #[arg(long)]
+        reason: String,
+    },
     /// Roll back a FAILED instance, or every instance a selection matches.
     Rollback {
         #[command(flatten)]

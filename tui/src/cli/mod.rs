@@ -133,6 +133,7 @@ fn mutating(cmd: &Cmd) -> Option<&'static str> {
     match cmd {
         Cmd::Run { .. } => Some("run"),
         Cmd::Retry { .. } => Some("retry"),
+        Cmd::Skip { .. } => Some("skip"),
         Cmd::Rollback { .. } => Some("rollback"),
         Cmd::Cancel { .. } => Some("cancel"),
         Cmd::Emit { .. } => Some("emit"),
@@ -242,6 +243,16 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
                 _ => OperatorAction::Cancel,
             };
             act::act(&client, action, a, context.as_ref(), json, &out, &reattach(&args)).await
+        }
+        Cmd::Skip { id, step, reason } => {
+            let p = apollo_shared::protocol::SkipParams { id: id.clone(), step: step.clone(), reason: reason.clone() };
+            let inst = client.request::<m::StepsSkip>(p).await?;
+            if json {
+                print_json(&inst);
+            } else {
+                println!("{} step {step} skipped; the instance resumes from the next step ({})", inst.id, inst.state);
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Cmd::Emit { name, data, dedup_key } => {
             let data: Option<Value> = match data {

@@ -395,6 +395,13 @@ async fn act(client: &Client, cmd: Cmd, news: &mpsc::Sender<News>) -> Result<(),
                 Err(e) => News::Done(Err(e)),
             }
         }
+        Cmd::Skip { id, seq, reason } => {
+            let p = apollo_shared::protocol::SkipParams { id: id.clone(), step: seq.to_string(), reason };
+            match answer(client.request::<apollo_shared::protocol::methods::StepsSkip>(p).await)? {
+                Ok(i) => News::Done(Ok(format!("step #{seq} of {id} skipped: now {}", i.state))),
+                Err(e) => News::Done(Err(e)),
+            }
+        }
         Cmd::Batch { action, ids, reason } => {
             let reason = reason.unwrap_or_else(|| "batch from the console".into());
             let mut results = Vec::new();

@@ -70,6 +70,7 @@ impl App {
             stage: if production { Stage::TaskName } else { Stage::Yes },
             input: String::new(),
             reason: None,
+            skip: None,
         });
         Vec::new()
     }

@@ -99,6 +99,9 @@ pub struct Confirm {
     pub input: String,
     /// The task name was typed right; the reason comes next.
     pub reason: Option<String>,
+    /// A skip of this step (`x` in the step view) instead of `action`: its
+    /// reason is always asked.
+    pub skip: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,6 +140,10 @@ impl Confirm {
             Stage::TaskName => {
                 lines.push(format!("PRODUCTION: {what}"));
                 lines.push(format!("type {name} ({}) to go on, Esc cancels: {}▏", self.task, self.input));
+            }
+            Stage::Reason if self.skip.is_some() => {
+                lines.push(format!("{what}: it is recorded SKIPPED and the instance resumes after it"));
+                lines.push(format!("reason, recorded with the skip, then Enter (Esc cancels): {}▏", self.input));
             }
             Stage::Reason => {
                 lines.push(format!("PRODUCTION: {what}"));
@@ -191,6 +198,8 @@ pub enum Action {
     Run,
     DryRun,
     Retry,
+    /// Skip the failed step shown in the step view.
+    Skip,
     Rollback,
     Cancel,
     Yes,
@@ -288,6 +297,12 @@ pub enum Cmd {
     },
     /// Keep every context's state coming (`News::Fleet`).
     WatchFleet,
+    /// Mark a FAILED instance's failed step done by hand (`steps.skip`).
+    Skip {
+        id: String,
+        seq: u32,
+        reason: String,
+    },
     Act {
         action: OperatorAction,
         id: String,

@@ -281,6 +281,32 @@ impl App {
             Action::Retry if !self.marked.is_empty() => self.batch(OperatorAction::Retry),
             Action::Rollback if !self.marked.is_empty() => self.batch(OperatorAction::Rollback),
             Action::Cancel if !self.marked.is_empty() => self.batch(OperatorAction::Cancel),
+            Action::Skip => match (&self.instance, self.view) {
+                (Some(i), View::Step) => {
+                    let step = i.steps.iter().flatten().find(|s| s.seq == self.step);
+                    match step {
+                        Some(s) if s.state == apollo_shared::state::StepState::Failed => {
+                            self.mode = Mode::Confirm(Confirm {
+                                action: OperatorAction::Retry,
+                                ids: vec![i.id.clone()],
+                                task: i.task.clone(),
+                                verb: "skip step",
+                                plan: Vec::new(),
+                                stage: Stage::Reason,
+                                input: String::new(),
+                                reason: None,
+                                skip: Some(s.seq),
+                            });
+                        }
+                        _ => self.say("only a FAILED step can be skipped", true),
+                    }
+                    Vec::new()
+                }
+                _ => {
+                    self.say("open a failed step (Enter on the timeline) to skip it", true);
+                    Vec::new()
+                }
+            },
             Action::Retry => match self.focused_instance().map(|i| i.id.clone()) {
                 Some(id) => {
                     self.say(format!("retry requested for {id}"), false);
@@ -303,6 +329,7 @@ impl App {
                             stage: if production { Stage::TaskName } else { Stage::Yes },
                             input: String::new(),
                             reason: None,
+                            skip: None,
                         });
                         Vec::new()
                     }
@@ -354,7 +381,8 @@ impl App {
                 self.confirmed(c, Some(reason))
             }
             (Stage::Reason, Action::Enter) => {
-                self.say("a reason is needed on a production context", true);
+                let what = if c.skip.is_some() { "a skip" } else { "an action on a production context" };
+                self.say(format!("a reason is needed for {what}"), true);
                 self.mode = Mode::Confirm(c);
                 Vec::new()
             }
@@ -368,6 +396,11 @@ impl App {
     /// Sends a confirmed action: to one instance, or to each of a batch.
     fn confirmed(&mut self, c: Confirm, reason: Option<String>) -> Vec<Cmd> {
         let why = reason.as_ref().map(|r| format!(" ({r})")).unwrap_or_default();
+        if let Some(seq) = c.skip {
+            let id = c.ids.into_iter().next().unwrap_or_default();
+            self.say(format!("skip of step #{seq} requested for {id}{why}"), false);
+            return vec![Cmd::Skip { id, seq, reason: reason.unwrap_or_default() }];
+        }
         if c.batch() {
             self.say(format!("{} requested for {} instances{why}", c.verb, c.ids.len()), false);
             return vec![Cmd::Batch { action: c.action, ids: c.ids, reason }];
