@@ -78,7 +78,7 @@ fn bad_definitions() -> Vec<(String, String, &'static str)> {
         (
             s("bad_on_failure.yaml"),
             s("task: x19\non_failure: panic\nsteps:\n  - plugin: sleep\n"),
-            "expected rollback or stop",
+            "expected rollback, stop or continue",
         ),
         (s("bad_max_active.yaml"), s("task: x20\nmax_active: 0\nsteps:\n  - plugin: sleep\n"), "max_active"),
         (

@@ -381,8 +381,8 @@ impl App {
                 self.confirmed(c, Some(reason))
             }
             (Stage::Reason, Action::Enter) => {
-                let what = if c.skip.is_some() { "a skip" } else { "an action on a production context" };
-                self.say(format!("a reason is needed for {what}"), true);
+                let what = if c.skip.is_some() { "for a skip" } else { "on a production context" };
+                self.say(format!("a reason is needed {what}"), true);
                 self.mode = Mode::Confirm(c);
                 Vec::new()
             }
