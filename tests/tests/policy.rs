@@ -134,3 +134,49 @@ async fn skip_marks_a_failed_step_done_by_hand_and_the_instance_continues_from_t
     let err = String::from_utf8_lossy(&agent.cli(&["skip", &id, "flaky", "--reason", "x"]).stderr).to_string();
     assert!(err.contains("only a FAILED instance's failed step can be skipped"), "{err}");
 }
+
+const HOLD: &str = r#"task: failover
+steps:
+  - name: promote
+    plugin: shell
+    on_interrupt: hold
+    params:
+      command: echo promote >> $APOLLO_WORK_DIR/../../witness; [ -f $APOLLO_WORK_DIR/../../again ] || sleep 60
+      rollback_command: echo undo >> $APOLLO_WORK_DIR/../../witness
+"#;
+
+#[tokio::test]
+async fn a_hold_step_interrupted_by_kill_9_is_not_run_again_until_an_operator_retries() {
+    let mut agent = Agent::builder().task("failover.yaml", HOLD).start();
+    let id = {
+        let (c, mut events) = agent.watch().await;
+        let id = trigger(&c, "failover", json!({})).await;
+        let running =
+            |i: &apollo_shared::protocol::Instance| i.steps.as_ref().is_some_and(|s| s[0].state == StepState::Running);
+        wait_until(&c, &mut events, &id, "the step to run", running).await;
+        id
+    };
+    while witness(&agent).is_empty() {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    agent.kill9();
+    agent.spawn();
+    let (c, mut events) = agent.watch().await;
+    let inst = wait_until(&c, &mut events, &id, "the hold", ended).await;
+    assert_eq!(inst.state, TaskState::Failed, "{inst:?}\n{}", agent.log());
+    let error = inst.error.clone().unwrap_or_default();
+    assert!(
+        error.contains("was interrupted while it ran and has on_interrupt: hold, so it was not run again")
+            && error.contains(&format!("`apollo retry {id}` runs it again")),
+        "{error}"
+    );
+    assert!(inst.steps.as_ref().unwrap()[0].error.as_deref().unwrap_or_default().starts_with("held: "), "{inst:?}");
+    assert_eq!(witness(&agent), "promote\n", "not run again, not rolled back");
+    // The operator's retry runs it.
+    std::fs::write(agent.path().join("data/again"), "").unwrap();
+    let out = agent.cli(&["retry", &id, "--reason", "checked the replica"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let inst = wait_until(&c, &mut events, &id, "the retry", |i| i.state == TaskState::Success).await;
+    assert_eq!(inst.steps.unwrap()[0].state, StepState::Success);
+    assert_eq!(witness(&agent), "promote\npromote\n");
+}

@@ -10,7 +10,7 @@ use crate::plugins::{Call, PluginError};
 use crate::steps::{check, prepare, ready, registration, step_env, uses_work_dir, FirstStart, Started};
 use crate::store::{Claimed, FailurePlan, Followed, StoreError, Then};
 use apollo_shared::context::{Context, Limits};
-use apollo_shared::def::{OnFailure, TaskDef};
+use apollo_shared::def::{OnFailure, OnInterrupt, TaskDef};
 use apollo_shared::protocol::StepRun;
 use apollo_shared::state::{StepState, TaskState};
 use chrono::Utc;
@@ -100,6 +100,26 @@ async fn run_inner(
     // A step whose SUCCESS is committed never runs again, nor one that
     // failed and was let through.
     let todo: Vec<&StepRun> = steps.iter().filter(|st| st.state != StepState::Success && !st.passed).collect();
+    // A step interrupted under it (a crash, a takeover, a shutdown) that
+    // must not run again blindly holds the instance for an operator.
+    if let Some(st) = todo.first().filter(|st| interrupted(st)) {
+        let d = &def.steps[st.seq as usize];
+        if d.on_interrupt.unwrap_or(def.on_interrupt) == OnInterrupt::Hold {
+            let (id, name) = (&inst.id, &d.name);
+            let msg = format!(
+                "step {name:?} (#{}) was interrupted while it ran and has on_interrupt: hold, so it was not run \
+                 again and nothing was rolled back; `apollo retry {id}` runs it again, `apollo skip {id} {name} \
+                 --reason …` marks it done, `apollo rollback {id}` undoes the instance",
+                st.seq
+            );
+            tracing::warn!("{msg}");
+            s.store.hold(id, st.seq, &msg).await?;
+            let alert = format!("task {}: {msg}", def.task);
+            let _ = s.store.alert(apollo_shared::protocol::AlertKind::InstanceFailed, &alert, Some(id)).await;
+            finished(&def.task, TaskState::Failed);
+            return Ok(());
+        }
+    }
     // The first step started with the claim (a new instance's first).
     let mut started: Option<Box<Started>> = match first.filter(|_| todo.first().is_some_and(|t| t.seq == 0)) {
         Some(f) => Some(Box::new(f.started().await)),
@@ -152,6 +172,13 @@ async fn run_inner(
     durably(s, active, &inst.id, "the instance's SUCCESS", || s.store.finish_success(&inst.id), landed).await?;
     succeeded(&inst.task);
     Ok(())
+}
+
+/// Whether a step's last attempt was cut off under it (marked so by the
+/// recovery or the shutdown), rather than failed by its plugin; a held one
+/// (`held: …`) runs on an operator's retry.
+fn interrupted(st: &StepRun) -> bool {
+    st.state == StepState::Failed && st.error.as_deref().is_some_and(|e| e.starts_with("interrupted:"))
 }
 
 fn succeeded(task: &str) {

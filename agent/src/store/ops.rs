@@ -305,6 +305,20 @@ impl Store {
         Ok(())
     }
 
+    /// Holds an instance whose `on_interrupt: hold` step was interrupted:
+    /// the step's error says so and the instance ends FAILED (no retry, no
+    /// automatic rollback), in one transaction.
+    pub async fn hold(&self, id: &str, seq: u32, why: &str) -> Result<()> {
+        let (i, w, a) = (id.to_string(), why.to_string(), self.agent().to_string());
+        self.write(move |c| {
+            write::step_note_error(c, &i, seq, &format!("held: {w}"))?;
+            write::fail(c, &i, &w, FailurePlan::Stop, &a)
+        })
+        .await?;
+        self.changed(id, TaskState::Failed, None);
+        Ok(())
+    }
+
     /// Records the learned timeout of a step's attempt (`timeout: auto`).
     pub async fn step_note_timeout(&self, id: &str, seq: u32, secs: f64, basis: &str) -> Result<()> {
         let (i, b) = (id.to_string(), basis.to_string());

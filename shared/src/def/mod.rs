@@ -81,6 +81,29 @@ impl OnFailure {
     }
 }
 
+/// What a step interrupted by a crash, a takeover or a shutdown does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum OnInterrupt {
+    /// It runs again (at-least-once; the step should be idempotent).
+    #[default]
+    Rerun,
+    /// It is not run again blindly: the instance fails saying so, with no
+    /// automatic rollback, for an operator to retry, skip or roll back.
+    Hold,
+}
+
+impl OnInterrupt {
+    /// `rerun` or `hold`, as written.
+    pub fn parse(v: &Value) -> Option<OnInterrupt> {
+        match v.as_str()? {
+            "rerun" => Some(OnInterrupt::Rerun),
+            "hold" => Some(OnInterrupt::Hold),
+            _ => None,
+        }
+    }
+}
+
 /// What a schedule does about fires missed while the agent was down.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -130,6 +153,9 @@ pub struct StepDef {
     /// What its failure after its retries does; `None` takes the task's.
     #[serde(default)]
     pub on_failure: Option<OnFailure>,
+    /// What its interruption does; `None` takes the task's.
+    #[serde(default)]
+    pub on_interrupt: Option<OnInterrupt>,
     pub params: Map<String, Value>,
     /// Environment variables for an external plugin's process (templates allowed).
     #[serde(default)]
@@ -154,6 +180,9 @@ pub struct TaskDef {
     pub filter: Map<String, Value>,
     pub max_active: Option<u32>,
     pub on_failure: OnFailure,
+    /// For every step that sets none.
+    #[serde(default)]
+    pub on_interrupt: OnInterrupt,
     pub params: BTreeMap<String, ParamSpec>,
     pub steps: Vec<StepDef>,
 }
@@ -175,11 +204,12 @@ const TOP_FIELDS: &[&str] = &[
     "filter",
     "max_active",
     "on_failure",
+    "on_interrupt",
     "params",
     "steps",
 ];
 pub(crate) const STEP_FIELDS: &[&str] =
-    &["name", "plugin", "version", "timeout", "retry", "on_failure", "env", "params"];
+    &["name", "plugin", "version", "timeout", "retry", "on_failure", "on_interrupt", "env", "params"];
 
 /// Parses and validates a definition. `file` is only used in messages.
 pub fn parse(src: &str, file: &str) -> Result<TaskDef, DefErrors> {
@@ -310,6 +340,13 @@ pub fn parse(src: &str, file: &str) -> Result<TaskDef, DefErrors> {
             OnFailure::Rollback
         }),
     };
+    let on_interrupt = match top.get("on_interrupt") {
+        None | Some(Value::Null) => OnInterrupt::Rerun,
+        Some(v) => OnInterrupt::parse(v).unwrap_or_else(|| {
+            at("on_interrupt", format!("expected rerun or hold, found {}", show(v)));
+            OnInterrupt::Rerun
+        }),
+    };
     let params = match top.get("params") {
         None | Some(Value::Null) => BTreeMap::new(),
         Some(Value::Object(m)) => m
@@ -382,6 +419,7 @@ pub fn parse(src: &str, file: &str) -> Result<TaskDef, DefErrors> {
         filter,
         max_active,
         on_failure,
+        on_interrupt,
         params,
         steps,
     })

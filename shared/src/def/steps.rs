@@ -1,7 +1,9 @@
 //! The `steps:` list of a definition, and durations.
 
 use super::lines::Lines;
-use super::{kind, opt_string, show, unknown_field, valid_name, DefError, OnFailure, StepDef, Timeout, STEP_FIELDS};
+use super::{
+    kind, opt_string, show, unknown_field, valid_name, DefError, OnFailure, OnInterrupt, StepDef, Timeout, STEP_FIELDS,
+};
 use crate::template;
 use serde_json::{Map, Value};
 
@@ -92,6 +94,13 @@ pub(super) fn parse_steps(items: &[Value], lines: &Lines, file: &str, errors: &m
                 None
             }),
         };
+        let on_interrupt = match m.get("on_interrupt") {
+            None | Some(Value::Null) => None,
+            Some(v) => OnInterrupt::parse(v).or_else(|| {
+                at("on_interrupt", format!("expected rerun or hold, found {}", show(v)));
+                None
+            }),
+        };
         let params = match m.get("params") {
             None | Some(Value::Null) => Map::new(),
             Some(Value::Object(p)) => p.clone(),
@@ -117,7 +126,18 @@ pub(super) fn parse_steps(items: &[Value], lines: &Lines, file: &str, errors: &m
                 at(&path, format!("bad template: {e}"));
             }
         }
-        steps.push(StepDef { name, plugin, version, timeout, retry, on_failure, params, env, line: start });
+        steps.push(StepDef {
+            name,
+            plugin,
+            version,
+            timeout,
+            retry,
+            on_failure,
+            on_interrupt,
+            params,
+            env,
+            line: start,
+        });
     }
     steps
 }
