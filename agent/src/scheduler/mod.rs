@@ -10,6 +10,7 @@ pub mod backoff;
 mod calls;
 mod executor;
 pub mod reaper;
+mod rollback;
 mod slots;
 mod state;
 pub mod waiting;
