@@ -4,6 +4,7 @@
 
 use super::calls::{durably, start, watchdog};
 use super::rollback::rollback;
+use super::state::finished;
 use super::{backoff, Active, Scheduler};
 use crate::handles::StopReason;
 use crate::logs::StepLog;
@@ -183,14 +184,6 @@ fn interrupted(st: &StepRun) -> bool {
 fn succeeded(task: &str) {
     finished(task, TaskState::Success);
     tracing::info!("instance succeeded");
-}
-
-/// Counts an instance that ended, for the metrics.
-pub(super) fn finished(task: &str, state: TaskState) {
-    crate::metrics::get()
-        .finished
-        .get_or_create(&crate::metrics::labels(("task", task), ("state", state.as_str())))
-        .inc();
 }
 
 /// Runs a started step; `next` is the step to start with its SUCCESS (none

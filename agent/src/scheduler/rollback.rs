@@ -3,7 +3,7 @@
 //! timeout; the first that fails leaves the instance FAILED with an alert.
 
 use super::calls::watchdog;
-use super::executor::finished;
+use super::state::finished;
 use super::Scheduler;
 use crate::logs::StepLog;
 use crate::plugins::Call;

@@ -294,3 +294,11 @@ impl Scheduler {
         self.shutdown.is_cancelled()
     }
 }
+
+/// Counts an instance that ended, for the metrics.
+pub(super) fn finished(task: &str, state: apollo_shared::state::TaskState) {
+    crate::metrics::get()
+        .finished
+        .get_or_create(&crate::metrics::labels(("task", task), ("state", state.as_str())))
+        .inc();
+}
