@@ -28,6 +28,7 @@ pub mod listen;
 mod location;
 pub mod migrate;
 mod model;
+mod operator;
 mod ops;
 mod pool;
 pub mod postgres;

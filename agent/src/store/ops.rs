@@ -3,7 +3,7 @@
 
 use super::leases;
 use super::model::{Claimed, FailurePlan, NewInstance, StepStart};
-use super::write;
+use super::{operator, write};
 use super::{Result, Store};
 use apollo_shared::protocol::{AlertKind, EventData, Raised, StepMoved, Topic};
 use apollo_shared::state::{StepState, TaskState};
@@ -349,7 +349,7 @@ impl Store {
 
     pub async fn manual_retry(&self, id: &str, reason: &str, actor: &str) -> Result<()> {
         let (i, r, a) = (id.to_string(), reason.to_string(), actor.to_string());
-        self.write(move |c| write::manual_retry(c, &i, &r, &a)).await?;
+        self.write(move |c| operator::manual_retry(c, &i, &r, &a)).await?;
         self.changed(id, TaskState::Retrying, None);
         Ok(())
     }
@@ -357,7 +357,7 @@ impl Store {
     /// An operator's skip of a failed step; the instance resumes after it.
     pub async fn skip_step(&self, id: &str, seq: u32, reason: &str, actor: &str) -> Result<()> {
         let (i, r, a) = (id.to_string(), reason.to_string(), actor.to_string());
-        self.write(move |c| write::skip_step(c, &i, seq, &r, &a)).await?;
+        self.write(move |c| operator::skip_step(c, &i, seq, &r, &a)).await?;
         self.changed(id, TaskState::Failed, Some((seq, StepState::Skipped)));
         self.changed(id, TaskState::Retrying, None);
         Ok(())
@@ -366,14 +366,14 @@ impl Store {
     pub async fn manual_rollback(&self, id: &str, lease: Duration, reason: &str, actor: &str) -> Result<()> {
         let (i, r, a, o) = (id.to_string(), reason.to_string(), actor.to_string(), self.agent().to_string());
         let secs = lease.as_secs_f64();
-        self.write(move |c| write::manual_rollback(c, &i, secs, &r, &o, &a)).await?;
+        self.write(move |c| operator::manual_rollback(c, &i, secs, &r, &o, &a)).await?;
         self.changed(id, TaskState::Failed, None);
         Ok(())
     }
 
     pub async fn cancel_waiting(&self, id: &str, reason: &str, actor: &str) -> Result<()> {
         let (i, r, a) = (id.to_string(), reason.to_string(), actor.to_string());
-        self.write(move |c| write::cancel_waiting(c, &i, &r, &a)).await?;
+        self.write(move |c| operator::cancel_waiting(c, &i, &r, &a)).await?;
         self.changed(id, TaskState::Failed, None);
         Ok(())
     }
@@ -386,7 +386,7 @@ impl Store {
 
     pub async fn cancel_orphan(&self, id: &str, reason: &str, actor: &str) -> Result<()> {
         let (i, r, a) = (id.to_string(), reason.to_string(), actor.to_string());
-        self.write(move |c| write::cancel_orphan(c, &i, &r, &a)).await?;
+        self.write(move |c| operator::cancel_orphan(c, &i, &r, &a)).await?;
         self.changed(id, TaskState::Failed, None);
         Ok(())
     }
