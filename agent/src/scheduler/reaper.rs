@@ -79,7 +79,8 @@ pub fn expected(s: &Scheduler, def: &TaskDef, history: &StepDurations) -> Expect
 pub(super) async fn reap(s: &Arc<Scheduler>) {
     // The fault tests' agent whose reaper never looks (another agent's must).
     fail::fail_point!("reaper.off", |_| ());
-    let conf = s.config().scheduler.clone();
+    let config = s.config();
+    let conf = &config.scheduler;
     let Some(rows) = noted(s.store.running().await, &s.failing.reaper) else { return };
     let held: HashMap<String, Arc<super::Active>> =
         s.active.lock().expect("active").iter().map(|(k, v)| (k.clone(), v.clone())).collect();

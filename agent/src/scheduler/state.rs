@@ -44,9 +44,6 @@ pub struct Scheduler {
     pub(super) retry_due: Mutex<Option<chrono::DateTime<Utc>>>,
     pub(super) active: Mutex<HashMap<String, Arc<Active>>>,
     pub(super) slots: Slots,
-    /// Parsed definition versions by hash, so an instance runs the version it
-    /// was created with.
-    pub(super) defs: Mutex<HashMap<String, Arc<TaskDef>>>,
     pub(super) tracker: TaskTracker,
     pub(super) shutdown: CancellationToken,
     /// The wall clock and the monotonic clock read together, to notice the
@@ -60,7 +57,9 @@ pub struct Scheduler {
     /// The store's work of each turn that can fail turn after turn while
     /// the store is out of reach: each logged once, then as a count.
     pub(super) failing: Failing,
-    /// What claims ask: can this agent run a definition version.
+    /// What claims ask: can this agent run a definition version. Its
+    /// parsed versions by hash are also the executors' (an instance runs the
+    /// version it was created with; see [`Scheduler::def_for`]).
     pub(super) capable: crate::store::capable::Capable,
     /// (task, def_hash) whose `no_capable_agent` alert is raised (again
     /// when a capable agent came and went).
@@ -167,7 +166,6 @@ impl Scheduler {
             retry_due: Mutex::new(None),
             active: Mutex::new(HashMap::new()),
             slots: Slots::new(),
-            defs: Mutex::new(HashMap::new()),
             tracker: TaskTracker::new(),
             shutdown,
             clock_anchor: Mutex::new((Utc::now(), Instant::now())),
@@ -266,7 +264,8 @@ impl Scheduler {
     /// The definition version with this hash: from the catalog when it is
     /// the one in force, else parsed from the store's copy.
     pub async fn def_for(&self, hash: &str) -> Result<Arc<TaskDef>, String> {
-        if let Some(d) = self.defs.lock().expect("defs").get(hash) {
+        // One cache of parsed versions with the claims' (`Capable::defs`).
+        if let Some(Some(d)) = self.capable.defs.lock().expect("defs").get(hash) {
             return Ok(d.clone());
         }
         let current =
@@ -279,7 +278,7 @@ impl Scheduler {
                 Arc::new(apollo_shared::def::parse(&source, &file).map_err(|e| e.to_string())?)
             }
         };
-        self.defs.lock().expect("defs").insert(hash.to_string(), d.clone());
+        self.capable.defs.lock().expect("defs").insert(hash.to_string(), Some(d.clone()));
         Ok(d)
     }
     /// Asks the executor of a running instance to stop; returns a receiver

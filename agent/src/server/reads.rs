@@ -90,8 +90,9 @@ impl Api {
             false => None,
         };
         if let Some(agents) = agents {
+            let registry = self.h.plugins.get();
             for p in out.iter_mut().filter(|p| p.error.is_none()) {
-                let here = registry_digest(&self.h.plugins.get(), &p.name, &p.version);
+                let here = registry_digest(&registry, &p.name, &p.version);
                 for a in agents.iter().filter(|a| !a.stopped && !a.late) {
                     if let Some(cap) = a.plugins.iter().find(|c| c.name == p.name && c.version == p.version) {
                         let other = here.as_deref().is_some_and(|d| d != cap.digest);
