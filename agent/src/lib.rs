@@ -46,6 +46,7 @@ pub mod notify;
 pub mod plugins;
 pub mod reload;
 pub mod repeats;
+pub mod rollouts;
 pub mod scheduler;
 pub mod server;
 pub mod settings;
@@ -151,7 +152,7 @@ pub async fn run(config: Config, token: CancellationToken) -> anyhow::Result<()>
         let msg = format!("plugin {:?} ({}) is not usable: {}", b.name, b.command.display(), b.error);
         let _ = store.alert(apollo_shared::protocol::AlertKind::PluginError, &msg, None).await;
     }
-    let registry = Arc::new(plugins::Plugins::new(registry));
+    let registry = Arc::new(plugins::Plugins::new(registry, &config.agent_name()));
     let tasks_dir = config.tasks_dir();
     let cat = catalog::load_dir(&tasks_dir, &registry.get());
     for (file, errs) in &cat.errors {

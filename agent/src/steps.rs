@@ -4,7 +4,7 @@
 //! is created.
 
 use crate::catalog::Catalog;
-use crate::plugins::{PluginError, Plugins, Registration};
+use crate::plugins::{PluginError, Plugins, Registration, Registry};
 use crate::store::Claimed;
 use apollo_shared::context::Context;
 use apollo_shared::def::TaskDef;
@@ -29,7 +29,9 @@ pub struct Started {
     pub prepared: Result<Prepared, PluginError>,
 }
 
-pub fn ready(plugins: &Plugins, def: &TaskDef, seq: u32, ctx: &Context) -> Ready {
+/// Step `seq` made ready, its plugin resolved in `plugins` (the registry as
+/// the instance's rollout arms see it: `Plugins::view`).
+pub fn ready(plugins: &Registry, def: &TaskDef, seq: u32, ctx: &Context) -> Ready {
     let d = &def.steps[seq as usize];
     let reg = registration(plugins, def, seq);
     let version = reg.as_ref().map(|r| r.version().to_string()).unwrap_or_default();
@@ -86,7 +88,7 @@ pub fn ready_first(plugins: &Plugins, catalog: &RwLock<Catalog>, i: &Claimed) ->
     }
     let mut ctx: Context = serde_json::from_value(i.context.clone()).ok()?;
     ctx.attempt = i.attempt;
-    let r = ready(plugins, &def, 0, &ctx);
+    let r = ready(&plugins.view(i.pins.as_ref()), &def, 0, &ctx);
     let (version, params) = (r.version.clone(), r.params_json.to_string());
     Some((r, version, params))
 }
@@ -97,16 +99,16 @@ impl Ready {
     }
 }
 
-pub fn registration(plugins: &Plugins, def: &TaskDef, seq: u32) -> Result<Registration, PluginError> {
+pub fn registration(plugins: &Registry, def: &TaskDef, seq: u32) -> Result<Registration, PluginError> {
     let d = &def.steps[seq as usize];
-    plugins.get().resolve(&d.plugin, d.version.as_deref()).cloned().map_err(PluginError::permanent)
+    plugins.resolve(&d.plugin, d.version.as_deref()).cloned().map_err(PluginError::permanent)
 }
 
 /// Whether step `seq`'s plugin may use the work dir (one that cannot be
 /// resolved is taken to: its step fails on its own).
-pub fn uses_work_dir(plugins: &Plugins, def: &TaskDef, seq: u32) -> bool {
+pub fn uses_work_dir(plugins: &Registry, def: &TaskDef, seq: u32) -> bool {
     let d = &def.steps[seq as usize];
-    plugins.get().resolve(&d.plugin, d.version.as_deref()).map_or(true, |r| r.plugin.uses_work_dir())
+    plugins.resolve(&d.plugin, d.version.as_deref()).map_or(true, |r| r.plugin.uses_work_dir())
 }
 
 /// A step's `params` or `env` (named by `field` in errors), rendered over

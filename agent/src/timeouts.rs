@@ -87,7 +87,7 @@ pub async fn applied(store: &Store, conf: &AutoTimeout, step: &StepDef, reg: &Re
 /// What `timeout: auto` applies now to a step of `reg` whose fixed
 /// timeout is `fixed`.
 pub async fn auto(store: &Store, conf: &AutoTimeout, fixed: Applied, reg: &Registration) -> Applied {
-    match store.plugin_runs(&reg.name, &reg.version().to_string(), conf.runs).await {
+    match store.plugin_runs(&reg.name, &reg.version().to_string(), conf.runs, None).await {
         Ok(runs) => learned(&runs, fixed, reg, conf),
         Err(e) => {
             let basis = format!("auto: the history cannot be read ({e}); {}", fixed.basis);

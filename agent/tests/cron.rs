@@ -37,7 +37,7 @@ fn rig(dir: tempfile::TempDir, defs: &[(&str, &str)], start: DateTime<Utc>) -> R
     }
     let config = Config { tasks: Some(tasks.clone()), data_dir: Some(dir.path().join("data")), ..Default::default() };
     let store = Store::open(&dir.path().join("data/apollo.db"), true, Bus::default(), "agent:test".into()).unwrap();
-    let registry = Arc::new(Plugins::new(Registry::new(&[], &Default::default())));
+    let registry = Arc::new(Plugins::new(Registry::new(&[], &Default::default()), "test"));
     let cat: Catalog = catalog::load_dir(&tasks, &registry.get());
     assert!(cat.errors.is_empty(), "{:?}", cat.errors);
     let catalog = Arc::new(RwLock::new(cat));

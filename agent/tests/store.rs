@@ -138,6 +138,7 @@ fn new(id: &str, task: &str, queue: &str, priority: u8, max_active: Option<u32>,
         dedup_key: dedup.map(str::to_string),
         steps: vec![("a".into(), "sleep".into())],
         expected_secs: 1.0,
+        pins: Default::default(),
     }
 }
 

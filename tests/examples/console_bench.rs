@@ -101,6 +101,7 @@ fn instance(n: usize, steps: usize) -> Instance {
         lease_expires_at: None,
         waiting: None,
         failed_steps: 0,
+        pins: None,
         context: json!({"steps": {}}),
         steps: Some(step_runs),
         transitions: Some(transitions),

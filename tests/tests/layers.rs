@@ -22,6 +22,7 @@ const AGENT_ORDER: &[&str] = &[
     "plugins",
     "catalog",
     "timeouts",
+    "rollouts",
     "steps",
     "handles",
     "scheduler",

@@ -33,6 +33,7 @@ mod policy;
 mod postgres;
 mod reaper;
 mod reload;
+mod rollout;
 mod s3;
 mod screen;
 mod scripts;

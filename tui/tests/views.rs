@@ -61,6 +61,35 @@ fn plugins_view() {
 }
 
 #[test]
+fn plugins_view_with_a_rollout_side_by_side() {
+    use apollo_shared::protocol::{PluginStats, Rollout, RolloutState};
+    let mut app = at(View::Plugins);
+    let stats = |runs, failure_rate, p50_secs, p99_secs| {
+        Some(PluginStats { runs, failure_rate, p50_secs, p99_secs, suggested_timeout_secs: p99_secs * 1.5 })
+    };
+    app.on_news(News::Rollouts(vec![Rollout {
+        id: "rollout-01JZ".into(),
+        plugin: "file_downloader".into(),
+        version: "2.0.0".into(),
+        base: "1.4.0".into(),
+        share_pct: 25.0,
+        agents: vec!["db-7".into()],
+        state: RolloutState::Running,
+        started_at: "2026-12-02T08:00:00.000000Z".into(),
+        started_by: "ana (uid 1000)".into(),
+        reason: "CHG-118".into(),
+        ended_at: None,
+        ended_by: None,
+        end_reason: None,
+        abort_margin_pct: 10.0,
+        min_runs: 20,
+        new: stats(12, 0.0833, 1.2, 3.4),
+        old: stats(37, 0.027, 1.1, 2.9),
+    }]));
+    insta::assert_snapshot!(render(&app, 130, 16));
+}
+
+#[test]
 fn alerts_view() {
     insta::assert_snapshot!(render(&at(View::Alerts), 110, 10));
 }

@@ -54,6 +54,37 @@ pub struct Scheduler {
     /// How `timeout: auto` learns a step's timeout.
     #[serde(default)]
     pub auto_timeout: AutoTimeout,
+    /// The defaults of `apollo rollout start`.
+    #[serde(default)]
+    pub rollout: RolloutConf,
+}
+
+/// A rollout's defaults: the share of new instances sent to the new
+/// version, and its automatic abort — when the new version's failure rate
+/// exceeds the old one's by more than `abort_margin_pct` points over at
+/// least `min_runs` of its runs since the start.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RolloutConf {
+    #[serde(default = "rollout_share")]
+    pub share_pct: f64,
+    #[serde(default = "rollout_margin")]
+    pub abort_margin_pct: f64,
+    #[serde(default = "auto_min_runs")]
+    pub min_runs: u32,
+}
+
+impl Default for RolloutConf {
+    fn default() -> RolloutConf {
+        RolloutConf { share_pct: rollout_share(), abort_margin_pct: rollout_margin(), min_runs: auto_min_runs() }
+    }
+}
+
+fn rollout_share() -> f64 {
+    10.0
+}
+fn rollout_margin() -> f64 {
+    10.0
 }
 
 /// `timeout: auto` (the original design's §3.2): the p99 of a plugin

@@ -70,6 +70,11 @@ pub struct Broken {
 pub struct Registry {
     regs: BTreeMap<String, Vec<Registration>>,
     pub broken: Vec<Broken>,
+    /// The rollouts' rules this view applies, by plugin name (none in the
+    /// registry itself; see `Plugins::view`).
+    pub(super) rules: BTreeMap<String, super::rollout::Rule>,
+    /// This agent's name, for a rule that names the agents it holds on.
+    pub(super) me: String,
 }
 
 /// The plain name a built-in class registers under, and the plugin.
@@ -159,7 +164,8 @@ impl Registry {
     }
 
     /// The registration a step uses: the highest version of `name` that
-    /// matches the step's requirement (or the highest of all).
+    /// matches the step's requirement (or the highest of all), as this
+    /// view's rollout rule for `name` shapes the choice (see `rollout`).
     pub fn resolve(&self, name: &str, version: Option<&str>) -> Result<&Registration, String> {
         let Some(list) = self.regs.get(name) else {
             if let Some(b) = self.broken.iter().find(|b| b.name == name) {
@@ -170,40 +176,26 @@ impl Registry {
                 apollo_shared::text::closest(name, &names).map(|n| format!("did you mean {n:?}? ")).unwrap_or_default();
             return Err(format!("unknown plugin {name:?} ({near}registered: {})", names.join(", ")));
         };
-        let available = || list.iter().map(|r| r.version().to_string()).collect::<Vec<_>>().join(", ");
-        match version {
-            None => list.last().ok_or_else(|| format!("plugin {name:?} has no registration")),
+        let req = match version {
+            None => None,
             Some(req) => {
-                let parsed =
-                    semver::VersionReq::parse(req).map_err(|e| format!("bad version requirement {req:?}: {e}"))?;
-                list.iter().rev().find(|r| parsed.matches(&r.version())).ok_or_else(|| {
-                    format!("plugin {name:?} has no version matching {req:?} (available: {})", available())
-                })
+                Some(semver::VersionReq::parse(req).map_err(|e| format!("bad version requirement {req:?}: {e}"))?)
+            }
+        };
+        let versions: Vec<semver::Version> = list.iter().map(|r| r.version()).collect();
+        let rule = self.rules.get(name);
+        match super::rollout::choose(&versions, req.as_ref(), rule, &self.me) {
+            Ok(i) => Ok(&list[i]),
+            Err(why) => {
+                let available = versions.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(", ");
+                let wanted = version.unwrap_or("*");
+                Err(format!("plugin {name:?} has no version matching {wanted:?} (available: {available}){why}"))
             }
         }
     }
 
     pub fn all(&self) -> impl Iterator<Item = &Registration> {
         self.regs.values().flatten()
-    }
-}
-
-/// The registry in force, swapped whole when plugins are reloaded (SIGHUP);
-/// a step in flight keeps the registration it resolved.
-#[derive(Default)]
-pub struct Plugins {
-    current: std::sync::RwLock<Arc<Registry>>,
-}
-
-impl Plugins {
-    pub fn new(r: Registry) -> Plugins {
-        Plugins { current: std::sync::RwLock::new(Arc::new(r)) }
-    }
-    pub fn get(&self) -> Arc<Registry> {
-        self.current.read().expect("plugins").clone()
-    }
-    pub fn set(&self, r: Registry) {
-        *self.current.write().expect("plugins") = Arc::new(r);
     }
 }
 

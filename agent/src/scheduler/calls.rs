@@ -7,6 +7,7 @@ use crate::steps::{check, ready, Started};
 use crate::store::StoreError;
 use apollo_shared::context::Context;
 use apollo_shared::def::TaskDef;
+use apollo_shared::protocol::Pins;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -70,8 +71,9 @@ pub(super) async fn start(
     def: &TaskDef,
     seq: u32,
     ctx: &Context,
+    pins: Option<&Pins>,
 ) -> Result<Started, StoreError> {
-    let r = ready(&s.registry, def, seq, ctx);
+    let r = ready(&s.registry.view(pins), def, seq, ctx);
     let (checked, attempt) = tokio::join!(check(&r), s.store.step_start(id, seq, &r.version, &r.params_json));
     Ok(r.started(attempt?, checked))
 }

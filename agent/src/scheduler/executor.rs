@@ -13,7 +13,7 @@ use crate::steps::{check, ready, registration, uses_work_dir, FirstStart, Starte
 use crate::store::{Claimed, FailurePlan, Followed, StoreError, Then};
 use apollo_shared::context::{Context, Limits};
 use apollo_shared::def::{OnFailure, OnInterrupt, TaskDef};
-use apollo_shared::protocol::StepRun;
+use apollo_shared::protocol::{Pins, StepRun};
 use apollo_shared::state::{StepState, TaskState};
 use chrono::Utc;
 use std::path::PathBuf;
@@ -130,7 +130,7 @@ async fn run_inner(
     // (an instance of steps that never touch files has none).
     let mut have_dir = false;
     for (i, step) in todo.iter().enumerate() {
-        if !have_dir && uses_work_dir(&s.registry, &def, step.seq) {
+        if !have_dir && uses_work_dir(&s.registry.view(inst.pins.as_ref()), &def, step.seq) {
             if let Err(e) = std::fs::create_dir_all(&work_dir) {
                 let msg = format!("cannot create the work dir {}: {e}", work_dir.display());
                 match started {
@@ -154,11 +154,11 @@ async fn run_inner(
                     tracing::info!(step = %step.name, "shutting down before this step; it resumes at the next start");
                     return Ok(());
                 }
-                start(s, &inst.id, &def, step.seq, &ctx).await?
+                start(s, &inst.id, &def, step.seq, &ctx, inst.pins.as_ref()).await?
             }
         };
         let next = todo.get(i + 1).map(|n| n.seq);
-        match run_step(s, &inst.id, &def, step, now, next, &mut ctx, &work_dir, active).await? {
+        match run_step(s, (&inst.id, inst.pins.as_ref()), &def, step, now, next, &mut ctx, &work_dir, active).await? {
             Outcome::Done(next) => started = next,
             Outcome::Finished => {
                 succeeded(&inst.task);
@@ -191,7 +191,7 @@ fn succeeded(task: &str) {
 #[allow(clippy::too_many_arguments)]
 async fn run_step(
     s: &Arc<Scheduler>,
-    id: &str,
+    (id, pins): (&str, Option<&Pins>),
     def: &TaskDef,
     step: &StepRun,
     now: Started,
@@ -277,7 +277,8 @@ async fn run_step(
                 let context = ctx.to_value();
                 // The next step starts in the same write, unless the agent is
                 // shutting down: then it waits for the next start.
-                let following = next.filter(|_| !s.is_shutting_down()).map(|n| (n, ready(&s.registry, def, n, ctx)));
+                let following =
+                    next.filter(|_| !s.is_shutting_down()).map(|n| (n, ready(&s.registry.view(pins), def, n, ctx)));
                 let then = match (&following, next) {
                     (Some((n, r)), _) => Then::Start { seq: *n, version: &r.version, params: &r.params_json },
                     (None, None) => Then::Finish,
@@ -315,7 +316,7 @@ async fn run_step(
             }
             Err(e) => {
                 let why = active.why.lock().expect("why").clone();
-                failed(s, id, def, step.seq, e, why, ctx, work_dir).await
+                failed(s, (id, pins), def, step.seq, e, why, ctx, work_dir).await
             }
         }
     }
@@ -326,7 +327,7 @@ async fn run_step(
 #[allow(clippy::too_many_arguments)]
 async fn failed(
     s: &Arc<Scheduler>,
-    id: &str,
+    (id, pins): (&str, Option<&Pins>),
     def: &TaskDef,
     seq: u32,
     e: PluginError,
@@ -368,7 +369,7 @@ async fn failed(
     let message = e.message.clone();
     let retries = def.steps[seq as usize]
         .retry
-        .unwrap_or_else(|| registration(&s.registry, def, seq).map(|r| r.retry).unwrap_or(0));
+        .unwrap_or_else(|| registration(&s.registry.view(pins), def, seq).map(|r| r.retry).unwrap_or(0));
     let located = format!("step {name:?} (#{seq}) failed: {message}");
     let (base, max) = (s.config().scheduler.backoff_base, s.config().scheduler.backoff_max);
     let on_failure = def.steps[seq as usize].on_failure.unwrap_or(def.on_failure);

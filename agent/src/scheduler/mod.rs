@@ -168,6 +168,7 @@ impl Scheduler {
         noted(self.store.renew_leases(ids.clone(), self.lease()).await, &self.failing.leases);
         noted(self.store.heartbeat(self.heartbeat(), false).await, &self.failing.heartbeat);
         reaper::reap(self).await;
+        crate::rollouts::tick(&self.store, &self.registry, &self.name).await;
         waiting::check(self).await;
         if self.shutdown.is_cancelled() {
             return;

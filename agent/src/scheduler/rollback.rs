@@ -32,7 +32,7 @@ pub(super) async fn rollback(
         let d = &def.steps[step.seq as usize];
         let log = StepLog::new(StepLog::path_for(&s.data_dir, id, step.seq), s.config().logging.step_log_bytes);
         log.line("[apollo: rollback]");
-        let result = match registration(&s.registry, def, step.seq) {
+        let result = match registration(&s.registry.view(inst.pins.as_ref()), def, step.seq) {
             Err(e) => Err(e),
             Ok(reg) => {
                 let params = match &step.params {

@@ -61,9 +61,9 @@ pub struct Scheduler {
     /// parsed versions by hash are also the executors' (an instance runs the
     /// version it was created with; see [`Scheduler::def_for`]).
     pub(super) capable: crate::store::capable::Capable,
-    /// (task, def_hash) whose `no_capable_agent` alert is raised (again
-    /// when a capable agent came and went).
-    pub(super) uncapable: Mutex<std::collections::BTreeSet<(String, String)>>,
+    /// (task, def_hash, pins) whose `no_capable_agent` alert is raised
+    /// (again when a capable agent came and went).
+    pub(super) uncapable: Mutex<std::collections::BTreeSet<crate::store::capable::Passed>>,
 }
 
 /// One [`Repeats`] for each store call the loop makes every turn.
@@ -150,8 +150,10 @@ impl Scheduler {
     ) -> Arc<Scheduler> {
         let config = settings.get();
         let plugins = registry.clone();
-        let can_run = Arc::new(move |d: &TaskDef| {
-            let registry = plugins.get();
+        let rollouts = registry.rollout_cell();
+        let can_run = Arc::new(move |d: &TaskDef, pins: Option<&str>| {
+            let pins: Option<apollo_shared::protocol::Pins> = pins.and_then(|p| serde_json::from_str(p).ok());
+            let registry = plugins.view(pins.as_ref());
             d.steps.iter().all(|s| registry.resolve(&s.plugin, s.version.as_deref()).is_ok())
         });
         Arc::new(Scheduler {
@@ -172,7 +174,7 @@ impl Scheduler {
             clock_jumped: Arc::new(Notify::new()),
             stalled: Mutex::new(Vec::new()),
             failing: Failing::new(),
-            capable: crate::store::capable::Capable::new(can_run),
+            capable: crate::store::capable::Capable::new(can_run, rollouts),
             uncapable: Mutex::new(Default::default()),
         })
     }

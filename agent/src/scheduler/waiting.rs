@@ -7,15 +7,20 @@
 //! claim takes them).
 
 use super::Scheduler;
-use apollo_shared::def::TaskDef;
-use apollo_shared::protocol::{AgentInfo, AlertKind, PluginCap};
+use crate::plugins::rollout::{cap_runs, Rule};
+use apollo_shared::def::{StepDef, TaskDef};
+use apollo_shared::protocol::{AgentInfo, AlertKind, Pins};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-/// Why no live agent can run `def`, naming each step's plugin that none
-/// has and who has which version of it; `None` when one can.
-pub fn no_agent_runs(def: &TaskDef, live: &[AgentInfo]) -> Option<String> {
-    let runs_all =
-        |a: &AgentInfo| def.steps.iter().all(|s| PluginCap::any_runs(&a.plugins, &s.plugin, s.version.as_deref()));
+/// Why no live agent can run `def` under these rollout rules, naming each
+/// step's plugin that none has and who has which version of it; `None`
+/// when one can.
+pub fn no_agent_runs(def: &TaskDef, live: &[AgentInfo], rules: &BTreeMap<String, Rule>) -> Option<String> {
+    let runs = |a: &AgentInfo, s: &StepDef| {
+        cap_runs(&a.plugins, &a.name, &s.plugin, s.version.as_deref(), rules.get(&s.plugin))
+    };
+    let runs_all = |a: &AgentInfo| def.steps.iter().all(|s| runs(a, s));
     if live.iter().any(runs_all) {
         return None;
     }
@@ -33,8 +38,15 @@ pub fn no_agent_runs(def: &TaskDef, live: &[AgentInfo]) -> Option<String> {
                 }
             })
             .collect();
-        if !live.iter().any(|a| PluginCap::any_runs(&a.plugins, &s.plugin, s.version.as_deref())) {
-            let entry = format!("plugin {} {wanted} ({})", s.plugin, holders.join("; "));
+        if !live.iter().any(|a| runs(a, s)) {
+            let arm = match rules.get(&s.plugin) {
+                Some(Rule { run, agents, .. }) if !agents.is_empty() => {
+                    format!(", its rollout sending it to {run} on {}", agents.join(", "))
+                }
+                Some(Rule { run, .. }) => format!(", its rollout sending it to {run}"),
+                None => String::new(),
+            };
+            let entry = format!("plugin {} {wanted} ({}{arm})", s.plugin, holders.join("; "));
             if !missing.contains(&entry) {
                 missing.push(entry);
             }
@@ -55,12 +67,15 @@ pub(super) async fn check(s: &Arc<Scheduler>) {
     }
     let Ok(agents) = s.store.agents().await else { return };
     let live: Vec<AgentInfo> = agents.into_iter().filter(|a| !a.stopped && !a.late).collect();
-    for (task, hash) in passed {
+    let latest = s.registry.rollouts();
+    for (task, hash, pins) in passed {
         let Ok(def) = s.def_for(&hash).await else { continue };
-        let key = (task.clone(), hash.clone());
-        match no_agent_runs(&def, &live) {
+        let key = (task.clone(), hash.clone(), pins.clone());
+        let arms: Option<Pins> = pins.as_deref().and_then(|p| serde_json::from_str(p).ok());
+        let rules = crate::plugins::rollout::rules(&latest, arms.as_ref());
+        match no_agent_runs(&def, &live, &rules) {
             Some(reason) => {
-                let fresh = s.store.set_waiting(&task, &hash, Some(&reason)).await.unwrap_or(0);
+                let fresh = s.store.set_waiting(&task, &hash, pins.as_deref(), Some(&reason)).await.unwrap_or(0);
                 let first = s.uncapable.lock().expect("uncapable").insert(key);
                 if fresh > 0 && first {
                     let msg = format!("task {task}: {fresh} instance(s) {reason}");
@@ -70,7 +85,7 @@ pub(super) async fn check(s: &Arc<Scheduler>) {
             }
             None => {
                 s.uncapable.lock().expect("uncapable").remove(&key);
-                let _ = s.store.set_waiting(&task, &hash, None).await;
+                let _ = s.store.set_waiting(&task, &hash, pins.as_deref(), None).await;
             }
         }
     }

@@ -4,6 +4,7 @@
 use crate::bus::Bus;
 use crate::handles::Handles;
 use crate::handles::StopReason;
+use crate::rollouts;
 use crate::store::ListFilter;
 use crate::triggers::store_error as store_err;
 use apollo_shared::context::Context;
@@ -93,6 +94,19 @@ impl Api {
             Call::AuditList(p) => answer::<m::AuditList>(self.listing.audit(limit(p)).await.map_err(store_err)),
             Call::AlertsList(p) => answer::<m::AlertsList>(self.listing.alerts(limit(p)).await.map_err(store_err)),
             Call::AgentsList(_) => answer::<m::AgentsList>(self.agents().await),
+            Call::RolloutsList(_) => answer::<m::RolloutsList>(rollouts::list(&self.listing).await.map_err(store_err)),
+            Call::RolloutsStart(p) => {
+                let id = format!("rollout-{}", self.triggers.new_id());
+                let config = self.h.settings.get();
+                answer::<m::RolloutsStart>(rollouts::start(&self.h.store, &self.h.plugins, &config, p, id, actor).await)
+            }
+            Call::RolloutsPromote(p) => answer::<m::RolloutsPromote>(
+                rollouts::end(&self.h.store, &self.h.plugins, &p.plugin, RolloutState::Promoted, &p.reason, actor)
+                    .await,
+            ),
+            Call::RolloutsAbort(p) => answer::<m::RolloutsAbort>(
+                rollouts::end(&self.h.store, &self.h.plugins, &p.plugin, RolloutState::Aborted, &p.reason, actor).await,
+            ),
             // The connection handles it: a subscription is the connection's.
             Call::Subscribe(_) => Err(RpcError::new(code::INVALID_REQUEST, "subscribe is answered by the connection")),
         }

@@ -76,7 +76,7 @@ impl Api {
 
     /// Statistics of one plugin version's latest runs.
     pub(super) async fn plugin_stats(&self, name: &str, version: &str) -> Option<PluginStats> {
-        PluginStats::from_runs(&self.listing.plugin_runs(name, version, 1000).await.ok()?)
+        PluginStats::from_runs(&self.listing.plugin_runs(name, version, 1000, None).await.ok()?)
     }
 
     pub(super) async fn plugins(&self) -> Vec<PluginInfo> {

@@ -76,26 +76,27 @@ impl Store {
 }
 
 impl Store {
-    /// Says why the runnable instances of a task's definition version wait
-    /// (`None`: they no longer do); returns how many began to wait for this
-    /// reason with this write.
-    pub async fn set_waiting(&self, task: &str, hash: &str, reason: Option<&str>) -> Result<u64> {
+    /// Says why the runnable instances of a task's definition version with
+    /// these rollout arms wait (`None`: they no longer do); returns how many
+    /// began to wait for this reason with this write.
+    pub async fn set_waiting(&self, task: &str, hash: &str, pins: Option<&str>, reason: Option<&str>) -> Result<u64> {
         let (t, h, r) = (task.to_string(), hash.to_string(), reason.map(str::to_string));
+        let pins = pins.map(str::to_string);
         self.write(move |c| {
             let fresh = match &r {
                 Some(_) => c
                     .value::<i64>(
                         "SELECT COUNT(*) FROM task_instances WHERE task = ?1 AND def_hash = ?2 \
-                         AND state IN ('PENDING', 'RETRYING') AND waiting IS NULL",
-                        p![t.as_str(), h.as_str()],
+                         AND state IN ('PENDING', 'RETRYING') AND waiting IS NULL AND pins IS NOT DISTINCT FROM ?3",
+                        p![t.as_str(), h.as_str(), pins.as_deref()],
                     )?
                     .unwrap_or(0) as u64,
                 None => 0,
             };
             c.execute(
                 "UPDATE task_instances SET waiting = ?3 WHERE task = ?1 AND def_hash = ?2 \
-                 AND state IN ('PENDING', 'RETRYING') AND waiting IS DISTINCT FROM ?3",
-                p![t.as_str(), h.as_str(), r.as_deref()],
+                 AND state IN ('PENDING', 'RETRYING') AND waiting IS DISTINCT FROM ?3 AND pins IS NOT DISTINCT FROM ?4",
+                p![t.as_str(), h.as_str(), r.as_deref(), pins.as_deref()],
             )?;
             Ok(fresh)
         })

@@ -9,20 +9,37 @@ use super::db::Db;
 use super::value::p;
 use super::Result;
 use apollo_shared::def::TaskDef;
-use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
+
+/// Each plugin's latest rollout as this agent knows it (shared with the
+/// registry's views, `plugins::Plugins`).
+pub type Rollouts = Arc<RwLock<Arc<BTreeMap<String, apollo_shared::protocol::Rollout>>>>;
+
+/// Whether every step of a definition version resolves here for an
+/// instance with these rollout arms (JSON as stored).
+pub type CanRun = Arc<dyn Fn(&TaskDef, Option<&str>) -> bool + Send + Sync>;
+
+/// What a claim passed over: task, definition version, rollout arms.
+pub type Passed = (String, String, Option<String>);
 
 /// Whether this agent can run a definition version, as claims ask.
 #[derive(Clone)]
 pub struct Capable {
-    /// Every step's plugin resolves here.
-    pub can_run: Arc<dyn Fn(&TaskDef) -> bool + Send + Sync>,
+    /// Every step's plugin resolves here, for an instance with these
+    /// rollout arms (as stored: JSON, or `None`).
+    pub can_run: CanRun,
     /// Definition versions by hash, parsed once from the store's copy
     /// (`None`: not found or not parsed; such an instance is claimed and
     /// its executor says why it cannot run).
     pub defs: Arc<Mutex<HashMap<String, Option<Arc<TaskDef>>>>>,
-    /// (task, def_hash) a claim passed over for want of a plugin.
-    pub passed: Arc<Mutex<BTreeSet<(String, String)>>>,
+    /// (task, def_hash, pins) a claim passed over for want of a plugin.
+    pub passed: Arc<Mutex<BTreeSet<Passed>>>,
+    /// The rollouts `can_run` sees: read anew inside the claim when an
+    /// instance's arms name a rollout not known here yet (one another agent
+    /// started since this one's last maintenance tick), so an arm is never
+    /// run as if there were no rollout.
+    pub rollouts: Rollouts,
 }
 
 impl std::fmt::Debug for Capable {
@@ -32,13 +49,28 @@ impl std::fmt::Debug for Capable {
 }
 
 impl Capable {
-    pub fn new(can_run: Arc<dyn Fn(&TaskDef) -> bool + Send + Sync>) -> Capable {
-        Capable { can_run, defs: Default::default(), passed: Default::default() }
+    pub fn new(can_run: CanRun, rollouts: Rollouts) -> Capable {
+        Capable { can_run, defs: Default::default(), passed: Default::default(), rollouts }
     }
 
-    /// Whether the version `hash` can run here (inside a claim's
-    /// transaction: the definition is read from the store when not known).
-    pub(super) fn runs(&self, c: &dyn Db, hash: &str) -> Result<bool> {
+    /// Reads the rollouts anew when `pins` names one not known here.
+    fn learn(&self, c: &dyn Db, pins: &str) -> Result<()> {
+        let Ok(pins) = serde_json::from_str::<apollo_shared::protocol::Pins>(pins) else { return Ok(()) };
+        let known = {
+            let latest = self.rollouts.read().expect("rollouts");
+            pins.values().all(|p| latest.values().any(|r| r.id == p.rollout))
+        };
+        if !known {
+            let latest = super::rollouts::latest(c)?;
+            *self.rollouts.write().expect("rollouts") = Arc::new(latest);
+        }
+        Ok(())
+    }
+
+    /// Whether the version `hash` can run here with these rollout arms
+    /// (inside a claim's transaction: the definition is read from the store
+    /// when not known).
+    pub(super) fn runs(&self, c: &dyn Db, hash: &str, pins: Option<&str>) -> Result<bool> {
         let known = self.defs.lock().expect("defs").get(hash).cloned();
         let def = match known {
             Some(d) => d,
@@ -52,11 +84,14 @@ impl Capable {
                 parsed
             }
         };
-        Ok(def.is_none_or(|d| (self.can_run)(&d)))
+        if let Some(p) = pins {
+            self.learn(c, p)?;
+        }
+        Ok(def.is_none_or(|d| (self.can_run)(&d, pins)))
     }
 
     /// What claims passed over since the last call.
-    pub fn take_passed(&self) -> BTreeSet<(String, String)> {
+    pub fn take_passed(&self) -> BTreeSet<Passed> {
         std::mem::take(&mut *self.passed.lock().expect("passed"))
     }
 }

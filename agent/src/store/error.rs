@@ -26,6 +26,20 @@ pub enum StoreError {
 
 pub type Result<T> = std::result::Result<T, StoreError>;
 
+impl StoreError {
+    /// As a protocol error a client can act on.
+    pub fn into_rpc(self) -> apollo_shared::protocol::RpcError {
+        use apollo_shared::protocol::{code, RpcError};
+        match self {
+            StoreError::NotFound(m) => RpcError::new(code::NOT_FOUND, m).with_hint("list instances with `apollo ls`"),
+            StoreError::Illegal(t) => RpcError::new(code::ILLEGAL_TRANSITION, t.to_string()),
+            StoreError::Invalid(m) => RpcError::new(code::ILLEGAL_TRANSITION, m),
+            StoreError::Unwritable(m) => RpcError::new(code::BUSY, m),
+            other => RpcError::new(code::INTERNAL, other.to_string()),
+        }
+    }
+}
+
 /// An error as PostgreSQL worded it (`db error` alone says nothing).
 pub fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {

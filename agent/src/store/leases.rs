@@ -26,9 +26,9 @@ pub(super) fn take_turn(conn: &mut dyn Conn) -> Result<()> {
 }
 
 /// A runnable instance: priority, id, task, queue, max_active, state,
-/// def_hash, and the whole row with its step 0 when the claim read it (see
-/// [`claim_noting`]).
-type Candidate = (i64, String, String, String, Option<u32>, String, String, Option<Box<Claimed>>);
+/// def_hash, pins, and the whole row with its step 0 when the claim read it
+/// (see [`claim_noting`]).
+type Candidate = (i64, String, String, String, Option<u32>, String, String, Option<String>, Option<Box<Claimed>>);
 
 /// A claim's first steps made ready before the instances move (see
 /// [`claim_noting`]): given an instance as the claim will leave it, the
@@ -116,11 +116,11 @@ pub fn claim_noting(
             }
             // The row as read, when the query brought it (PostgreSQL, with
             // `first`), with its step 0.
-            let whole = match r.0.len() > 7 {
+            let whole = match r.0.len() > 8 {
                 true => {
                     let n = INSTANCE_COLS.split(',').count();
-                    let mut inst = super::rows::instance(&super::value::Row(r.0[7..7 + n].to_vec()))?;
-                    let step0 = super::value::Row(r.0[7 + n..].to_vec());
+                    let mut inst = super::rows::instance(&super::value::Row(r.0[8..8 + n].to_vec()))?;
+                    let step0 = super::value::Row(r.0[8 + n..].to_vec());
                     inst.steps = Some(match step0.get::<Option<u32>>(0)? {
                         Some(_) => vec![super::rows::step(&step0)?],
                         None => Vec::new(),
@@ -129,7 +129,17 @@ pub fn claim_noting(
                 }
                 false => None,
             };
-            candidates.push((r.get(0)?, r.get(1)?, r.get(2)?, queue, r.get(4)?, r.get(5)?, r.get(6)?, whole));
+            candidates.push((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                queue,
+                r.get(4)?,
+                r.get(5)?,
+                r.get(6)?,
+                r.get(7)?,
+                whole,
+            ));
         }
     }
     candidates.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
@@ -144,30 +154,32 @@ pub fn claim_noting(
             }
         });
     }
-    // Only what this agent has the plugins for: once per version a claim.
+    // Only what this agent has the plugins for: once per version (and
+    // rollout arms) a claim.
     if let Some(capable) = &policy.capable {
-        let mut verdicts: HashMap<String, bool> = HashMap::new();
+        let mut verdicts: HashMap<(String, Option<String>), bool> = HashMap::new();
         let mut kept = Vec::with_capacity(candidates.len());
         for cand in candidates {
-            let runs = match verdicts.get(&cand.6) {
+            let key = (cand.6.clone(), cand.7.clone());
+            let runs = match verdicts.get(&key) {
                 Some(v) => *v,
                 None => {
-                    let v = capable.runs(c, &cand.6)?;
-                    verdicts.insert(cand.6.clone(), v);
+                    let v = capable.runs(c, &cand.6, cand.7.as_deref())?;
+                    verdicts.insert(key, v);
                     v
                 }
             };
             if runs {
                 kept.push(cand);
             } else {
-                capable.passed.lock().expect("passed").insert((cand.2.clone(), cand.6.clone()));
+                capable.passed.lock().expect("passed").insert((cand.2.clone(), cand.6.clone(), cand.7.clone()));
             }
         }
         candidates = kept;
     }
     // What the claim takes, within every limit.
     let mut chosen: Vec<(String, TaskState, Option<Box<Claimed>>)> = Vec::new();
-    for (_, id, task, queue, max_active, state, _, whole) in candidates {
+    for (_, id, task, queue, max_active, state, _, _, whole) in candidates {
         if chosen.len() >= n {
             held_back = true;
             break;
@@ -282,17 +294,17 @@ fn running_counts<'a>(c: &dyn Db, running: &'a mut Option<Running>) -> Result<&'
 /// RETRYING), when it may start now.
 fn ordered_head(c: &dyn Db, task: &str, queue: &str) -> Result<Option<Candidate>> {
     let head = c.query_opt(
-        "SELECT priority, id, task, queue, max_active, state, def_hash, \
+        "SELECT priority, id, task, queue, max_active, state, def_hash, pins, \
          CASE WHEN next_run_at IS NULL OR next_run_at <= apollo_now() THEN 1 ELSE 0 END \
          FROM task_instances INDEXED BY task_instances_runnable_task \
          WHERE task = ?1 AND queue = ?2 AND state IN ('PENDING', 'RETRYING') ORDER BY id LIMIT 1",
         p![task, queue],
     )?;
     let Some(r) = head else { return Ok(None) };
-    if !r.get::<bool>(7)? {
+    if !r.get::<bool>(8)? {
         return Ok(None);
     }
-    Ok(Some((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, None)))
+    Ok(Some((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?, None)))
 }
 
 /// Extends the leases this agent holds on instances it still runs (RUNNING,
@@ -343,10 +355,10 @@ pub fn recover(c: &dyn Db, agent: &str, lease_secs: f64, which: &Recover) -> Res
     let rows = c.query(
         // Each branch uses the state index; an OR across them would scan the table.
         "SELECT id, lease_owner, CASE WHEN lease_expires_at IS NULL OR lease_expires_at < apollo_now() THEN 1 ELSE 0 END, \
-         def_hash FROM (\
-           SELECT id, priority, lease_owner, lease_expires_at, def_hash FROM task_instances WHERE state = 'RUNNING' \
+         def_hash, pins FROM (\
+           SELECT id, priority, lease_owner, lease_expires_at, def_hash, pins FROM task_instances WHERE state = 'RUNNING' \
            UNION ALL \
-           SELECT id, priority, lease_owner, lease_expires_at, def_hash FROM task_instances INDEXED BY task_instances_rolling_back \
+           SELECT id, priority, lease_owner, lease_expires_at, def_hash, pins FROM task_instances INDEXED BY task_instances_rolling_back \
            WHERE state = 'FAILED' AND rollback_pending = 1) AS held \
          WHERE ?1 = 0 OR lease_expires_at IS NULL OR lease_expires_at < apollo_now() ORDER BY priority DESC, id",
         p![only_expired],
@@ -360,7 +372,7 @@ pub fn recover(c: &dyn Db, agent: &str, lease_secs: f64, which: &Recover) -> Res
             Recover::Expired { held, capable } => {
                 !held.contains(&id)
                     && match capable {
-                        Some(cap) => cap.runs(c, &r.get::<String>(3)?)?,
+                        Some(cap) => cap.runs(c, &r.get::<String>(3)?, r.get::<Option<String>>(4)?.as_deref())?,
                         None => true,
                     }
             }

@@ -24,7 +24,7 @@ const TABLES: &[(&str, &str, &str)] = &[
         "task_instances",
         "id, task, def_hash, queue, priority, max_active, state, attempt, params, context, trace_id, trigger, \
          dedup_key, expected_secs, created_at, started_at, finished_at, updated_at, next_run_at, lease_owner, \
-         lease_expires_at, error, rollback_pending, waiting, failed_steps",
+         lease_expires_at, error, rollback_pending, waiting, failed_steps, pins",
         "id",
     ),
     (
@@ -44,6 +44,12 @@ const TABLES: &[(&str, &str, &str)] = &[
     ("events", "id, name, data, dedup_key, received_at, instances", "id"),
     ("archive", "id, task, state, finished_at, archived_at, doc, dedup_key, queue", "id"),
     ("cron_state", "task, last_fire", "task"),
+    (
+        "rollouts",
+        "id, plugin, version, base, share_pct, agents, state, started_at, started_by, reason, ended_at, ended_by, \
+         end_reason, abort_margin_pct, min_runs",
+        "id",
+    ),
 ];
 
 /// One table's figures, as the report shows them.

@@ -34,6 +34,7 @@ mod pool;
 pub mod postgres;
 mod read;
 mod records;
+mod rollouts;
 mod rows;
 pub mod schema;
 pub mod sqlite;

@@ -29,6 +29,15 @@ pub struct NewInstance {
     /// Sum of the steps' timeouts when it was created (a record; the
     /// reaper works its expected time out afresh, see `scheduler::reaper`).
     pub expected_secs: f64,
+    /// Its rollout arms (see `rollouts.start`); empty outside a rollout.
+    pub pins: apollo_shared::protocol::Pins,
+}
+
+impl NewInstance {
+    /// The arms as stored: `NULL` for none.
+    pub fn pins_json(&self) -> Option<String> {
+        (!self.pins.is_empty()).then(|| serde_json::to_string(&self.pins).unwrap_or_default())
+    }
 }
 
 /// What follows a failure that ended an attempt.

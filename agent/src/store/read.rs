@@ -161,9 +161,10 @@ impl Store {
     pub async fn audit(&self, limit: u32) -> Result<Vec<AuditEntry>> {
         self.read(move |c| {
             c.query(
-                "SELECT t.at, t.actor, t.instance_id, COALESCE(i.task, a.task), t.step_seq, t.from_state, t.to_state, t.reason \
-                 FROM transitions t INDEXED BY transitions_operator \
+                "SELECT t.at, t.actor, t.instance_id, COALESCE(i.task, a.task, r.plugin), t.step_seq, t.from_state, t.to_state, \
+                 t.reason FROM transitions t INDEXED BY transitions_operator \
                  LEFT JOIN task_instances i ON i.id = t.instance_id LEFT JOIN archive a ON a.id = t.instance_id \
+                 LEFT JOIN rollouts r ON r.id = t.instance_id \
                  WHERE substr(t.actor, 1, 6) <> 'agent:' AND t.actor <> 'scheduler' ORDER BY t.id DESC LIMIT ?1",
                 p![limit],
             )?
@@ -185,22 +186,27 @@ impl Store {
         .await
     }
 
-    /// The latest finished runs (at most `n`) of steps naming `plugin` at
-    /// `version`: (failed, seconds) of each step's last attempt.
     /// The attempts of a plugin version's latest `n` finished steps, newest
     /// first: (failed, seconds). Every attempt counts, the failed ones kept in
     /// `step_attempts` as well as each step's last: a step that failed twice
     /// and then succeeded is two failures and a success, and a step rolled
     /// back after it succeeded is a success. An interrupted attempt (a
     /// restart, a cancel) is not the plugin's doing and does not count.
-    pub async fn plugin_runs(&self, plugin: &str, version: &str, n: u32) -> Result<Vec<(bool, f64)>> {
-        let (p, v) = (plugin.to_string(), version.to_string());
+    /// With `since`, only steps finished since then (a rollout's figures).
+    pub async fn plugin_runs(
+        &self,
+        plugin: &str,
+        version: &str,
+        n: u32,
+        since: Option<&str>,
+    ) -> Result<Vec<(bool, f64)>> {
+        let (p, v, since) = (plugin.to_string(), version.to_string(), since.unwrap_or("").to_string());
         self.read(move |c| {
             let mut runs: Vec<(bool, String, f64)> = c
                 .query(
                     "WITH s AS (SELECT instance_id, seq, state, error, started_at, finished_at \
                          FROM step_runs INDEXED BY step_runs_plugin \
-                         WHERE plugin = ?1 AND finished_at IS NOT NULL AND plugin_version = ?2 \
+                         WHERE plugin = ?1 AND finished_at IS NOT NULL AND plugin_version = ?2 AND finished_at >= ?4 \
                          ORDER BY finished_at DESC LIMIT ?3) \
                      SELECT 0, started_at, finished_at FROM s \
                          WHERE state = 'SUCCESS' OR (state = 'ROLLED_BACK' AND error IS NULL) \
@@ -210,7 +216,7 @@ impl Store {
                          WHERE a.plugin_version = ?2 AND COALESCE(a.outcome, \
                              CASE WHEN a.error LIKE 'interrupted:%' OR a.error LIKE 'cancelled:%' \
                                   THEN 'interrupted' ELSE 'failed' END) = 'failed'",
-                    p![p.as_str(), v.as_str(), n],
+                    p![p.as_str(), v.as_str(), n, since.as_str()],
                 )?
                 .iter()
                 .map(|r| {

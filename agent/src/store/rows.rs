@@ -31,12 +31,12 @@ fn json(s: Option<String>) -> Option<Value> {
 }
 
 pub const INSTANCE_COLS: &str = "id, task, def_hash, state, attempt, trace_id, priority, queue, trigger, dedup_key, \
-     params, created_at, started_at, finished_at, next_run_at, error, context, lease_owner, lease_expires_at, waiting, failed_steps";
+     params, created_at, started_at, finished_at, next_run_at, error, context, lease_owner, lease_expires_at, waiting, failed_steps, pins";
 
 /// The columns of a list item: the context is left out (a list carries
 /// summaries; `tasks.get` has the context).
 pub const SUMMARY_COLS: &str = "id, task, def_hash, state, attempt, trace_id, priority, queue, trigger, dedup_key, \
-     params, created_at, started_at, finished_at, next_run_at, error, NULL, lease_owner, lease_expires_at, waiting, failed_steps";
+     params, created_at, started_at, finished_at, next_run_at, error, NULL, lease_owner, lease_expires_at, waiting, failed_steps, pins";
 
 pub fn instance(r: &Row) -> Result<Instance> {
     let state: String = r.get(3)?;
@@ -62,6 +62,7 @@ pub fn instance(r: &Row) -> Result<Instance> {
         lease_expires_at: parse_ts(r.get(18)?),
         waiting: r.get(19)?,
         failed_steps: r.get(20)?,
+        pins: json(r.get(21)?).and_then(|v| serde_json::from_value(v).ok()),
         steps: None,
         transitions: None,
     })

@@ -164,7 +164,21 @@ CREATE INDEX step_runs_plugin ON step_runs(plugin, finished_at) WHERE finished_a
     CAPABILITIES,
     // 13: steps failed and let through (`on_failure: continue`).
     LET_THROUGH,
+    // 14: plugin version rollouts; each instance's arms.
+    ROLLOUTS,
 ];
+
+/// Canary rollouts of plugin versions (both backends; their starts and ends
+/// are audited as history rows whose instance is the rollout's id), and the
+/// arms each instance was given when it was created (JSON, see `Pins`).
+const ROLLOUTS: &str = "CREATE TABLE rollouts (\
+        id TEXT PRIMARY KEY, plugin TEXT NOT NULL, version TEXT NOT NULL, base TEXT NOT NULL, \
+        share_pct DOUBLE PRECISION NOT NULL, agents TEXT NOT NULL, state TEXT NOT NULL, \
+        started_at TEXT NOT NULL, started_by TEXT NOT NULL, reason TEXT NOT NULL, \
+        ended_at TEXT, ended_by TEXT, end_reason TEXT, \
+        abort_margin_pct DOUBLE PRECISION NOT NULL, min_runs INTEGER NOT NULL); \
+    CREATE UNIQUE INDEX rollouts_running ON rollouts(plugin) WHERE state = 'running'; \
+    ALTER TABLE task_instances ADD COLUMN pins TEXT;";
 
 /// Steps that failed and were let through: the step's mark (it never runs
 /// again) and the instance's count (both backends).
@@ -395,6 +409,7 @@ $$;
     LEARNED_TIMEOUT,
     CAPABILITIES,
     LET_THROUGH,
+    ROLLOUTS,
 ];
 
 /// The newest PostgreSQL schema this build knows.

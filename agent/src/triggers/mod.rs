@@ -55,13 +55,7 @@ pub struct Request {
 }
 
 pub fn store_error(e: StoreError) -> RpcError {
-    match e {
-        StoreError::NotFound(m) => RpcError::new(code::NOT_FOUND, m).with_hint("list instances with `apollo ls`"),
-        StoreError::Illegal(t) => RpcError::new(code::ILLEGAL_TRANSITION, t.to_string()),
-        StoreError::Invalid(m) => RpcError::new(code::ILLEGAL_TRANSITION, m),
-        StoreError::Unwritable(m) => RpcError::new(code::BUSY, m),
-        other => RpcError::new(code::INTERNAL, other.to_string()),
-    }
+    e.into_rpc()
 }
 
 impl Triggers {
@@ -164,7 +158,11 @@ impl Triggers {
             dedup_key: r.dedup_key,
             steps: def.steps.iter().map(|s| (s.name.clone(), s.plugin.clone())).collect(),
             expected_secs: self.h.control.expected_secs(def),
+            // A running rollout of a plugin its steps use sends it to the
+            // new version with the rollout's share.
+            pins: crate::plugins::rollout::arms(&self.h.plugins.rollouts(), def, &mut || rand::random::<f64>()),
         };
+        let plugins = self.h.plugins.view(Some(&n.pins));
         // With a free slot here, the same write claims (the new instance,
         // unless something comes before it) and starts its first step: one
         // commit to the first step's start instead of three. The step's
@@ -174,8 +172,7 @@ impl Triggers {
         // waiting for its commit), and this agent's scheduler is not woken.
         let elsewhere = !self.h.control.serves(&def.queue);
         let (slot, terms) = if elsewhere { None } else { self.h.reserve() }.unzip();
-        let first =
-            (slot.is_some() && !def.steps.is_empty()).then(|| crate::steps::ready(&self.h.plugins, def, 0, &ctx));
+        let first = (slot.is_some() && !def.steps.is_empty()).then(|| crate::steps::ready(&plugins, def, 0, &ctx));
         let then = first.as_ref().map_or(Then::Nothing, |r| Then::Start {
             seq: 0,
             version: &r.version,

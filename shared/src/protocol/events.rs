@@ -53,6 +53,8 @@ names! {
         EventInvalid = "event_invalid",
         /// Instances wait that no live agent has the plugins to run.
         NoCapableAgent = "no_capable_agent",
+        /// A plugin version's rollout was aborted (by hand or automatically).
+        RolloutAborted = "rollout_aborted",
         /// A kind this build does not know (from a newer agent).
         Other = "other",
     }

@@ -3,6 +3,7 @@
 //! that method's result type; clients send `Client::request::<M>(params)`
 //! and get `M::Result` back. A method exists in one place, the list below.
 
+use super::rollouts::*;
 use super::status::*;
 use super::types::{self, *};
 use super::{code, RpcError};
@@ -114,6 +115,14 @@ methods! {
     AlertsList = "alerts.list" (LimitParams) -> Vec<Alert>, false, "limit?";
     AuditList = "audit.list" (LimitParams) -> Vec<AuditEntry>, false, "limit?";
     AgentsList = "agents.list" (NoParams) -> Vec<AgentInfo>, false, "no params";
+    /// The rollouts, latest first, each with its two versions' figures.
+    RolloutsList = "rollouts.list" (NoParams) -> Vec<Rollout>, false, "no params";
+    /// Sends a share of new instances to a plugin's new version.
+    RolloutsStart = "rollouts.start" (RolloutStart) -> Rollout, true, "plugin, version, share_pct?, agents?, abort_margin_pct?, min_runs?, reason";
+    /// Makes a running rollout's version the one for every step that accepts it.
+    RolloutsPromote = "rollouts.promote" (RolloutEnd) -> Rollout, true, "plugin, reason";
+    /// Sends everything back to the version a running rollout replaces.
+    RolloutsAbort = "rollouts.abort" (RolloutEnd) -> Rollout, true, "plugin, reason";
     /// Pushed events on these topics from now on (the connection's only subscription).
     Subscribe = "subscribe" (SubscribeParams) -> SubscribeResult, false, "{\"topics\": [...]}";
 }

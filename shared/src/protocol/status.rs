@@ -199,23 +199,6 @@ pub struct PluginCap {
     pub digest: String,
 }
 
-impl PluginCap {
-    /// Whether one of `caps` is `name` in a version `req` accepts (any
-    /// version for `None`).
-    pub fn any_runs(caps: &[PluginCap], name: &str, req: Option<&str>) -> bool {
-        let req = match req.map(semver::VersionReq::parse) {
-            Some(Ok(r)) => Some(r),
-            Some(Err(_)) => return false,
-            None => None,
-        };
-        caps.iter().filter(|c| c.name == name).any(|c| match (&req, semver::Version::parse(&c.version)) {
-            (None, _) => true,
-            (Some(r), Ok(v)) => r.matches(&v),
-            (Some(_), Err(_)) => false,
-        })
-    }
-}
-
 impl AgentInfo {
     /// Its PLUGINS column: the registrations that are not built in, as
     /// `name@version` (built-ins are the agent's version's).

@@ -171,6 +171,9 @@ pub struct Instance {
     /// SUCCESS with failed steps is not a clean run.
     #[serde(default)]
     pub failed_steps: u32,
+    /// Its rollout arms, decided when it was created (see `rollouts.start`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pins: Option<super::Pins>,
     /// The context; `null` in lists (which carry summaries), whole in `tasks.get`.
     pub context: Value,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -154,9 +154,52 @@ pub(super) enum Cmd {
     },
     /// Every agent on the store: name, host, version, queues, running, last heartbeat, late or not.
     Agents,
+    /// Plugin version rollouts, each comparing its two versions since its start (runs, failure rate, p50,
+    /// p99); `start`, `promote` and `abort` one.
+    Rollout {
+        #[command(subcommand)]
+        action: Option<RolloutCmd>,
+    },
     /// What operators did (run, retry, rollback, cancel), who, and why; newest first.
     Audit {
         #[arg(long, default_value_t = 50)]
         limit: u32,
+    },
+}
+
+#[derive(Subcommand)]
+pub(super) enum RolloutCmd {
+    /// Send a share of new instances whose steps accept both versions to PLUGIN's VERSION.
+    Start {
+        plugin: String,
+        version: String,
+        /// Only these agents run the new version (default: every live agent that has it).
+        #[arg(long, num_args = 1..)]
+        agents: Vec<String>,
+        /// Percent of new instances sent to the new version (default scheduler.rollout.share_pct, 10).
+        #[arg(long)]
+        share: Option<f64>,
+        /// Abort by itself when the new version's failure rate exceeds the old one's by more than this many
+        /// points (default scheduler.rollout.abort_margin_pct, 10)…
+        #[arg(long)]
+        abort_margin: Option<f64>,
+        /// …over at least this many of its runs (default scheduler.rollout.min_runs, 20).
+        #[arg(long)]
+        min_runs: Option<u32>,
+        /// Why (required: the audit keeps it).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Make the running rollout's version the one for every step that accepts it.
+    Promote {
+        plugin: String,
+        #[arg(long)]
+        reason: String,
+    },
+    /// Send everything back to the version the running rollout replaces.
+    Abort {
+        plugin: String,
+        #[arg(long)]
+        reason: String,
     },
 }

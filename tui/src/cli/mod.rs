@@ -17,6 +17,7 @@ mod args;
 mod docs;
 mod failure;
 mod render;
+mod rollout;
 mod watch;
 
 use apollo_shared::state::Tone;
@@ -137,6 +138,7 @@ fn mutating(cmd: &Cmd) -> Option<&'static str> {
         Cmd::Rollback { .. } => Some("rollback"),
         Cmd::Cancel { .. } => Some("cancel"),
         Cmd::Emit { .. } => Some("emit"),
+        Cmd::Rollout { action: Some(_) } => Some("rollout"),
         _ => None,
     }
 }
@@ -289,6 +291,7 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
         Cmd::Queues => simple::<m::QueuesStats>(&client, NoParams {}, json, |v| render::queues(&out, v)).await,
         Cmd::Status => simple::<m::AgentStatus>(&client, NoParams {}, json, |v| render::status(&out, v)).await,
         Cmd::Agents => simple::<m::AgentsList>(&client, NoParams {}, json, |v| render::agents(&out, v)).await,
+        Cmd::Rollout { action } => rollout::run(&client, action.as_ref(), json, &out).await,
         Cmd::Completions { .. } | Cmd::Man { .. } => Ok(ExitCode::SUCCESS),
         Cmd::Audit { limit } => {
             let p = LimitParams { limit: Some(*limit) };

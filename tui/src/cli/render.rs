@@ -110,6 +110,10 @@ pub fn instance(out: &Out, i: &Instance) {
     if let Some(n) = i.note().filter(|_| i.state == apollo_shared::state::TaskState::Success) {
         println!("  {n}");
     }
+    for (plugin, pin) in i.pins.iter().flatten() {
+        let arm = if pin.new { "new" } else { "old" };
+        println!("  rollout: {plugin} {} ({arm} arm of {})", pin.version, pin.rollout);
+    }
     let Some(steps) = &i.steps else { return };
     println!("  {:<4} {:<16} {:<24} {:<11} {:>8} {:>8}  OUTPUT", "SEQ", "STEP", "PLUGIN", "STATE", "ATTEMPTS", "TOOK");
     for s in steps {

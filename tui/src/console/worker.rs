@@ -350,6 +350,9 @@ async fn refresh(
     if everything {
         let _ = news.send(News::Defs(client.request::<m::DefsList>(NoParams {}).await?)).await;
         let _ = news.send(News::Plugins(client.request::<m::PluginsList>(NoParams {}).await?)).await;
+        if let Ok(r) = client.request::<m::RolloutsList>(NoParams {}).await {
+            let _ = news.send(News::Rollouts(r)).await;
+        }
         let _ = news.send(News::Alerts(client.request::<m::AlertsList>(LimitParams { limit: Some(200) }).await?)).await;
     }
     Ok(())

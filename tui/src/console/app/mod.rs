@@ -43,6 +43,8 @@ pub struct App {
     pub next_cursor: Option<String>,
     pub defs: Vec<DefInfo>,
     pub plugins: Vec<PluginInfo>,
+    /// The rollouts, newest first, shown under the plugins.
+    pub rollouts: Vec<apollo_shared::protocol::Rollout>,
     pub alerts: Vec<Alert>,
     pub agents: Vec<apollo_shared::protocol::AgentInfo>,
     /// Selected row per list view, and the offset of the first shown row.
@@ -94,6 +96,7 @@ impl App {
             next_cursor: None,
             defs: Vec::new(),
             plugins: Vec::new(),
+            rollouts: Vec::new(),
             alerts: Vec::new(),
             agents: Vec::new(),
             selected: Default::default(),

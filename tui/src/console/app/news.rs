@@ -34,6 +34,7 @@ impl App {
             }
             News::Defs(d) => self.defs = d,
             News::Plugins(p) => self.plugins = p,
+            News::Rollouts(r) => self.rollouts = r,
             News::Alerts(a) => self.alerts = a,
             News::Agents(a) => self.agents = a,
             News::Logs { id, text, reset } => {
@@ -95,6 +96,7 @@ fn placeholder(id: &str) -> Instance {
         lease_expires_at: None,
         waiting: None,
         failed_steps: 0,
+        pins: None,
         context: Value::Null,
         steps: Some(Vec::new()),
         transitions: Some(Vec::new()),

@@ -250,6 +250,7 @@ pub enum News {
     Instance(Box<Instance>),
     Defs(Vec<DefInfo>),
     Plugins(Vec<PluginInfo>),
+    Rollouts(Vec<apollo_shared::protocol::Rollout>),
     Alerts(Vec<Alert>),
     Agents(Vec<AgentInfo>),
     /// The followed instance's logs: more text, or (`reset`) all of it.

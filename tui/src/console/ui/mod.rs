@@ -5,6 +5,7 @@
 mod fleet;
 mod lists;
 mod overlay;
+mod rollouts;
 mod step;
 mod text;
 mod theme;
@@ -27,7 +28,7 @@ pub fn draw(f: &mut Frame, app: &App, theme: &Theme) {
         View::Queues => lists::queues(f, body, app, theme),
         View::Tasks => lists::tasks(f, body, app, theme),
         View::Defs => lists::defs(f, body, app, theme),
-        View::Plugins => lists::plugins(f, body, app, theme),
+        View::Plugins => rollouts::plugins(f, body, app, theme),
         View::Alerts => lists::alerts(f, body, app, theme),
         View::Agents => fleet::agents(f, body, app, theme),
         View::Fleet => fleet::fleet(f, body, app, theme),
