@@ -103,3 +103,32 @@ impl Store {
         .await
     }
 }
+
+/// Rollouts (`rollouts.rs` holds their SQL; the methods live here, beside
+/// the store's other records, so `rollouts` names no `Store`).
+impl Store {
+    pub async fn rollouts(&self) -> Result<Vec<apollo_shared::protocol::Rollout>> {
+        self.read(super::rollouts::all).await
+    }
+
+    pub async fn latest_rollouts(
+        &self,
+    ) -> Result<std::collections::BTreeMap<String, apollo_shared::protocol::Rollout>> {
+        self.read(super::rollouts::latest).await
+    }
+
+    pub async fn start_rollout(&self, r: apollo_shared::protocol::Rollout) -> Result<apollo_shared::protocol::Rollout> {
+        self.write(move |c| super::rollouts::start(c, &r)).await
+    }
+
+    pub async fn end_rollout(
+        &self,
+        plugin: &str,
+        to: apollo_shared::protocol::RolloutState,
+        reason: &str,
+        actor: &str,
+    ) -> Result<Option<apollo_shared::protocol::Rollout>> {
+        let (p, r, a) = (plugin.to_string(), reason.to_string(), actor.to_string());
+        self.write(move |c| super::rollouts::end(c, &p, to, &r, &a)).await
+    }
+}

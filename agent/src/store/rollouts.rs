@@ -110,28 +110,3 @@ pub fn end(c: &dyn Db, plugin: &str, to: RolloutState, reason: &str, actor: &str
     let row = c.query_opt(&format!("SELECT {COLS} FROM rollouts WHERE id = ?1"), p![r.id.as_str()])?;
     row.as_ref().map(rollout).transpose()
 }
-
-impl super::Store {
-    pub async fn rollouts(&self) -> Result<Vec<Rollout>> {
-        self.read(all).await
-    }
-
-    pub async fn latest_rollouts(&self) -> Result<BTreeMap<String, Rollout>> {
-        self.read(latest).await
-    }
-
-    pub async fn start_rollout(&self, r: Rollout) -> Result<Rollout> {
-        self.write(move |c| start(c, &r)).await
-    }
-
-    pub async fn end_rollout(
-        &self,
-        plugin: &str,
-        to: RolloutState,
-        reason: &str,
-        actor: &str,
-    ) -> Result<Option<Rollout>> {
-        let (p, r, a) = (plugin.to_string(), reason.to_string(), actor.to_string());
-        self.write(move |c| end(c, &p, to, &r, &a)).await
-    }
-}
