@@ -59,6 +59,22 @@ pub fn cli_bin() -> PathBuf {
     bin_dir().join("apollo")
 }
 
+/// An external plugin `ver` at `version` (idempotent, validate and rollback
+/// always fine) whose execute runs the shell lines `work`.
+pub fn ver_plugin(version: &str, work: &str) -> String {
+    format!(
+        r#"#!/bin/sh
+case "$1" in
+describe) echo '{{"name": "ver", "version": "{version}", "idempotent": true}}'; exit 0 ;;
+validate) echo '{{"ok": true}}'; exit 0 ;;
+rollback) echo '{{}}'; exit 0 ;;
+esac
+cat > /dev/null
+{work}
+"#
+    )
+}
+
 /// Copies a directory tree (following symbolic links).
 pub fn copy_dir(from: &Path, to: &Path) {
     std::fs::create_dir_all(to).unwrap();

@@ -10,18 +10,7 @@ use serde_json::json;
 use std::time::Duration;
 
 fn ver(version: &str) -> String {
-    format!(
-        r#"#!/bin/sh
-case "$1" in
-describe) echo '{{"name": "ver", "version": "{version}", "idempotent": true}}'; exit 0 ;;
-validate) echo '{{"ok": true}}'; exit 0 ;;
-rollback) echo '{{}}'; exit 0 ;;
-esac
-cat > /dev/null
-sleep 0.3
-echo '{{"version": "{version}"}}'
-"#
-    )
+    ver_plugin(version, &format!("sleep 0.3\necho '{{\"version\": \"{version}\"}}'"))
 }
 
 fn pinned(major: u32) -> String {

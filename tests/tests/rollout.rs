@@ -13,21 +13,10 @@ use std::path::Path;
 /// Plugin `ver` at `version`: its output names the version; `fails` makes
 /// every execute fail (a bad release).
 fn ver(version: &str, fails: bool) -> String {
-    let work = match fails {
-        true => "echo '{\"error\": \"bad release\"}'; exit 1".to_string(),
-        false => format!("echo '{{\"version\": \"{version}\"}}'"),
-    };
-    format!(
-        r#"#!/bin/sh
-case "$1" in
-describe) echo '{{"name": "ver", "version": "{version}", "idempotent": true}}'; exit 0 ;;
-validate) echo '{{"ok": true}}'; exit 0 ;;
-rollback) echo '{{}}'; exit 0 ;;
-esac
-cat > /dev/null
-{work}
-"#
-    )
+    match fails {
+        true => ver_plugin(version, "echo '{\"error\": \"bad release\"}'; exit 1"),
+        false => ver_plugin(version, &format!("echo '{{\"version\": \"{version}\"}}'")),
+    }
 }
 
 /// Writes the versions' executables into `dir/bin` and returns their
@@ -221,7 +210,8 @@ fn claimer(schema: &PgSchema, id: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_postgresql_the_new_arm_runs_only_on_the_rollout_agents_and_a_failing_version_is_aborted_by_itself() {
     let schema = PgSchema::new("rollout");
-    // a has 1.0.0; b has 1.0.0 and 2.0.0; c has 1.0.0 and a bad 3.0.0.
+    // a has 1.0.0; b has 1.0.0 and 2.0.0; c has 1.0.0, 2.0.0 and a bad
+    // 3.0.0 (so `--agents b`, not what c lacks, keeps the new arm on b).
     let start = |name: &str, list: &[(&str, bool)]| {
         let b = Agent::builder();
         let plugins = versions(b.path(), list);
@@ -231,7 +221,7 @@ async fn on_postgresql_the_new_arm_runs_only_on_the_rollout_agents_and_a_failing
     };
     let a = start("a", &[("1.0.0", false)]);
     let b = start("b", &[("1.0.0", false), ("2.0.0", false)]);
-    let c_agent = start("c", &[("1.0.0", false), ("3.0.0", true)]);
+    let c_agent = start("c", &[("1.0.0", false), ("2.0.0", false), ("3.0.0", true)]);
     let (_c, mut raised) = alerts(&a).await;
 
     // Through a (which lacks it): 2.0.0 for half, on b only.

@@ -12,14 +12,12 @@ use std::sync::{Arc, Mutex, RwLock};
 /// plugin's latest rollout (refreshed from the store every maintenance tick
 /// and at once when this agent starts or ends one), and the views of the
 /// registry those make for each set of rules.
-/// A view's rules, as its key.
-type Rules = Vec<(String, Rule)>;
-
 #[derive(Default)]
 pub struct Plugins {
     current: RwLock<Arc<Registry>>,
     latest: crate::store::capable::Rollouts,
-    views: Mutex<HashMap<Rules, Arc<Registry>>>,
+    /// Views by the rules they apply.
+    views: Mutex<HashMap<BTreeMap<String, Rule>, Arc<Registry>>>,
     me: String,
 }
 
@@ -59,16 +57,15 @@ impl Plugins {
         if rules.is_empty() {
             return self.get();
         }
-        let key: Vec<(String, Rule)> = rules.clone().into_iter().collect();
         let mut views = self.views.lock().expect("views");
-        if let Some(v) = views.get(&key) {
+        if let Some(v) = views.get(&rules) {
             return v.clone();
         }
         let mut r = (*self.get()).clone();
-        r.rules = rules;
+        r.rules = rules.clone();
         r.me = self.me.clone();
         let r = Arc::new(r);
-        views.insert(key, r.clone());
+        views.insert(rules, r.clone());
         r
     }
 }

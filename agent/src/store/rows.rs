@@ -62,7 +62,7 @@ pub fn instance(r: &Row) -> Result<Instance> {
         lease_expires_at: parse_ts(r.get(18)?),
         waiting: r.get(19)?,
         failed_steps: r.get(20)?,
-        pins: json(r.get(21)?).and_then(|v| serde_json::from_value(v).ok()),
+        pins: r.get::<Option<String>>(21)?.and_then(|s| serde_json::from_str(&s).ok()),
         steps: None,
         transitions: None,
     })
