@@ -42,6 +42,7 @@ const STORE_SHARED: &[&str] = &[
     "store::leases",
     "store::model",
     "store::ops",
+    "store::pauses",
     "store::read",
     "store::records",
     "store::rows",

@@ -29,6 +29,7 @@ mod layers;
 mod metrics;
 mod package;
 mod panics;
+mod pauses;
 mod policy;
 mod postgres;
 mod reaper;

@@ -249,3 +249,29 @@ fn x_in_the_step_view_skips_a_failed_step_after_a_reason() {
     let cmds = key(&mut app, KeyCode::Enter);
     assert_eq!(cmds, [Cmd::Skip { id, seq: 1, reason: "ran it by hand".into() }]);
 }
+
+#[test]
+fn p_in_the_queues_view_pauses_the_selected_queue_and_resumes_a_paused_one_after_a_reason() {
+    let mut app = fixtures::app();
+    assert!(key(&mut app, KeyCode::Char('p')).is_empty());
+    assert!(!matches!(&app.mode, Mode::Confirm(_)), "only in the queues view");
+    key(&mut app, KeyCode::Char(':'));
+    typed(&mut app, "queues");
+    key(&mut app, KeyCode::Enter);
+    assert_eq!(app.view, View::Queues);
+    key(&mut app, KeyCode::Char('j'));
+    assert!(key(&mut app, KeyCode::Char('p')).is_empty());
+    assert!(matches!(&app.mode, Mode::Confirm(c) if c.pause == Some(false) && c.task == "reports"), "{:?}", app.mode);
+    assert!(key(&mut app, KeyCode::Enter).is_empty(), "a pause needs a reason");
+    typed(&mut app, "incident 42");
+    let cmds = key(&mut app, KeyCode::Enter);
+    assert_eq!(cmds, [Cmd::Pause { queue: "reports".into(), resume: false, reason: "incident 42".into() }]);
+    // Once the agent says it is paused, p resumes it.
+    let mut queues = app.queues.clone();
+    queues[1].paused = Some("queue reports: paused by ops".into());
+    app.on_news(News::Queues(queues));
+    key(&mut app, KeyCode::Char('p'));
+    typed(&mut app, "over");
+    let cmds = key(&mut app, KeyCode::Enter);
+    assert_eq!(cmds, [Cmd::Pause { queue: "reports".into(), resume: true, reason: "over".into() }]);
+}

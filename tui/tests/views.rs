@@ -51,6 +51,29 @@ fn queues_view() {
 }
 
 #[test]
+fn queues_view_with_a_paused_queue_in_the_header_and_the_list() {
+    use apollo_shared::protocol::{Pause, PauseScope};
+    let mut app = at(View::Queues);
+    let pause = Pause {
+        id: "pause-01JB".into(),
+        scope: PauseScope::Queue,
+        target: Some("reports".into()),
+        reason: "incident 42".into(),
+        by: "ops".into(),
+        since: "2026-12-02T10:00:00.000000Z".into(),
+        until: None,
+        freeze: None,
+    };
+    let mut status = app.status.clone().expect("a status");
+    status.paused = vec![pause.clone()];
+    app.on_news(News::Status(status));
+    let mut queues = app.queues.clone();
+    queues[1].paused = Some(pause.line());
+    app.on_news(News::Queues(queues));
+    insta::assert_snapshot!(render(&app, 100, 12));
+}
+
+#[test]
 fn defs_view_with_a_load_error() {
     insta::assert_snapshot!(render(&at(View::Defs), 120, 12));
 }

@@ -224,6 +224,9 @@ impl Config {
                 "{file}: scheduler.concurrency: {n} is out of range (expected 1 to 10000, or leave it out for twice the cores)"
             ));
         }
+        for (i, f) in s.freezes.iter().enumerate() {
+            problems.extend(f.problems(&format!("{file}: scheduler.freezes[{i}] ({})", f.name)));
+        }
         if s.zombie_factor.is_nan() || s.zombie_factor < 1.0 {
             problems.push(format!(
                 "{file}: scheduler.zombie_factor: {} is out of range (expected 1 or more)",

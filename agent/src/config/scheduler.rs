@@ -57,6 +57,9 @@ pub struct Scheduler {
     /// The defaults of `apollo rollout start`.
     #[serde(default)]
     pub rollout: RolloutConf,
+    /// Freeze windows: nothing new is claimed in their scope while open.
+    #[serde(default)]
+    pub freezes: Vec<super::Freeze>,
 }
 
 /// A rollout's defaults: the share of new instances sent to the new
@@ -150,6 +153,11 @@ pub fn cores() -> u32 {
 }
 
 impl Scheduler {
+    /// The freeze windows open at `now`, as the pauses they stand for.
+    pub fn frozen_at(&self, now: chrono::DateTime<chrono::Utc>) -> Vec<apollo_shared::protocol::Pause> {
+        self.freezes.iter().flat_map(|f| f.pauses_at(now)).collect()
+    }
+
     /// Instances running at once: `concurrency:`, else twice the cores
     /// available to the process (the original design's §4.4), at most
     /// 10,000.

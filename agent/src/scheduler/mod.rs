@@ -103,13 +103,28 @@ impl Scheduler {
             }
             self.resume_stalled().await;
             self.claim_free(|i, first| self.adopt(i, first)).await;
-            let due = *self.retry_due.lock().expect("retry due");
+            let retry = *self.retry_due.lock().expect("retry due");
+            // A pause holding work back that ends by itself: claim then
+            // (once: the claim says again if another still holds it).
+            let resumes = {
+                let mut at = self.pause_ends.at.lock().expect("pause ends");
+                if at.is_some_and(|t| t <= Utc::now()) {
+                    *at = None;
+                }
+                *at
+            };
+            let due = match (retry, resumes) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             let sleep_for =
                 due.map(|t| (t - Utc::now()).to_std().unwrap_or(Duration::ZERO)).unwrap_or(Duration::from_secs(3600));
             // Stalled instances are looked at again every half second.
             let stalled = !self.stalled.lock().expect("stalled").is_empty();
             tokio::select! {
                 _ = self.wake.notified() => {}
+                // A trigger's claim saw a pause that ends by itself.
+                _ = self.pause_ends.changed.notified() => {}
                 _ = tokio::time::sleep(Duration::from_millis(500)), if stalled => {}
                 Ok(()) = settings.changed() => {}
                 _ = tokio::time::sleep(sleep_for) => {
@@ -170,6 +185,13 @@ impl Scheduler {
         reaper::reap(self).await;
         crate::rollouts::tick(&self.store, &self.registry, &self.name).await;
         waiting::check(self).await;
+        // Pauses whose `until` passed end for the record (claims already
+        // ignore them).
+        if let Ok(ended) = self.store.lapse_pauses().await {
+            for p in ended {
+                tracing::info!(pause = %p.id, "{} resumed: until {} reached", p.what(), p.until.unwrap_or_default());
+            }
+        }
         if self.shutdown.is_cancelled() {
             return;
         }

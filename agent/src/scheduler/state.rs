@@ -42,6 +42,8 @@ pub struct Scheduler {
     /// When the next RETRYING instance falls due, as far as this agent knows:
     /// set when a retry is scheduled, re-read from the store when it passes.
     pub(super) retry_due: Mutex<Option<chrono::DateTime<Utc>>>,
+    /// When the earliest pause holding work back ends (the claim says).
+    pub(super) pause_ends: Arc<crate::store::PauseEnds>,
     pub(super) active: Mutex<HashMap<String, Arc<Active>>>,
     pub(super) slots: Slots,
     pub(super) tracker: TaskTracker,
@@ -166,6 +168,7 @@ impl Scheduler {
             settings,
             wake: Notify::new(),
             retry_due: Mutex::new(None),
+            pause_ends: Arc::default(),
             active: Mutex::new(HashMap::new()),
             slots: Slots::new(),
             tracker: TaskTracker::new(),
@@ -225,6 +228,8 @@ impl Scheduler {
                 .collect(),
             me: self.name.clone(),
             capable: Some(self.capable.clone()),
+            frozen: config.scheduler.frozen_at(Utc::now()),
+            pause_ends: Some(self.pause_ends.clone()),
         }
     }
     /// Whether the store answers a read now.

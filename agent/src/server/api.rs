@@ -78,7 +78,13 @@ impl Api {
             Call::AgentStats(p) => answer::<m::AgentStats>(self.stats(p).await),
             Call::TasksTrigger(p) => answer::<m::TasksTrigger>(self.trigger(p, actor).await),
             Call::TasksDryRun(p) => answer::<m::TasksDryRun>(self.dry_run(p).await),
-            Call::TasksGet(p) => answer::<m::TasksGet>(self.h.store.get(&p.id).await.map_err(store_err)),
+            Call::TasksGet(p) => answer::<m::TasksGet>(match self.h.store.get(&p.id).await {
+                Ok(mut i) => {
+                    self.mark_paused(std::slice::from_mut(&mut i)).await;
+                    Ok(i)
+                }
+                Err(e) => Err(store_err(e)),
+            }),
             Call::TasksList(p) => answer::<m::TasksList>(self.list(p).await),
             Call::TasksRetry(p) => answer::<m::TasksRetry>(self.retry(p, actor).await),
             Call::StepsSkip(p) => answer::<m::StepsSkip>(self.skip(p, actor).await),
@@ -107,6 +113,9 @@ impl Api {
             Call::RolloutsAbort(p) => answer::<m::RolloutsAbort>(
                 rollouts::end(&self.h.store, &self.h.plugins, &p.plugin, RolloutState::Aborted, &p.reason, actor).await,
             ),
+            Call::PausesList(_) => answer::<m::PausesList>(self.pauses().await),
+            Call::SchedulerPause(p) => answer::<m::SchedulerPause>(self.pause(p, actor).await),
+            Call::SchedulerResume(p) => answer::<m::SchedulerResume>(self.resume(p, actor).await),
             // The connection handles it: a subscription is the connection's.
             Call::Subscribe(_) => Err(RpcError::new(code::INVALID_REQUEST, "subscribe is answered by the connection")),
         }
@@ -256,8 +265,9 @@ impl Api {
         }
         let filter = ListFilter { state: p.state, task: p.task, queue: p.queue, limit, before: p.cursor };
         let store = &self.listing;
-        let items =
+        let mut items =
             if p.archived { store.list_archived(filter).await } else { store.list(filter).await }.map_err(store_err)?;
+        self.mark_paused(&mut items).await;
         let next_cursor = (items.len() as u32 == limit).then(|| items.last().map(|i| i.id.clone())).flatten();
         Ok(ListResult { items, next_cursor })
     }

@@ -6,6 +6,7 @@
 //! - `access`: who may operate and who may only observe, from the peer's credentials.
 //! - `conn`: one connection — requests, responses, pushed notifications.
 //! - `api`: what each method does; `reads`: the methods that describe what it holds.
+//! - `pauses`: pauses and freeze windows.
 //! - `metrics`: `GET /metrics` over HTTP when `metrics.listen` is set.
 //! - `dial`: `apollo-agent dial-stdio`, the bridge SSH uses.
 
@@ -15,6 +16,7 @@ mod conn;
 pub mod dial;
 mod frame;
 mod metrics;
+mod pauses;
 mod reads;
 mod stats;
 

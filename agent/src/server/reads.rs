@@ -168,11 +168,20 @@ impl Api {
                     pending: 0,
                     retrying: 0,
                     oldest_pending_secs: None,
+                    paused: None,
                 });
             }
         }
+        let paused = self.pauses().await.unwrap_or_default();
         for s in &mut stats {
             s.limit = limits.get(&s.queue).and_then(|l| l.limit).map(u64::from);
+            // Only what covers the whole queue: a paused task is on its own line.
+            let covering: Vec<String> = paused
+                .iter()
+                .filter(|p| p.scope != PauseScope::Task && p.covers(&s.queue, ""))
+                .map(Pause::line)
+                .collect();
+            s.paused = (!covering.is_empty()).then(|| covering.join("; "));
         }
         stats.sort_by(|a, b| a.queue.cmp(&b.queue));
         Ok(stats)
@@ -184,6 +193,7 @@ impl Api {
             Ok(c) => (c, None),
             Err(e) => (Default::default(), Some(format!("the store cannot be read: {e}"))),
         };
+        let paused = self.pauses().await.unwrap_or_default();
         let cat = self.h.catalog.read().expect("catalog");
         let cfg = self.h.config();
         AgentStatus {
@@ -202,6 +212,7 @@ impl Api {
             cores: cfg.scheduler.concurrency.is_none().then(crate::config::cores),
             shutting_down: self.h.control.is_shutting_down(),
             store_error: self.h.store.unwritable().or(unread),
+            paused,
         }
     }
 }

@@ -132,3 +132,44 @@ impl Store {
         self.write(move |c| super::rollouts::end(c, &p, to, &r, &a)).await
     }
 }
+
+/// Operators' pauses (`pauses.rs` holds their SQL). Each change is told to
+/// clients and, on PostgreSQL, to the other agents (`pauses.changed`): an
+/// ended pause wakes their claims.
+impl Store {
+    pub async fn pauses(&self) -> Result<Vec<apollo_shared::protocol::Pause>> {
+        self.read(super::pauses::in_force).await
+    }
+
+    pub async fn pause(&self, p: apollo_shared::protocol::Pause) -> Result<apollo_shared::protocol::Pause> {
+        let begun = self.write(move |c| super::pauses::begin(c, &p)).await?;
+        self.pauses_changed(&begun.id, false);
+        Ok(begun)
+    }
+
+    /// Ends the pauses in force of exactly this scope; returns them.
+    pub async fn resume(
+        &self,
+        scope: apollo_shared::protocol::PauseScope,
+        target: Option<&str>,
+        reason: &str,
+        actor: &str,
+    ) -> Result<Vec<apollo_shared::protocol::Pause>> {
+        let (t, r, a) = (target.map(str::to_string), reason.to_string(), actor.to_string());
+        let ended = self.write(move |c| super::pauses::end(c, scope, t.as_deref(), &r, &a)).await?;
+        ended.iter().for_each(|p| self.pauses_changed(&p.id, true));
+        Ok(ended)
+    }
+
+    /// Records the end of the pauses whose `until` passed; returns them.
+    pub async fn lapse_pauses(&self) -> Result<Vec<apollo_shared::protocol::Pause>> {
+        let ended = self.write(super::pauses::lapse).await?;
+        ended.iter().for_each(|p| self.pauses_changed(&p.id, true));
+        Ok(ended)
+    }
+
+    fn pauses_changed(&self, id: &str, ended: bool) {
+        let data = apollo_shared::protocol::EventData::PausesChanged { id: id.to_string(), ended };
+        self.announce(apollo_shared::protocol::Topic::Queues, data);
+    }
+}

@@ -52,6 +52,32 @@ pub struct QueuePolicy {
     /// Whether this agent can run an instance's definition version (`None`:
     /// every one is claimed).
     pub capable: Option<super::capable::Capable>,
+    /// The freeze windows open now (`scheduler.freezes`); the operators'
+    /// pauses are read by the claim itself.
+    pub frozen: Vec<apollo_shared::protocol::Pause>,
+    /// Where the claim leaves the earliest end of the pauses that held work
+    /// back (`None`: none did, or they end only by hand), so the caller
+    /// claims again then.
+    pub pause_ends: Option<std::sync::Arc<PauseEnds>>,
+}
+
+/// The earliest end of the pauses that held a claim's work back, as the
+/// last claim saw it; a change wakes whoever waits on `changed` (the
+/// scheduler's loop, which claims again then).
+#[derive(Debug, Default)]
+pub struct PauseEnds {
+    pub at: std::sync::Mutex<Option<chrono::DateTime<Utc>>>,
+    pub changed: tokio::sync::Notify,
+}
+
+impl PauseEnds {
+    fn set(&self, at: Option<chrono::DateTime<Utc>>) {
+        let mut held = self.at.lock().expect("pause ends");
+        if *held != at {
+            *held = at;
+            self.changed.notify_one();
+        }
+    }
 }
 
 /// Claims up to `n` runnable instances by priority then age, respecting the
@@ -140,6 +166,29 @@ pub fn claim_noting(
                 r.get(7)?,
                 whole,
             ));
+        }
+    }
+    // Nothing in the scope of a pause or an open freeze window (read in this
+    // transaction: on PostgreSQL the same for every agent's claim).
+    if !candidates.is_empty() {
+        let mut paused = super::pauses::in_force(c)?;
+        paused.extend(policy.frozen.iter().cloned());
+        let mut ends: Option<chrono::DateTime<Utc>> = None;
+        if !paused.is_empty() {
+            let before = candidates.len();
+            candidates.retain(|(_, _, task, queue, ..)| {
+                let covering: Vec<_> = paused.iter().filter(|p| p.covers(queue, task)).collect();
+                for p in &covering {
+                    if let Some(u) = p.until.as_deref().and_then(|u| u.parse::<chrono::DateTime<Utc>>().ok()) {
+                        ends = Some(ends.map_or(u, |e| e.min(u)));
+                    }
+                }
+                covering.is_empty()
+            });
+            held_back |= candidates.len() < before;
+        }
+        if let Some(cell) = &policy.pause_ends {
+            cell.set(ends);
         }
     }
     candidates.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));

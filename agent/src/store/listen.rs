@@ -161,7 +161,7 @@ pub async fn listen(
                 let topic: Option<Topic> = e["topic"].as_str().and_then(|t| t.parse().ok());
                 let Some(topic) = topic else { continue };
                 let data = EventData::from_parts(e["kind"].as_str().unwrap_or_default(), e["data"].clone());
-                if topic == Topic::Tasks {
+                if topic == Topic::Tasks || topic == Topic::Queues {
                     strongest = strongest.max(change(&data));
                 }
                 bus.publish(topic, data);
@@ -193,6 +193,8 @@ pub enum Change {
 fn change(data: &EventData) -> Option<Change> {
     let state = match data {
         EventData::InstanceCreated { state, .. } | EventData::InstanceUpdated { state, .. } => *state,
+        // A pause that ended may let work waiting in its scope be claimed.
+        EventData::PausesChanged { ended: true, .. } => return Some(Change::Work),
         _ => return None,
     };
     match state {

@@ -30,6 +30,7 @@ pub mod migrate;
 mod model;
 mod operator;
 mod ops;
+mod pauses;
 mod pool;
 pub mod postgres;
 mod read;
@@ -45,7 +46,7 @@ mod zombies;
 
 pub use db::{Conn, Db, Driver};
 pub use error::{Result, StoreError};
-pub use leases::{QueuePolicy, Recover};
+pub use leases::{PauseEnds, QueuePolicy, Recover};
 pub use location::Location;
 pub use model::{Claimed, FailurePlan, NewInstance};
 pub use ops::{ClaimTerms, Created, Followed, Then};

@@ -149,6 +149,7 @@ impl Store {
                         pending: r.get(2)?,
                         retrying: r.get(3)?,
                         oldest_pending_secs: oldest.map(|t| (now - t).num_milliseconds() as f64 / 1000.0),
+                        paused: None,
                     })
                 })
             .collect()

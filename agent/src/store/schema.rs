@@ -166,6 +166,8 @@ CREATE INDEX step_runs_plugin ON step_runs(plugin, finished_at) WHERE finished_a
     LET_THROUGH,
     // 14: plugin version rollouts; each instance's arms.
     ROLLOUTS,
+    // 15: operators' pauses.
+    PAUSES,
 ];
 
 /// Canary rollouts of plugin versions (both backends; their starts and ends
@@ -179,6 +181,14 @@ const ROLLOUTS: &str = "CREATE TABLE rollouts (\
         abort_margin_pct DOUBLE PRECISION NOT NULL, min_runs INTEGER NOT NULL); \
     CREATE UNIQUE INDEX rollouts_running ON rollouts(plugin) WHERE state = 'running'; \
     ALTER TABLE task_instances ADD COLUMN pins TEXT;";
+
+/// Operators' pauses (both backends; begun and ended as history rows whose
+/// instance is the pause's id). Times are the store's clock, as text.
+const PAUSES: &str = "CREATE TABLE pauses (\
+        id TEXT PRIMARY KEY, scope TEXT NOT NULL, target TEXT, reason TEXT NOT NULL, \
+        paused_by TEXT NOT NULL, since TEXT NOT NULL, until_at TEXT, \
+        ended_at TEXT, ended_by TEXT, end_reason TEXT); \
+    CREATE INDEX pauses_in_force ON pauses(ended_at) WHERE ended_at IS NULL;";
 
 /// Steps that failed and were let through: the step's mark (it never runs
 /// again) and the instance's count (both backends).
@@ -410,6 +420,7 @@ $$;
     CAPABILITIES,
     LET_THROUGH,
     ROLLOUTS,
+    PAUSES,
 ];
 
 /// The newest PostgreSQL schema this build knows.

@@ -110,6 +110,9 @@ pub enum EventData {
     /// An agent (`to`) is asked to stop an instance it runs.
     #[serde(rename = "cancel")]
     Cancel { id: String, to: String, actor: String, reason: String },
+    /// A pause began or ended (its id; `ended` when it ended).
+    #[serde(rename = "pauses.changed")]
+    PausesChanged { id: String, ended: bool },
     /// A kind this build does not know, or data that does not read as its
     /// kind says.
     #[serde(rename = "other")]
@@ -128,6 +131,7 @@ impl EventData {
             EventData::ConfigReloaded { .. } => EventKind::ConfigReloaded,
             EventData::Resync {} => EventKind::Resync,
             EventData::Cancel { .. } => EventKind::Cancel,
+            EventData::PausesChanged { .. } => EventKind::PausesChanged,
             EventData::Other => EventKind::Other,
         }
     }

@@ -3,6 +3,7 @@
 //! that method's result type; clients send `Client::request::<M>(params)`
 //! and get `M::Result` back. A method exists in one place, the list below.
 
+use super::pauses::*;
 use super::rollouts::*;
 use super::status::*;
 use super::types::{self, *};
@@ -123,6 +124,12 @@ methods! {
     RolloutsPromote = "rollouts.promote" (RolloutEnd) -> Rollout, true, "plugin, reason";
     /// Sends everything back to the version a running rollout replaces.
     RolloutsAbort = "rollouts.abort" (RolloutEnd) -> Rollout, true, "plugin, reason";
+    /// The pauses and freeze windows in force.
+    PausesList = "pauses.list" (NoParams) -> Vec<Pause>, false, "no params";
+    /// Claims nothing new in a scope (queue, task or all) until resumed or `until`.
+    SchedulerPause = "scheduler.pause" (PauseStart) -> Pause, true, "scope (all, queue, task), target?, until?, reason";
+    /// Ends the operators' pauses of a scope; returns those it ended.
+    SchedulerResume = "scheduler.resume" (PauseEnd) -> Vec<Pause>, true, "scope (all, queue, task), target?, reason";
     /// Pushed events on these topics from now on (the connection's only subscription).
     Subscribe = "subscribe" (SubscribeParams) -> SubscribeResult, false, "{\"topics\": [...]}";
 }

@@ -233,6 +233,10 @@ pub struct QueueStats {
     pub pending: u64,
     pub retrying: u64,
     pub oldest_pending_secs: Option<f64>,
+    /// Why nothing new is claimed from it now (a pause or freeze window
+    /// covering the whole queue), if so.
+    #[serde(default)]
+    pub paused: Option<String>,
 }
 
 /// `agent.stats`: what ended over the last `minutes`, from the store, so a

@@ -83,6 +83,8 @@ names! {
         Resync = "resync",
         /// An agent is asked to stop an instance it runs (`control`).
         Cancel = "cancel",
+        /// A pause began or ended (`queues`): re-read `pauses.list`.
+        PausesChanged = "pauses.changed",
         /// A kind this build does not know (from a newer agent).
         Other = "other",
     }

@@ -332,6 +332,9 @@ pub struct AgentStatus {
     /// Why the store cannot be written now (disk full, read-only), if so.
     #[serde(default)]
     pub store_error: Option<String>,
+    /// The pauses and freeze windows in force: what is not claimed now.
+    #[serde(default)]
+    pub paused: Vec<super::Pause>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -160,11 +160,47 @@ pub(super) enum Cmd {
         #[command(subcommand)]
         action: Option<RolloutCmd>,
     },
+    /// Claim nothing new in a scope until `apollo resume` (or --until): running instances go on; what triggers,
+    /// events and schedules create waits. Cluster-wide on PostgreSQL; audited.
+    Pause {
+        #[command(flatten)]
+        scope: ScopeArgs,
+        /// When it ends by itself: an RFC 3339 time, or a duration from now ("30m", "2h").
+        #[arg(long)]
+        until: Option<String>,
+        /// Why (required: operators read it while the pause holds; the audit keeps it).
+        #[arg(long)]
+        reason: String,
+    },
+    /// End the pauses of a scope (a freeze window ends with its window).
+    Resume {
+        #[command(flatten)]
+        scope: ScopeArgs,
+        #[arg(long)]
+        reason: String,
+    },
+    /// The pauses and freeze windows in force: what is not claimed now, by whom, since and until when.
+    Pauses,
     /// What operators did (run, retry, rollback, cancel), who, and why; newest first.
     Audit {
         #[arg(long, default_value_t = 50)]
         limit: u32,
     },
+}
+
+/// What `pause` and `resume` cover: exactly one of these.
+#[derive(clap::Args)]
+#[group(required = true, multiple = false)]
+pub(super) struct ScopeArgs {
+    /// One queue.
+    #[arg(long)]
+    pub queue: Option<String>,
+    /// One task.
+    #[arg(long)]
+    pub task: Option<String>,
+    /// Everything.
+    #[arg(long)]
+    pub all: bool,
 }
 
 #[derive(Subcommand)]

@@ -16,6 +16,7 @@ mod act;
 mod args;
 mod docs;
 mod failure;
+mod pause;
 mod render;
 mod rollout;
 mod watch;
@@ -139,6 +140,8 @@ fn mutating(cmd: &Cmd) -> Option<&'static str> {
         Cmd::Cancel { .. } => Some("cancel"),
         Cmd::Emit { .. } => Some("emit"),
         Cmd::Rollout { action: Some(_) } => Some("rollout"),
+        Cmd::Pause { .. } => Some("pause"),
+        Cmd::Resume { .. } => Some("resume"),
         _ => None,
     }
 }
@@ -292,6 +295,9 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
         Cmd::Status => simple::<m::AgentStatus>(&client, NoParams {}, json, |v| render::status(&out, v)).await,
         Cmd::Agents => simple::<m::AgentsList>(&client, NoParams {}, json, |v| render::agents(&out, v)).await,
         Cmd::Rollout { action } => rollout::run(&client, action.as_ref(), json, &out).await,
+        Cmd::Pause { scope, until, reason } => pause::pause(&client, scope, until.as_deref(), reason, json).await,
+        Cmd::Resume { scope, reason } => pause::resume(&client, scope, reason, json).await,
+        Cmd::Pauses => simple::<m::PausesList>(&client, NoParams {}, json, |v| pause::list(&out, v)).await,
         Cmd::Completions { .. } | Cmd::Man { .. } => Ok(ExitCode::SUCCESS),
         Cmd::Audit { limit } => {
             let p = LimitParams { limit: Some(*limit) };

@@ -256,7 +256,8 @@ pub fn queues(_out: &Out, queues: &[QueueStats]) {
     for q in queues {
         let limit = q.limit.map(|l| l.to_string()).unwrap_or_else(|| "-".into());
         let oldest = q.oldest_pending_secs.map(|s| format!("{s:.0}s")).unwrap_or_else(|| "-".into());
-        println!("{:<12} {:>8} {:>6} {:>8} {:>9}  {oldest}", q.queue, q.running, limit, q.pending, q.retrying);
+        let paused = q.paused.as_deref().map(|p| format!("  PAUSED {p}")).unwrap_or_default();
+        println!("{:<12} {:>8} {:>6} {:>8} {:>9}  {oldest}{paused}", q.queue, q.running, limit, q.pending, q.retrying);
     }
 }
 
@@ -279,6 +280,9 @@ pub fn status(out: &Out, s: &AgentStatus) {
     );
     let counts: Vec<String> = s.counts.iter().map(|(k, n)| format!("{} {n}", out.paint(k, Tone::of_name(k)))).collect();
     println!("  {}", counts.join("   "));
+    for p in &s.paused {
+        println!("  {}  {}", out.paint("PAUSED", Tone::Waiting), p.line());
+    }
 }
 
 pub fn events(_out: &Out, events: &[EventRecord]) {

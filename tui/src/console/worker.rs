@@ -398,6 +398,19 @@ async fn act(client: &Client, cmd: Cmd, news: &mpsc::Sender<News>) -> Result<(),
                 Err(e) => News::Done(Err(e)),
             }
         }
+        Cmd::Pause { queue, resume, reason } => {
+            use apollo_shared::protocol::{methods as m, PauseEnd, PauseScope, PauseStart};
+            let target = Some(queue.clone());
+            let done = match resume {
+                true => answer(client.request::<m::SchedulerResume>(PauseEnd { scope: PauseScope::Queue, target, reason }).await)?
+                    .map(|_| format!("queue {queue} resumed")),
+                false => {
+                    let p = PauseStart { scope: PauseScope::Queue, target, until: None, reason };
+                    answer(client.request::<m::SchedulerPause>(p).await)?.map(|p| format!("queue {queue} paused ({})", p.id))
+                }
+            };
+            News::Done(done)
+        }
         Cmd::Skip { id, seq, reason } => {
             let p = apollo_shared::protocol::SkipParams { id: id.clone(), step: seq.to_string(), reason };
             match answer(client.request::<apollo_shared::protocol::methods::StepsSkip>(p).await)? {

@@ -71,6 +71,7 @@ impl App {
             input: String::new(),
             reason: None,
             skip: None,
+            pause: None,
         });
         Vec::new()
     }

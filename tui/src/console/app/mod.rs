@@ -193,6 +193,7 @@ impl App {
                     pending: 0,
                     retrying: 0,
                     oldest_pending_secs: None,
+                    paused: None,
                 });
             }
         }

@@ -102,6 +102,9 @@ pub struct Confirm {
     /// A skip of this step (`x` in the step view) instead of `action`: its
     /// reason is always asked.
     pub skip: Option<u32>,
+    /// A pause of the queue named `task` (`Some(false)`), or its resume
+    /// (`Some(true)`), instead of `action`: its reason is always asked.
+    pub pause: Option<bool>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,6 +131,8 @@ impl Confirm {
     pub fn prompt(&self) -> Vec<String> {
         let (what, name) = if self.batch() {
             (format!("{} {} instances", self.verb, self.ids.len()), "the number of instances")
+        } else if self.pause.is_some() {
+            (format!("{} {}", self.verb, self.task), "the queue name")
         } else {
             (format!("{} {} {}", self.verb, self.task, self.ids.join(" ")), "the task name")
         };
@@ -140,6 +145,14 @@ impl Confirm {
             Stage::TaskName => {
                 lines.push(format!("PRODUCTION: {what}"));
                 lines.push(format!("type {name} ({}) to go on, Esc cancels: {}▏", self.task, self.input));
+            }
+            Stage::Reason if self.pause.is_some() => {
+                let then = match self.pause {
+                    Some(true) => "its waiting instances are claimed again",
+                    _ => "nothing new is claimed from it; running instances go on",
+                };
+                lines.push(format!("{what}: {then}"));
+                lines.push(format!("reason, recorded in the audit, then Enter (Esc cancels): {}▏", self.input));
             }
             Stage::Reason if self.skip.is_some() => {
                 lines.push(format!("{what}: it is recorded SKIPPED and the instance resumes after it"));
@@ -200,6 +213,8 @@ pub enum Action {
     Retry,
     /// Skip the failed step shown in the step view.
     Skip,
+    /// Pause the selected queue, or resume it when it is paused.
+    Pause,
     Rollback,
     Cancel,
     Yes,
@@ -298,6 +313,12 @@ pub enum Cmd {
     },
     /// Keep every context's state coming (`News::Fleet`).
     WatchFleet,
+    /// Pause a queue, or resume it (`scheduler.pause`, `scheduler.resume`).
+    Pause {
+        queue: String,
+        resume: bool,
+        reason: String,
+    },
     /// Mark a FAILED instance's failed step done by hand (`steps.skip`).
     Skip {
         id: String,

@@ -281,6 +281,29 @@ impl App {
             Action::Retry if !self.marked.is_empty() => self.batch(OperatorAction::Retry),
             Action::Rollback if !self.marked.is_empty() => self.batch(OperatorAction::Rollback),
             Action::Cancel if !self.marked.is_empty() => self.batch(OperatorAction::Cancel),
+            Action::Pause => match self.visible_queues().get(self.sel(View::Queues)) {
+                Some(q) if self.view == View::Queues => {
+                    let resume = q.paused.is_some();
+                    let production = self.context.as_ref().is_some_and(|c| c.production);
+                    self.mode = Mode::Confirm(Confirm {
+                        action: OperatorAction::Retry,
+                        ids: Vec::new(),
+                        task: q.queue.clone(),
+                        verb: if resume { "resume queue" } else { "pause queue" },
+                        plan: Vec::new(),
+                        stage: if production { Stage::TaskName } else { Stage::Reason },
+                        input: String::new(),
+                        reason: None,
+                        skip: None,
+                        pause: Some(resume),
+                    });
+                    Vec::new()
+                }
+                _ => {
+                    self.say("select a queue in the queues view (:queues) to pause or resume it", true);
+                    Vec::new()
+                }
+            },
             Action::Skip => match (&self.instance, self.view) {
                 (Some(i), View::Step) => {
                     let step = i.steps.iter().flatten().find(|s| s.seq == self.step);
@@ -296,6 +319,7 @@ impl App {
                                 input: String::new(),
                                 reason: None,
                                 skip: Some(s.seq),
+                                pause: None,
                             });
                         }
                         _ => self.say("only a FAILED step can be skipped", true),
@@ -330,6 +354,7 @@ impl App {
                             input: String::new(),
                             reason: None,
                             skip: None,
+                            pause: None,
                         });
                         Vec::new()
                     }
@@ -381,7 +406,11 @@ impl App {
                 self.confirmed(c, Some(reason))
             }
             (Stage::Reason, Action::Enter) => {
-                let what = if c.skip.is_some() { "for a skip" } else { "on a production context" };
+                let what = match (c.skip, c.pause) {
+                    (Some(_), _) => "for a skip",
+                    (_, Some(_)) => "for a pause or resume",
+                    _ => "on a production context",
+                };
                 self.say(format!("a reason is needed {what}"), true);
                 self.mode = Mode::Confirm(c);
                 Vec::new()
@@ -396,6 +425,11 @@ impl App {
     /// Sends a confirmed action: to one instance, or to each of a batch.
     fn confirmed(&mut self, c: Confirm, reason: Option<String>) -> Vec<Cmd> {
         let why = reason.as_ref().map(|r| format!(" ({r})")).unwrap_or_default();
+        if let Some(resume) = c.pause {
+            let verb = if resume { "resume" } else { "pause" };
+            self.say(format!("{verb} of queue {} requested{why}", c.task), false);
+            return vec![Cmd::Pause { queue: c.task, resume, reason: reason.unwrap_or_default() }];
+        }
         if let Some(seq) = c.skip {
             let id = c.ids.into_iter().next().unwrap_or_default();
             self.say(format!("skip of step #{seq} requested for {id}{why}"), false);

@@ -111,7 +111,12 @@ pub fn queues(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         .iter()
         .map(|q| {
             vec![
-                Cell::from(q.queue.clone()),
+                match &q.paused {
+                    Some(_) => {
+                        Cell::from(format!("{} PAUSED", q.queue)).style(theme.tone(apollo_shared::state::Tone::Bad))
+                    }
+                    None => Cell::from(q.queue.clone()),
+                },
                 Cell::from(format!("{}/{}", q.running, q.limit.map(|l| l.to_string()).unwrap_or_else(|| "-".into()))),
                 Cell::from(q.pending.to_string()),
                 Cell::from(q.retrying.to_string()),

@@ -97,6 +97,11 @@ fn draw_header(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             counts.push(Span::styled(format!("{k} {v}"), theme.tone(Tone::of_name(k))));
             counts.push(Span::raw("  "));
         }
+        // What is paused stands out on the counts' line: those counts wait.
+        if !s.paused.is_empty() {
+            let what: Vec<String> = s.paused.iter().map(|p| p.what()).collect();
+            counts.push(Span::styled(format!("PAUSED: {}", what.join(", ")), theme.tone(Tone::Bad)));
+        }
     }
     let hour: u64 = app.throughput.iter().sum();
     let mut view = vec![

@@ -1,0 +1,101 @@
+//! Pauses and freeze windows: nothing new is claimed in their scope (a
+//! queue, a task, or everything) while one is in force. Running instances go
+//! on; triggers, events and schedules still create their instances, which
+//! wait. An operator's pause is in the store (cluster-wide, surviving
+//! restarts, audited); a freeze window is `scheduler.freezes`.
+
+use serde::{Deserialize, Serialize};
+
+names! {
+    /// What a pause covers.
+    pub enum PauseScope {
+        /// Every queue and task.
+        All = "all",
+        /// One queue's instances.
+        Queue = "queue",
+        /// One task's instances.
+        Task = "task",
+    }
+    "pause scope"
+}
+
+impl<'de> Deserialize<'de> for PauseScope {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// A pause in force: an operator's, or a freeze window's (`freeze` names it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pause {
+    /// `pause-…` for an operator's; `freeze:NAME` for a window.
+    pub id: String,
+    pub scope: PauseScope,
+    /// The queue or task (none for `all`).
+    #[serde(default)]
+    pub target: Option<String>,
+    pub reason: String,
+    /// Who paused (for a freeze window: `config`).
+    pub by: String,
+    pub since: String,
+    /// When it ends by itself, if it does.
+    #[serde(default)]
+    pub until: Option<String>,
+    /// The freeze window's name, when it is one.
+    #[serde(default)]
+    pub freeze: Option<String>,
+}
+
+impl Pause {
+    /// Whether it covers an instance of `task` in `queue`.
+    pub fn covers(&self, queue: &str, task: &str) -> bool {
+        match self.scope {
+            PauseScope::All => true,
+            PauseScope::Queue => self.target.as_deref() == Some(queue),
+            PauseScope::Task => self.target.as_deref() == Some(task),
+        }
+    }
+
+    /// What it covers, as a person says it: `all`, `queue q`, `task t`.
+    pub fn what(&self) -> String {
+        match &self.target {
+            Some(t) => format!("{} {t}", self.scope),
+            None => self.scope.to_string(),
+        }
+    }
+
+    /// One line: what, by whom since when, until when, why.
+    pub fn line(&self) -> String {
+        let kind = match &self.freeze {
+            Some(name) => format!("freeze window {name}"),
+            None => format!("paused by {}", self.by),
+        };
+        let until = self.until.as_deref().map(|u| format!(" until {u}")).unwrap_or_default();
+        format!("{}: {kind} since {}{until}: {}", self.what(), self.since, self.reason)
+    }
+}
+
+/// `scheduler.pause`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PauseStart {
+    pub scope: PauseScope,
+    /// The queue or task (none for `all`).
+    #[serde(default)]
+    pub target: Option<String>,
+    /// RFC 3339: the pause ends by itself then.
+    #[serde(default)]
+    pub until: Option<String>,
+    pub reason: String,
+}
+
+/// `scheduler.resume`: ends the operators' pauses of this scope (a freeze
+/// window ends only with its window or its configuration).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PauseEnd {
+    pub scope: PauseScope,
+    #[serde(default)]
+    pub target: Option<String>,
+    pub reason: String,
+}
