@@ -48,6 +48,7 @@ pub mod reload;
 pub mod repeats;
 pub mod rollouts;
 pub mod scheduler;
+pub mod secrets;
 pub mod server;
 pub mod settings;
 pub mod shutdown;

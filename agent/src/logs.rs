@@ -26,6 +26,8 @@ struct LogState {
     opening: Option<String>,
     /// A line to write first if anything else is written (see [`StepLog::header`]).
     header: Option<String>,
+    /// Secrets' values, replaced with `***` in every line (see [`StepLog::mask`]).
+    masker: apollo_shared::def::Masker,
 }
 
 /// The notifier of each log being written or followed, by path: held
@@ -61,6 +63,11 @@ impl StepLog {
         self.state.lock().expect("step log").opening = Some(text.to_string());
     }
 
+    /// Every line written from now on has these secrets' values masked.
+    pub fn mask(&self, masker: apollo_shared::def::Masker) {
+        self.state.lock().expect("step log").masker = masker;
+    }
+
     pub fn path_for(data_dir: &Path, instance: &str, seq: u32) -> PathBuf {
         data_dir.join("logs").join(instance).join(format!("{seq}.log"))
     }
@@ -81,7 +88,12 @@ impl StepLog {
         for first in [st.opening.take(), st.header.take()].into_iter().flatten() {
             self.write(&mut st, &first);
         }
-        self.write(&mut st, text);
+        if st.masker.is_empty() {
+            self.write(&mut st, text);
+        } else {
+            let masked = st.masker.text(text);
+            self.write(&mut st, &masked);
+        }
         drop(st);
         self.grew.notify_waiters();
     }

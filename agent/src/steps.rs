@@ -5,6 +5,7 @@
 
 use crate::catalog::Catalog;
 use crate::plugins::{PluginError, Plugins, Registration, Registry};
+use crate::secrets::Secrets;
 use crate::store::Claimed;
 use apollo_shared::context::Context;
 use apollo_shared::def::TaskDef;
@@ -31,15 +32,25 @@ pub struct Started {
 
 /// Step `seq` made ready, its plugin resolved in `plugins` (the registry as
 /// the instance's rollout arms see it: `Plugins::view`).
+/// Its secrets are read now; the params it records have their values
+/// masked (the plugin gets them whole).
 pub fn ready(plugins: &Registry, def: &TaskDef, seq: u32, ctx: &Context) -> Ready {
     let d = &def.steps[seq as usize];
     let reg = registration(plugins, def, seq);
     let version = reg.as_ref().map(|r| r.version().to_string()).unwrap_or_default();
+    let mut masker = None;
     let rendered = reg.and_then(|r| {
-        let params = render(&d.params, ctx)?;
-        Ok((r, params, step_env(&d.env, ctx)?))
+        let secrets = crate::secrets::resolve(def).map_err(PluginError::permanent)?;
+        let params = render(&d.params, ctx, &secrets)?;
+        let env = step_env(&d.env, ctx, &secrets)?;
+        masker = Some(secrets.masker);
+        Ok((r, params, env))
     });
-    let params_json = rendered.as_ref().map(|(_, p, _)| Value::Object(p.clone())).unwrap_or(Value::Null);
+    let params_json = match (&rendered, masker) {
+        (Ok((_, p, _)), Some(m)) if !m.is_empty() => m.value(&Value::Object(p.clone())),
+        (Ok((_, p, _)), _) => Value::Object(p.clone()),
+        (Err(_), _) => Value::Null,
+    };
     Ready { rendered, version, params_json }
 }
 
@@ -114,18 +125,27 @@ pub fn uses_work_dir(plugins: &Registry, def: &TaskDef, seq: u32) -> bool {
 /// A step's `params` or `env` (named by `field` in errors), rendered over
 /// the context; without a template nothing is rendered and the context is
 /// not built.
-fn render_field(map: &Map<String, Value>, ctx: &Context, field: &str) -> Result<Map<String, Value>, PluginError> {
+fn render_field(
+    map: &Map<String, Value>,
+    ctx: &Context,
+    field: &str,
+    secrets: &Secrets,
+) -> Result<Map<String, Value>, PluginError> {
     if !apollo_shared::template::has_templates(map) {
         return Ok(map.clone());
     }
-    let (rendered, _) = apollo_shared::template::render(map, &ctx.to_value(), true)
-        .map_err(|e| PluginError::permanent(format!("{field}.{e}")))?;
+    let mut over = ctx.to_value();
+    if let (Some(values), Value::Object(o)) = (&secrets.values, &mut over) {
+        o.insert("secrets".into(), Value::Object(values.clone()));
+    }
+    let (rendered, _) = apollo_shared::template::render(map, &over, true)
+        .map_err(|e| PluginError::permanent(secrets.masker.text(&format!("{field}.{e}"))))?;
     Ok(rendered)
 }
 
-/// The params of a step, rendered over the context.
-fn render(params: &Map<String, Value>, ctx: &Context) -> Result<Map<String, Value>, PluginError> {
-    render_field(params, ctx, "params")
+/// The params of a step, rendered over the context and its secrets.
+fn render(params: &Map<String, Value>, ctx: &Context, secrets: &Secrets) -> Result<Map<String, Value>, PluginError> {
+    render_field(params, ctx, "params", secrets)
 }
 
 /// The plugin's check of rendered params.
@@ -141,15 +161,20 @@ pub async fn prepare(
     reg: &Registration,
     params: &Map<String, Value>,
     ctx: &Context,
+    secrets: &Secrets,
 ) -> Result<Map<String, Value>, PluginError> {
-    let rendered = render(params, ctx)?;
+    let rendered = render(params, ctx, secrets)?;
     validate(reg, &rendered).await?;
     Ok(rendered)
 }
 
 /// The step's declared environment, rendered over the context.
-pub fn step_env(env: &Map<String, Value>, ctx: &Context) -> Result<Vec<(String, String)>, PluginError> {
-    Ok(render_field(env, ctx, "env")?
+pub fn step_env(
+    env: &Map<String, Value>,
+    ctx: &Context,
+    secrets: &Secrets,
+) -> Result<Vec<(String, String)>, PluginError> {
+    Ok(render_field(env, ctx, "env", secrets)?
         .into_iter()
         .map(|(k, v)| (k, v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string())))
         .collect())

@@ -13,6 +13,7 @@ const AGENT_ORDER: &[&str] = &[
     "shutdown",
     "bus",
     "logs",
+    "secrets",
     "repeats",
     "notify",
     "metrics",

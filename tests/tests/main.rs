@@ -38,6 +38,7 @@ mod rollout;
 mod s3;
 mod screen;
 mod scripts;
+mod secrets;
 mod sources;
 mod ssh;
 mod storage;

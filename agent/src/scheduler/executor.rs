@@ -206,6 +206,9 @@ async fn run_step(
     let span = tracing::info_span!("step", step = %d.name, seq = step.seq, attempt);
     let log = StepLog::new(StepLog::path_for(&s.data_dir, id, step.seq), s.config().logging.step_log_bytes);
     log.opening(&format!("[apollo: step {}, attempt {attempt}]", d.name));
+    // What the step leaves behind has its secrets' values masked.
+    let mask = crate::secrets::masker(def);
+    log.mask(mask.clone());
     // A learned timeout is recorded with the attempt before the call runs.
     let applied = match &prepared {
         Ok((reg, ..)) => Some(crate::timeouts::applied(&s.store, &s.config().scheduler.auto_timeout, d, reg).await),
@@ -265,6 +268,10 @@ async fn run_step(
     let limits = Limits {
         step_output_bytes: s.config().scheduler.step_output_bytes,
         context_bytes: s.config().scheduler.context_bytes,
+    };
+    let result = match mask.is_empty() {
+        true => result,
+        false => result.map(|out| mask.value(&out)).map_err(|e| PluginError { message: mask.text(&e.message), ..e }),
     };
     let result = result
         .and_then(|out| ctx.merge_output(&d.name, out.clone(), limits).map_err(PluginError::permanent).map(|_| out));

@@ -32,14 +32,19 @@ pub(super) async fn rollback(
         let d = &def.steps[step.seq as usize];
         let log = StepLog::new(StepLog::path_for(&s.data_dir, id, step.seq), s.config().logging.step_log_bytes);
         log.line("[apollo: rollback]");
-        let result = match registration(&s.registry.view(inst.pins.as_ref()), def, step.seq) {
-            Err(e) => Err(e),
-            Ok(reg) => {
+        // The secrets' values, which the recorded params have masked.
+        let secrets = crate::secrets::resolve(def);
+        let mask = secrets.as_ref().map(|s| s.masker.clone()).unwrap_or_else(|_| crate::secrets::masker(def));
+        log.mask(mask.clone());
+        let result = match (registration(&s.registry.view(inst.pins.as_ref()), def, step.seq), secrets) {
+            (Err(e), _) => Err(e),
+            (_, Err(e)) => Err(crate::plugins::PluginError::permanent(e)),
+            (Ok(reg), Ok(secrets)) => {
                 let params = match &step.params {
-                    Some(Value::Object(p)) => p.clone(),
-                    _ => prepare(&reg, &d.params, ctx).await.unwrap_or_default(),
+                    Some(Value::Object(p)) if secrets.values.is_none() => p.clone(),
+                    _ => prepare(&reg, &d.params, ctx, &secrets).await.unwrap_or_default(),
                 };
-                let env = step_env(&d.env, ctx).unwrap_or_default();
+                let env = step_env(&d.env, ctx, &secrets).unwrap_or_default();
                 let key = format!("{id}:{}", step.seq);
                 let context = ctx.to_value();
                 let token = CancellationToken::new();
@@ -70,7 +75,7 @@ pub(super) async fn rollback(
                 tracing::info!(step = %d.name, "step rolled back");
             }
             Err(e) => {
-                let msg = format!("rollback of step {:?} (#{}) failed: {}", d.name, step.seq, e.message);
+                let msg = mask.text(&format!("rollback of step {:?} (#{}) failed: {}", d.name, step.seq, e.message));
                 tracing::error!("{msg}");
                 s.store.step_note_error(id, step.seq, &msg).await?;
                 s.store.rollback_failed(id, &msg).await?;

@@ -217,12 +217,28 @@ impl Api {
             attempt: 1,
             steps: Map::new(),
         };
+        // Secrets show masked; one that cannot be read fails the steps that use it.
+        let missing = crate::secrets::missing(def);
+        let mut over = ctx.to_value();
+        if !def.secrets.is_empty() {
+            let masked: Map<String, Value> =
+                def.secrets.keys().map(|k| (k.clone(), Value::String(apollo_shared::def::MASK.into()))).collect();
+            over["secrets"] = Value::Object(masked);
+        }
         let mut steps = Vec::new();
         for (seq, s) in def.steps.iter().enumerate() {
             let registry = self.h.plugins.get();
             let reg = registry.resolve(&s.plugin, s.version.as_deref());
-            let (rendered, unresolved) = apollo_shared::template::render(&s.params, &ctx.to_value(), false)
+            let (rendered, unresolved) = apollo_shared::template::render(&s.params, &over, false)
                 .unwrap_or_else(|_| (s.params.clone(), Vec::new()));
+            let uses = |name: &str| {
+                let text = format!("{} {}", Value::Object(s.params.clone()), Value::Object(s.env.clone()));
+                text.contains(&format!("secrets.{name}"))
+            };
+            let unreadable: Vec<&String> = missing
+                .iter()
+                .filter(|m| def.secrets.keys().any(|k| m.starts_with(&format!("secret {k}:")) && uses(k)))
+                .collect();
             let (version, describe, error, timeout) = match reg {
                 Ok(r) => {
                     let check = crate::plugins::unwinding(&r.name, r.plugin.validate(&rendered));
@@ -232,6 +248,10 @@ impl Api {
                     (Some(r.version().to_string()), Some(r.plugin.describe()), err, Some(timeout))
                 }
                 Err(e) => (None, None, Some(e), None),
+            };
+            let error = match unreadable.is_empty() {
+                true => error,
+                false => Some(unreadable.iter().map(|m| m.as_str()).collect::<Vec<_>>().join("; ")),
             };
             steps.push(DryRunStep {
                 seq: seq as u32,

@@ -122,6 +122,17 @@ impl Triggers {
         let loaded = self.current(&r.task)?;
         let def = &loaded.def;
         let params = Self::fill_params(def, r.params)?;
+        // A secret the steps could not read fails the request, not a step.
+        let missing = crate::secrets::missing(def);
+        if !missing.is_empty() {
+            return Err(RpcError::new(
+                code::INVALID_PARAMS,
+                format!("task {:?} cannot run: {} (nothing was created)", def.task, missing.join("; ")),
+            )
+            .with_hint(
+                "set it in the agent's environment (e.g. the unit's EnvironmentFile) or fix secrets: in the definition",
+            ));
+        }
         let id = self.new_id();
         let trace_id = format!("{:032x}", rand::random::<u128>());
         let work_dir = self.h.data_dir.join("work").join(&id);

@@ -12,8 +12,10 @@ pub use steps::parse_duration;
 use steps::parse_steps;
 
 mod lines;
+mod secrets;
 mod steps;
 mod templates;
+pub use secrets::{Masker, SecretSource, MASK};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
@@ -184,6 +186,9 @@ pub struct TaskDef {
     #[serde(default)]
     pub on_interrupt: OnInterrupt,
     pub params: BTreeMap<String, ParamSpec>,
+    /// Named secrets (`{{ secrets.NAME }}`): where each value comes from.
+    #[serde(default)]
+    pub secrets: BTreeMap<String, SecretSource>,
     pub steps: Vec<StepDef>,
 }
 
@@ -206,6 +211,7 @@ const TOP_FIELDS: &[&str] = &[
     "on_failure",
     "on_interrupt",
     "params",
+    "secrets",
     "steps",
 ];
 pub(crate) const STEP_FIELDS: &[&str] =
@@ -375,6 +381,7 @@ pub fn parse(src: &str, file: &str) -> Result<TaskDef, DefErrors> {
         }
     };
 
+    let secrets = secrets::parse(top.get("secrets"), &mut at);
     let steps = match top.get("steps") {
         Some(Value::Array(items)) if !items.is_empty() => parse_steps(items, &lines, file, &mut errors),
         Some(Value::Array(_)) => {
@@ -402,7 +409,7 @@ pub fn parse(src: &str, file: &str) -> Result<TaskDef, DefErrors> {
             Vec::new()
         }
     };
-    let scope = templates::Scope { params: &params, on_event: on_event.is_some() };
+    let scope = templates::Scope { params: &params, secrets: &secrets, on_event: on_event.is_some() };
     templates::check(&steps, &scope, &lines, file, &mut errors);
     if !errors.is_empty() {
         return Err(DefErrors(errors));
@@ -421,6 +428,7 @@ pub fn parse(src: &str, file: &str) -> Result<TaskDef, DefErrors> {
         on_failure,
         on_interrupt,
         params,
+        secrets,
         steps,
     })
 }

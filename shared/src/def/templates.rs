@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 /// What the checks need of the definition besides its steps.
 pub(super) struct Scope<'a> {
     pub params: &'a BTreeMap<String, super::ParamSpec>,
+    pub secrets: &'a BTreeMap<String, super::SecretSource>,
     pub on_event: bool,
 }
 
@@ -109,12 +110,27 @@ fn resolve(var: &str, i: usize, steps: &[StepDef], scope: &Scope) -> Result<(), 
                 mean(p, &declared)
             ))
         }
+        "secrets" => {
+            let Some(s) = parts.get(1) else {
+                return Err("secrets: name one (secrets.NAME); the whole map is never rendered".into());
+            };
+            if scope.secrets.contains_key(*s) {
+                return Ok(());
+            }
+            let declared: Vec<&str> = scope.secrets.keys().map(String::as_str).collect();
+            let listed = if declared.is_empty() { "none".to_string() } else { declared.join(", ") };
+            Err(format!(
+                "secrets.{s}: the definition declares no secret {s:?} (declared: {listed}{}); add it under secrets: \
+                 with env: VAR or file: PATH",
+                mean(s, &declared)
+            ))
+        }
         "event" if !scope.on_event => {
             Err(format!("{var}: event is set only for an instance an event started: this definition has no on_event:"))
         }
         name if FIXED_NAMES.contains(&name) => Ok(()),
         name => Err(format!(
-            "{name}: not a name a template can use (names: params, steps.<step>.<field>, work_dir, task_id, trace_id, \
+            "{name}: not a name a template can use (names: params, steps.<step>.<field>, secrets.<name>, work_dir, task_id, trace_id, \
              task, attempt, event{})",
             mean(name, FIXED_NAMES)
         )),

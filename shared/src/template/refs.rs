@@ -8,7 +8,8 @@ use minijinja::machinery::{tokenize, Token, WhitespaceConfig};
 use std::collections::BTreeSet;
 
 /// The names every template may read besides `params`, `steps` and `event`.
-pub const FIXED_NAMES: &[&str] = &["params", "steps", "event", "work_dir", "task_id", "trace_id", "task", "attempt"];
+pub const FIXED_NAMES: &[&str] =
+    &["params", "steps", "secrets", "event", "work_dir", "task_id", "trace_id", "task", "attempt"];
 
 /// Filters, tests and functions minijinja has (what an unknown one is told).
 const FILTERS: &[&str] = &[

@@ -402,11 +402,14 @@ async fn act(client: &Client, cmd: Cmd, news: &mpsc::Sender<News>) -> Result<(),
             use apollo_shared::protocol::{methods as m, PauseEnd, PauseScope, PauseStart};
             let target = Some(queue.clone());
             let done = match resume {
-                true => answer(client.request::<m::SchedulerResume>(PauseEnd { scope: PauseScope::Queue, target, reason }).await)?
-                    .map(|_| format!("queue {queue} resumed")),
+                true => answer(
+                    client.request::<m::SchedulerResume>(PauseEnd { scope: PauseScope::Queue, target, reason }).await,
+                )?
+                .map(|_| format!("queue {queue} resumed")),
                 false => {
                     let p = PauseStart { scope: PauseScope::Queue, target, until: None, reason };
-                    answer(client.request::<m::SchedulerPause>(p).await)?.map(|p| format!("queue {queue} paused ({})", p.id))
+                    answer(client.request::<m::SchedulerPause>(p).await)?
+                        .map(|p| format!("queue {queue} paused ({})", p.id))
                 }
             };
             News::Done(done)
