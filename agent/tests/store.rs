@@ -121,6 +121,7 @@ conformance!(
     a_retry_is_claimed_as_the_next_attempt_with_its_lease,
     a_create_claims_and_starts_its_first_step_in_one_write_when_nothing_comes_first,
     a_claim_starts_the_first_steps_it_is_handed_in_the_same_write,
+    a_claim_takes_all_of_an_instances_locks_or_none_and_an_end_releases_them,
 );
 
 fn new(id: &str, task: &str, queue: &str, priority: u8, max_active: Option<u32>, dedup: Option<&str>) -> NewInstance {
@@ -139,7 +140,35 @@ fn new(id: &str, task: &str, queue: &str, priority: u8, max_active: Option<u32>,
         steps: vec![("a".into(), "sleep".into())],
         expected_secs: 1.0,
         pins: Default::default(),
+        locks: Vec::new(),
     }
+}
+
+async fn a_claim_takes_all_of_an_instances_locks_or_none_and_an_end_releases_them(db: TestDb) {
+    let store = db.open();
+    store.put_def("h1", "t", "t.yaml", "task: t").await.unwrap();
+    let locked = |id: &str, task: &str, locks: &[&str]| NewInstance {
+        locks: locks.iter().map(|l| l.to_string()).collect(),
+        ..new(id, task, "q", 50, None, None)
+    };
+    store.create(locked("L1", "a", &["db:eu", "dns"]), "test").await.unwrap();
+    store.create(locked("L2", "b", &["db:eu"]), "test").await.unwrap();
+    store.create(locked("L3", "c", &["dns", "db:us"]), "test").await.unwrap();
+    store.create(locked("L4", "d", &["db:us"]), "test").await.unwrap();
+    // One claim: L1 takes db:eu and dns; L2 (db:eu) and L3 (dns) wait
+    // though L3's db:us is free (none or all); L4 takes db:us.
+    let ids = |c: &[apollo_agent::store::Claimed]| c.iter().map(|i| i.id.clone()).collect::<Vec<_>>();
+    let claimed = store.claim(10, lease(), QueuePolicy::default()).await.unwrap();
+    assert_eq!(ids(&claimed), ["L1", "L4"]);
+    let held = store.lock_holders().await.unwrap();
+    let holders: Vec<(String, String)> = held.iter().map(|h| (h.lock.clone(), h.id.clone())).collect();
+    assert!(holders.contains(&("db:eu".into(), "L1".into())) && holders.contains(&("db:us".into(), "L4".into())));
+    assert!(store.claim(10, lease(), QueuePolicy::default()).await.unwrap().is_empty());
+    // L1's end releases db:eu and dns: L2 runs; L3 still waits for db:us.
+    store.step_start("L1", 0, "1.0.0", &json!({})).await.unwrap();
+    store.step_success("L1", 0, &json!({}), &json!({}), apollo_agent::store::Then::Finish).await.unwrap();
+    assert_eq!(ids(&store.claim(10, lease(), QueuePolicy::default()).await.unwrap()), ["L2"]);
+    store.close();
 }
 
 fn lease() -> std::time::Duration {

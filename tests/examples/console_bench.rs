@@ -102,6 +102,7 @@ fn instance(n: usize, steps: usize) -> Instance {
         waiting: None,
         failed_steps: 0,
         pins: None,
+        locks: Vec::new(),
         context: json!({"steps": {}}),
         steps: Some(step_runs),
         transitions: Some(transitions),

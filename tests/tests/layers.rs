@@ -41,6 +41,7 @@ const STORE_SHARED: &[&str] = &[
     "store::db",
     "store::history",
     "store::leases",
+    "store::locks",
     "store::model",
     "store::ops",
     "store::pauses",

@@ -26,6 +26,7 @@ mod follow;
 mod hooks;
 mod hostile;
 mod layers;
+mod locks;
 mod metrics;
 mod package;
 mod panics;

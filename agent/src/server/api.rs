@@ -80,7 +80,7 @@ impl Api {
             Call::TasksDryRun(p) => answer::<m::TasksDryRun>(self.dry_run(p).await),
             Call::TasksGet(p) => answer::<m::TasksGet>(match self.h.store.get(&p.id).await {
                 Ok(mut i) => {
-                    self.mark_paused(std::slice::from_mut(&mut i)).await;
+                    self.mark_waiting(std::slice::from_mut(&mut i)).await;
                     Ok(i)
                 }
                 Err(e) => Err(store_err(e)),
@@ -114,6 +114,7 @@ impl Api {
                 rollouts::end(&self.h.store, &self.h.plugins, &p.plugin, RolloutState::Aborted, &p.reason, actor).await,
             ),
             Call::PausesList(_) => answer::<m::PausesList>(self.pauses().await),
+            Call::LocksList(_) => answer::<m::LocksList>(self.listing.locks().await.map_err(store_err)),
             Call::SchedulerPause(p) => answer::<m::SchedulerPause>(self.pause(p, actor).await),
             Call::SchedulerResume(p) => answer::<m::SchedulerResume>(self.resume(p, actor).await),
             // The connection handles it: a subscription is the connection's.
@@ -287,7 +288,7 @@ impl Api {
         let store = &self.listing;
         let mut items =
             if p.archived { store.list_archived(filter).await } else { store.list(filter).await }.map_err(store_err)?;
-        self.mark_paused(&mut items).await;
+        self.mark_waiting(&mut items).await;
         let next_cursor = (items.len() as u32 == limit).then(|| items.last().map(|i| i.id.clone())).flatten();
         Ok(ListResult { items, next_cursor })
     }

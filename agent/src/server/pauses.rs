@@ -101,16 +101,23 @@ impl Api {
     }
 
     /// Says why instances still to run wait, when a pause or freeze window
-    /// covers them (and nothing else already says why).
-    pub(super) async fn mark_paused(&self, items: &mut [Instance]) {
+    /// covers them or another instance holds a lock they take (and nothing
+    /// else already says why).
+    pub(super) async fn mark_waiting(&self, items: &mut [Instance]) {
         let waits = |i: &Instance| matches!(i.state, TaskState::Pending | TaskState::Retrying) && i.waiting.is_none();
         if !items.iter().any(waits) {
             return;
         }
         let Ok(paused) = self.pauses().await else { return };
+        let holders = match items.iter().any(|i| waits(i) && !i.locks.is_empty()) {
+            true => self.listing.lock_holders().await.unwrap_or_default(),
+            false => Vec::new(),
+        };
         for i in items.iter_mut().filter(|i| waits(i)) {
             if let Some(p) = paused.iter().find(|p| p.covers(&i.queue, &i.task)) {
                 i.waiting = Some(format!("waiting: {}", p.line()));
+            } else if let Some(h) = holders.iter().find(|h| i.locks.contains(&h.lock) && h.id != i.id) {
+                i.waiting = Some(h.waiting_line());
             }
         }
     }

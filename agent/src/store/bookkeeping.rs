@@ -137,6 +137,15 @@ impl Store {
 /// clients and, on PostgreSQL, to the other agents (`pauses.changed`): an
 /// ended pause wakes their claims.
 impl Store {
+    /// Every lock held or waited for.
+    pub async fn locks(&self) -> Result<Vec<apollo_shared::protocol::LockInfo>> {
+        self.read(super::locks::all).await
+    }
+
+    pub async fn lock_holders(&self) -> Result<Vec<apollo_shared::protocol::LockHolder>> {
+        self.read(super::locks::lock_holders).await
+    }
+
     pub async fn pauses(&self) -> Result<Vec<apollo_shared::protocol::Pause>> {
         self.read(super::pauses::in_force).await
     }

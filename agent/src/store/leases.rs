@@ -5,6 +5,7 @@
 
 use super::db::{Conn, Db};
 use super::history::history;
+use super::locks::lock_holders;
 use super::model::{Also, ClaimMove, Claimed, ClaimsMade, StepStart};
 use super::rows::{ts, INSTANCE_COLS};
 use super::value::p;
@@ -26,9 +27,10 @@ pub(super) fn take_turn(conn: &mut dyn Conn) -> Result<()> {
 }
 
 /// A runnable instance: priority, id, task, queue, max_active, state,
-/// def_hash, pins, and the whole row with its step 0 when the claim read it
-/// (see [`claim_noting`]).
-type Candidate = (i64, String, String, String, Option<u32>, String, String, Option<String>, Option<Box<Claimed>>);
+/// def_hash, pins, locks (JSON), and the whole row with its step 0 when the
+/// claim read it (see [`claim_noting`]).
+type Candidate =
+    (i64, String, String, String, Option<u32>, String, String, Option<String>, Option<String>, Option<Box<Claimed>>);
 
 /// A claim's first steps made ready before the instances move (see
 /// [`claim_noting`]): given an instance as the claim will leave it, the
@@ -142,11 +144,11 @@ pub fn claim_noting(
             }
             // The row as read, when the query brought it (PostgreSQL, with
             // `first`), with its step 0.
-            let whole = match r.0.len() > 8 {
+            let whole = match r.0.len() > 9 {
                 true => {
                     let n = INSTANCE_COLS.split(',').count();
-                    let mut inst = super::rows::instance(&super::value::Row(r.0[8..8 + n].to_vec()))?;
-                    let step0 = super::value::Row(r.0[8 + n..].to_vec());
+                    let mut inst = super::rows::instance(&super::value::Row(r.0[9..9 + n].to_vec()))?;
+                    let step0 = super::value::Row(r.0[9 + n..].to_vec());
                     inst.steps = Some(match step0.get::<Option<u32>>(0)? {
                         Some(_) => vec![super::rows::step(&step0)?],
                         None => Vec::new(),
@@ -164,6 +166,7 @@ pub fn claim_noting(
                 r.get(5)?,
                 r.get(6)?,
                 r.get(7)?,
+                r.get(8)?,
                 whole,
             ));
         }
@@ -228,10 +231,24 @@ pub fn claim_noting(
     }
     // What the claim takes, within every limit.
     let mut chosen: Vec<(String, TaskState, Option<Box<Claimed>>)> = Vec::new();
-    for (_, id, task, queue, max_active, state, _, _, whole) in candidates {
+    // The locks under way (read once, when a candidate takes any), and those
+    // this claim takes: all of an instance's locks with its claim, or none.
+    let mut locked: Option<HashMap<String, String>> = None;
+    for (_, id, task, queue, max_active, state, _, _, locks, whole) in candidates {
         if chosen.len() >= n {
             held_back = true;
             break;
+        }
+        let wants: Vec<String> = locks.as_deref().and_then(|l| serde_json::from_str(l).ok()).unwrap_or_default();
+        if !wants.is_empty() {
+            if locked.is_none() {
+                locked = Some(lock_holders(c)?.into_iter().map(|h| (h.lock, h.id)).collect());
+            }
+            let held = locked.as_ref().expect("read above");
+            if wants.iter().any(|l| held.contains_key(l)) {
+                held_back = true;
+                continue;
+            }
         }
         let ordered = policy.ordered.contains(&queue);
         let limit = queue_limits.get(&queue).copied();
@@ -250,6 +267,11 @@ pub fn claim_noting(
         if let Some((per_queue, per_task)) = running.as_mut() {
             *per_queue.entry(queue).or_default() += 1;
             *per_task.entry(task).or_default() += 1;
+        }
+        if let Some(held) = locked.as_mut() {
+            for l in wants {
+                held.insert(l, id.clone());
+            }
         }
         chosen.push((id, state.parse::<TaskState>().map_err(super::StoreError::Invalid)?, whole));
     }
@@ -343,17 +365,17 @@ fn running_counts<'a>(c: &dyn Db, running: &'a mut Option<Running>) -> Result<&'
 /// RETRYING), when it may start now.
 fn ordered_head(c: &dyn Db, task: &str, queue: &str) -> Result<Option<Candidate>> {
     let head = c.query_opt(
-        "SELECT priority, id, task, queue, max_active, state, def_hash, pins, \
+        "SELECT priority, id, task, queue, max_active, state, def_hash, pins, locks, \
          CASE WHEN next_run_at IS NULL OR next_run_at <= apollo_now() THEN 1 ELSE 0 END \
          FROM task_instances INDEXED BY task_instances_runnable_task \
          WHERE task = ?1 AND queue = ?2 AND state IN ('PENDING', 'RETRYING') ORDER BY id LIMIT 1",
         p![task, queue],
     )?;
     let Some(r) = head else { return Ok(None) };
-    if !r.get::<bool>(8)? {
+    if !r.get::<bool>(9)? {
         return Ok(None);
     }
-    Ok(Some((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?, None)))
+    Ok(Some((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?, r.get(8)?, None)))
 }
 
 /// Extends the leases this agent holds on instances it still runs (RUNNING,

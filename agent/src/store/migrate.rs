@@ -24,7 +24,7 @@ const TABLES: &[(&str, &str, &str)] = &[
         "task_instances",
         "id, task, def_hash, queue, priority, max_active, state, attempt, params, context, trace_id, trigger, \
          dedup_key, expected_secs, created_at, started_at, finished_at, updated_at, next_run_at, lease_owner, \
-         lease_expires_at, error, rollback_pending, waiting, failed_steps, pins",
+         lease_expires_at, error, rollback_pending, waiting, failed_steps, pins, locks",
         "id",
     ),
     (

@@ -26,6 +26,7 @@ mod history;
 mod leases;
 pub mod listen;
 mod location;
+mod locks;
 pub mod migrate;
 mod model;
 mod operator;

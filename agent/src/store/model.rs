@@ -31,9 +31,16 @@ pub struct NewInstance {
     pub expected_secs: f64,
     /// Its rollout arms (see `rollouts.start`); empty outside a rollout.
     pub pins: apollo_shared::protocol::Pins,
+    /// The locks it takes with its claim (rendered from `locks:`).
+    pub locks: Vec<String>,
 }
 
 impl NewInstance {
+    /// The locks as stored: `NULL` for none.
+    pub fn locks_json(&self) -> Option<String> {
+        (!self.locks.is_empty()).then(|| serde_json::to_string(&self.locks).unwrap_or_default())
+    }
+
     /// The arms as stored: `NULL` for none.
     pub fn pins_json(&self) -> Option<String> {
         (!self.pins.is_empty()).then(|| serde_json::to_string(&self.pins).unwrap_or_default())

@@ -31,12 +31,12 @@ fn json(s: Option<String>) -> Option<Value> {
 }
 
 pub const INSTANCE_COLS: &str = "id, task, def_hash, state, attempt, trace_id, priority, queue, trigger, dedup_key, \
-     params, created_at, started_at, finished_at, next_run_at, error, context, lease_owner, lease_expires_at, waiting, failed_steps, pins";
+     params, created_at, started_at, finished_at, next_run_at, error, context, lease_owner, lease_expires_at, waiting, failed_steps, pins, locks";
 
 /// The columns of a list item: the context is left out (a list carries
 /// summaries; `tasks.get` has the context).
 pub const SUMMARY_COLS: &str = "id, task, def_hash, state, attempt, trace_id, priority, queue, trigger, dedup_key, \
-     params, created_at, started_at, finished_at, next_run_at, error, NULL, lease_owner, lease_expires_at, waiting, failed_steps, pins";
+     params, created_at, started_at, finished_at, next_run_at, error, NULL, lease_owner, lease_expires_at, waiting, failed_steps, pins, locks";
 
 pub fn instance(r: &Row) -> Result<Instance> {
     let state: String = r.get(3)?;
@@ -63,6 +63,7 @@ pub fn instance(r: &Row) -> Result<Instance> {
         waiting: r.get(19)?,
         failed_steps: r.get(20)?,
         pins: r.get::<Option<String>>(21)?.and_then(|s| serde_json::from_str(&s).ok()),
+        locks: r.get::<Option<String>>(22)?.and_then(|s| serde_json::from_str(&s).ok()).unwrap_or_default(),
         steps: None,
         transitions: None,
     })

@@ -168,6 +168,8 @@ CREATE INDEX step_runs_plugin ON step_runs(plugin, finished_at) WHERE finished_a
     ROLLOUTS,
     // 15: operators' pauses.
     PAUSES,
+    // 16: the locks each instance takes with its claim.
+    LOCKS,
 ];
 
 /// Canary rollouts of plugin versions (both backends; their starts and ends
@@ -181,6 +183,12 @@ const ROLLOUTS: &str = "CREATE TABLE rollouts (\
         abort_margin_pct DOUBLE PRECISION NOT NULL, min_runs INTEGER NOT NULL); \
     CREATE UNIQUE INDEX rollouts_running ON rollouts(plugin) WHERE state = 'running'; \
     ALTER TABLE task_instances ADD COLUMN pins TEXT;";
+
+/// The locks an instance holds while it is under way (JSON, rendered from
+/// its definition's `locks:` when it was created; `NULL`: none), and the
+/// index claims read the holders by (both backends).
+const LOCKS: &str = "ALTER TABLE task_instances ADD COLUMN locks TEXT; \
+    CREATE INDEX task_instances_locked ON task_instances(state) WHERE locks IS NOT NULL;";
 
 /// Operators' pauses (both backends; begun and ended as history rows whose
 /// instance is the pause's id). Times are the store's clock, as text.
@@ -421,6 +429,7 @@ $$;
     LET_THROUGH,
     ROLLOUTS,
     PAUSES,
+    LOCKS,
 ];
 
 /// The newest PostgreSQL schema this build knows.

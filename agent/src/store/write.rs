@@ -96,8 +96,8 @@ pub fn create(c: &dyn Db, n: &NewInstance, actor: &str) -> Result<(String, bool)
     // of that race inserts nothing and answers with the winner's id.
     let inserted = c.execute(
         "INSERT INTO task_instances (id, task, def_hash, queue, priority, max_active, state, attempt, params, context, \
-         trace_id, trigger, dedup_key, expected_secs, created_at, updated_at, pins) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'PENDING', 1, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13, ?14) ON CONFLICT DO NOTHING",
+         trace_id, trigger, dedup_key, expected_secs, created_at, updated_at, pins, locks) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'PENDING', 1, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13, ?14, ?15) ON CONFLICT DO NOTHING",
         p![
         n.id.as_str(),
         n.task.as_str(),
@@ -112,7 +112,8 @@ pub fn create(c: &dyn Db, n: &NewInstance, actor: &str) -> Result<(String, bool)
         n.dedup_key.as_deref(),
         n.expected_secs,
         now.as_str(),
-        n.pins_json().as_deref()
+        n.pins_json().as_deref(),
+        n.locks_json().as_deref()
         ],
     )?;
     if inserted == 0 {

@@ -117,6 +117,31 @@ impl Triggers {
         Ok(out)
     }
 
+    /// The definition's locks rendered over the new instance's context
+    /// (params, task, event), each once, in order.
+    fn locks(def: &TaskDef, ctx: &Context) -> Result<Vec<String>, RpcError> {
+        if def.locks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let map: Map<String, Value> =
+            def.locks.iter().enumerate().map(|(i, l)| (format!("locks[{i}]"), Value::String(l.clone()))).collect();
+        let (rendered, _) = apollo_shared::template::render(&map, &ctx.to_value(), true)
+            .map_err(|e| RpcError::new(code::INVALID_PARAMS, format!("task {:?}: {e}", def.task)))?;
+        let mut out: Vec<String> = Vec::new();
+        for (field, v) in rendered {
+            let name = v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string());
+            if name.trim().is_empty() {
+                let msg = format!("task {:?}: {field} renders empty with these params (a lock needs a name)", def.task);
+                return Err(RpcError::new(code::INVALID_PARAMS, msg));
+            }
+            if !out.contains(&name) {
+                out.push(name);
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
     /// Creates a PENDING instance of the task's current definition.
     pub async fn create(&self, r: Request) -> Result<TriggerResult, RpcError> {
         let loaded = self.current(&r.task)?;
@@ -147,6 +172,7 @@ impl Triggers {
             attempt: 1,
             steps: Map::new(),
         };
+        let locks = Self::locks(def, &ctx)?;
         let store = &self.h.store;
         if !self.stored.lock().expect("stored").contains(&loaded.hash) {
             store
@@ -172,6 +198,7 @@ impl Triggers {
             // A running rollout of a plugin its steps use sends it to the
             // new version with the rollout's share.
             pins: crate::plugins::rollout::arms(&self.h.plugins.rollouts(), def, &mut || rand::random::<f64>()),
+            locks,
         };
         let plugins = self.h.plugins.view(Some(&n.pins));
         // With a free slot here, the same write claims (the new instance,

@@ -12,6 +12,7 @@ pub use steps::parse_duration;
 use steps::parse_steps;
 
 mod lines;
+mod locks;
 mod secrets;
 mod steps;
 mod templates;
@@ -186,6 +187,10 @@ pub struct TaskDef {
     #[serde(default)]
     pub on_interrupt: OnInterrupt,
     pub params: BTreeMap<String, ParamSpec>,
+    /// Lock names (templates over params, task and event): no two
+    /// instances under way hold one at once.
+    #[serde(default)]
+    pub locks: Vec<String>,
     /// Named secrets (`{{ secrets.NAME }}`): where each value comes from.
     #[serde(default)]
     pub secrets: BTreeMap<String, SecretSource>,
@@ -211,6 +216,7 @@ const TOP_FIELDS: &[&str] = &[
     "on_failure",
     "on_interrupt",
     "params",
+    "locks",
     "secrets",
     "steps",
 ];
@@ -382,6 +388,7 @@ pub fn parse(src: &str, file: &str) -> Result<TaskDef, DefErrors> {
     };
 
     let secrets = secrets::parse(top.get("secrets"), &mut at);
+    let locks = locks::parse(top.get("locks"), &params, on_event.is_some(), &mut at);
     let steps = match top.get("steps") {
         Some(Value::Array(items)) if !items.is_empty() => parse_steps(items, &lines, file, &mut errors),
         Some(Value::Array(_)) => {
@@ -428,6 +435,7 @@ pub fn parse(src: &str, file: &str) -> Result<TaskDef, DefErrors> {
         on_failure,
         on_interrupt,
         params,
+        locks,
         secrets,
         steps,
     })

@@ -124,6 +124,8 @@ methods! {
     RolloutsPromote = "rollouts.promote" (RolloutEnd) -> Rollout, true, "plugin, reason";
     /// Sends everything back to the version a running rollout replaces.
     RolloutsAbort = "rollouts.abort" (RolloutEnd) -> Rollout, true, "plugin, reason";
+    /// Every lock held or waited for: its holder, how many wait.
+    LocksList = "locks.list" (NoParams) -> Vec<LockInfo>, false, "no params";
     /// The pauses and freeze windows in force.
     PausesList = "pauses.list" (NoParams) -> Vec<Pause>, false, "no params";
     /// Claims nothing new in a scope (queue, task or all) until resumed or `until`.

@@ -2,7 +2,8 @@
 //! queue, a task, or everything) while one is in force. Running instances go
 //! on; triggers, events and schedules still create their instances, which
 //! wait. An operator's pause is in the store (cluster-wide, surviving
-//! restarts, audited); a freeze window is `scheduler.freezes`.
+//! restarts, audited); a freeze window is `scheduler.freezes`. And locks:
+//! who holds which, and how many wait.
 
 use serde::{Deserialize, Serialize};
 
@@ -98,4 +99,35 @@ pub struct PauseEnd {
     #[serde(default)]
     pub target: Option<String>,
     pub reason: String,
+}
+
+/// An instance under way holding a lock (`locks.list`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockHolder {
+    pub lock: String,
+    /// The instance holding it, its task, since when (its start), and the
+    /// agent running it.
+    pub id: String,
+    pub task: String,
+    #[serde(default)]
+    pub since: Option<String>,
+    #[serde(default)]
+    pub agent: Option<String>,
+}
+
+/// A lock held or waited for: who holds it, how many instances wait for it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockInfo {
+    pub lock: String,
+    #[serde(default)]
+    pub holder: Option<LockHolder>,
+    pub waiting: u64,
+}
+
+impl LockHolder {
+    /// Why an instance that wants this lock waits.
+    pub fn waiting_line(&self) -> String {
+        let since = self.since.as_deref().map(|s| format!(" since {s}")).unwrap_or_default();
+        format!("waiting for lock {} held by {} (task {}){since}", self.lock, self.id, self.task)
+    }
 }

@@ -174,6 +174,9 @@ pub struct Instance {
     /// Its rollout arms, decided when it was created (see `rollouts.start`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pins: Option<super::Pins>,
+    /// The locks it takes with its claim and holds while under way.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub locks: Vec<String>,
     /// The context; `null` in lists (which carry summaries), whole in `tasks.get`.
     pub context: Value,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -181,6 +181,8 @@ pub(super) enum Cmd {
     },
     /// The pauses and freeze windows in force: what is not claimed now, by whom, since and until when.
     Pauses,
+    /// Every lock held or waited for: its holder (instance, task, since, agent) and how many instances wait.
+    Locks,
     /// What operators did (run, retry, rollback, cancel), who, and why; newest first.
     Audit {
         #[arg(long, default_value_t = 50)]

@@ -298,6 +298,7 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
         Cmd::Pause { scope, until, reason } => pause::pause(&client, scope, until.as_deref(), reason, json).await,
         Cmd::Resume { scope, reason } => pause::resume(&client, scope, reason, json).await,
         Cmd::Pauses => simple::<m::PausesList>(&client, NoParams {}, json, |v| pause::list(&out, v)).await,
+        Cmd::Locks => simple::<m::LocksList>(&client, NoParams {}, json, |v| pause::locks(&out, v)).await,
         Cmd::Completions { .. } | Cmd::Man { .. } => Ok(ExitCode::SUCCESS),
         Cmd::Audit { limit } => {
             let p = LimitParams { limit: Some(*limit) };

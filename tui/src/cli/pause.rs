@@ -1,11 +1,11 @@
-//! `apollo pause`, `apollo resume`, `apollo pauses`.
+//! `apollo pause`, `apollo resume`, `apollo pauses`, and `apollo locks`.
 
 use super::args::ScopeArgs;
 use super::failure::Failure;
 use super::render::{print_json, Out};
 use crate::client::Client;
 use apollo_shared::protocol::methods as m;
-use apollo_shared::protocol::{Pause, PauseEnd, PauseScope, PauseStart};
+use apollo_shared::protocol::{LockInfo, Pause, PauseEnd, PauseScope, PauseStart};
 use apollo_shared::state::Tone;
 use std::process::ExitCode;
 
@@ -77,5 +77,20 @@ pub fn list(out: &Out, pauses: &[Pause]) {
     }
     for p in pauses {
         println!("{}  {}", out.paint("PAUSED", Tone::Waiting), p.line());
+    }
+}
+
+pub fn locks(_out: &Out, locks: &[LockInfo]) {
+    if locks.is_empty() {
+        println!("no locks held or waited for");
+        return;
+    }
+    println!("{:<24} {:<28} {:<20} {:<28} {:>7}", "LOCK", "HELD BY", "TASK", "SINCE", "WAITING");
+    for l in locks {
+        let (id, task, since) = match &l.holder {
+            Some(h) => (h.id.as_str(), h.task.as_str(), h.since.as_deref().unwrap_or("-")),
+            None => ("-", "-", "-"),
+        };
+        println!("{:<24} {:<28} {:<20} {:<28} {:>7}", l.lock, id, task, since, l.waiting);
     }
 }

@@ -110,6 +110,9 @@ pub fn instance(out: &Out, i: &Instance) {
     if let Some(n) = i.note().filter(|_| i.state == apollo_shared::state::TaskState::Success) {
         println!("  {n}");
     }
+    if !i.locks.is_empty() {
+        println!("  locks: {}", i.locks.join(", "));
+    }
     for (plugin, pin) in i.pins.iter().flatten() {
         let arm = if pin.new { "new" } else { "old" };
         println!("  rollout: {plugin} {} ({arm} arm of {})", pin.version, pin.rollout);

@@ -108,13 +108,13 @@ impl Driver for Postgres {
                         ),
                     ),
                     false => (
-                        "i.priority, i.id, i.task, i.queue, i.max_active, i.state, i.def_hash, i.pins".into(),
+                        "i.priority, i.id, i.task, i.queue, i.max_active, i.state, i.def_hash, i.pins, i.locks".into(),
                         String::new(),
                         String::new(),
                     ),
                 };
                 format!(
-                    "{RUNNABLE_TASKS} SELECT h.priority, h.id, h.task, h.queue, h.max_active, h.state, h.def_hash, h.pins{outer} FROM t \
+                    "{RUNNABLE_TASKS} SELECT h.priority, h.id, h.task, h.queue, h.max_active, h.state, h.def_hash, h.pins, h.locks{outer} FROM t \
                      CROSS JOIN LATERAL (SELECT {inner} \
                      FROM task_instances i WHERE i.task = t.task AND i.state IN ('PENDING', 'RETRYING') \
                        AND (i.next_run_at IS NULL OR i.next_run_at <= apollo_now()) \

@@ -257,6 +257,7 @@ pub(super) fn create(c: &dyn Db, n: &NewInstance, actor: &str) -> Result<bool> {
         V::from(format!("created by {}", n.trigger)),
         V::from(actor),
         V::from(n.pins_json().as_deref()),
+        V::from(n.locks_json().as_deref()),
     ];
     let mut rows = Vec::new();
     for (seq, (name, plugin)) in n.steps.iter().enumerate() {
@@ -275,8 +276,8 @@ pub(super) fn create(c: &dyn Db, n: &NewInstance, actor: &str) -> Result<bool> {
     };
     let sql = format!(
         "WITH ins AS (INSERT INTO task_instances (id, task, def_hash, queue, priority, max_active, state, attempt, params, \
-         context, trace_id, trigger, dedup_key, expected_secs, created_at, updated_at, pins) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'PENDING', 1, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13, ?16) ON CONFLICT DO NOTHING RETURNING id), \
+         context, trace_id, trigger, dedup_key, expected_secs, created_at, updated_at, pins, locks) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'PENDING', 1, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?13, ?16, ?17) ON CONFLICT DO NOTHING RETURNING id), \
          {steps}\
          h AS ({HISTORY} SELECT ins.id, CAST(NULL AS INTEGER), CAST(NULL AS TEXT), 'PENDING', ?14, ?15, ?13 FROM ins) \
          SELECT id FROM ins"

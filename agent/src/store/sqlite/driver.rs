@@ -146,7 +146,7 @@ impl Driver for Sqlite {
             c.column(&format!("{RUNNABLE_TASKS} SELECT task FROM t WHERE task IS NOT NULL"), &[])?;
         for task in names {
             let rows = c.query(
-                "SELECT priority, id, task, queue, max_active, state, def_hash, pins FROM task_instances \
+                "SELECT priority, id, task, queue, max_active, state, def_hash, pins, locks FROM task_instances \
                  INDEXED BY task_instances_runnable_task \
                  WHERE task = ?1 AND state IN ('PENDING', 'RETRYING') \
                    AND (next_run_at IS NULL OR next_run_at <= apollo_now()) \

@@ -97,6 +97,7 @@ fn placeholder(id: &str) -> Instance {
         waiting: None,
         failed_steps: 0,
         pins: None,
+        locks: Vec::new(),
         context: Value::Null,
         steps: Some(Vec::new()),
         transitions: Some(Vec::new()),
