@@ -94,7 +94,8 @@ pub fn ready_first(plugins: &Plugins, catalog: &RwLock<Catalog>, i: &Claimed) ->
         return None;
     }
     let def = catalog.read().ok()?.defs.get(&i.task).filter(|l| l.hash == i.def_hash)?.def.clone();
-    if def.steps.is_empty() {
+    // An approval step's decision is looked up before it starts.
+    if def.steps.first().is_none_or(|s| s.plugin == "approval") {
         return None;
     }
     let mut ctx: Context = serde_json::from_value(i.context.clone()).ok()?;

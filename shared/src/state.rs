@@ -139,7 +139,9 @@ impl TaskState {
         use TaskState::*;
         match self {
             Pending => &[Running],
-            Running => &[Success, Failed],
+            // RUNNING → PENDING: parked at an approval step (no slot, no
+            // lease, no process) until a decision lets it be claimed again.
+            Running => &[Success, Failed, Pending],
             Failed => &[Retrying, RolledBack],
             Retrying => &[Running],
             Success | RolledBack => &[],
@@ -348,6 +350,7 @@ mod tests {
             (Pending, Running),
             (Running, Success),
             (Running, Failed),
+            (Running, Pending),
             (Failed, Retrying),
             (Failed, RolledBack),
             (Retrying, Running),

@@ -4,6 +4,7 @@
 //! dependency tree once instead of once per area.
 
 mod affinity;
+mod approvals;
 mod archive;
 mod audit;
 mod backup;

@@ -16,16 +16,18 @@ pub enum BuiltinClass {
     Shell,
     HttpRequest,
     Sleep,
+    Approval,
 }
 
 impl BuiltinClass {
-    pub const ALL: [BuiltinClass; 6] = [
+    pub const ALL: [BuiltinClass; 7] = [
         BuiltinClass::FileDownloader,
         BuiltinClass::DataParser,
         BuiltinClass::ReportGenerator,
         BuiltinClass::Shell,
         BuiltinClass::HttpRequest,
         BuiltinClass::Sleep,
+        BuiltinClass::Approval,
     ];
 
     /// The class name, as a config writes it.
@@ -37,6 +39,7 @@ impl BuiltinClass {
             BuiltinClass::Shell => "apollo.plugins.shell.Shell",
             BuiltinClass::HttpRequest => "apollo.plugins.http.HttpRequest",
             BuiltinClass::Sleep => "apollo.plugins.sleep.Sleep",
+            BuiltinClass::Approval => "apollo.plugins.approval.Approval",
         }
     }
 

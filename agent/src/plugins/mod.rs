@@ -12,6 +12,7 @@
 //! - `worker`: the process pool of external plugins in worker mode.
 //! - `shell`, `downloader`, `parser`, `report`, `http`, `sleep`: the built-ins.
 
+pub mod approval;
 mod contract;
 mod downloader;
 pub mod external;

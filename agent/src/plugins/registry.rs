@@ -2,7 +2,7 @@
 //! of the built-ins, the config's classes and the external plugins found.
 
 use super::contract::Plugin;
-use super::{downloader, external, http, parser, report, shell, sleep, worker};
+use super::{approval, downloader, external, http, parser, report, shell, sleep, worker};
 use crate::config::{BuiltinClass, TimeoutConf};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -92,6 +92,7 @@ fn builtin(
         BuiltinClass::Shell => ("shell", Arc::new(shell::Shell { pass_env: pass_env.to_vec() })),
         BuiltinClass::HttpRequest => ("http", Arc::new(http::HttpRequest::new())),
         BuiltinClass::Sleep => ("sleep", Arc::new(sleep::Sleep)),
+        BuiltinClass::Approval => ("approval", Arc::new(approval::Approval)),
     }
 }
 
@@ -108,6 +109,9 @@ fn fixed(t: Option<TimeoutConf>) -> Option<Duration> {
 fn defaults(name: &str) -> (Duration, u32) {
     match name {
         "file_downloader" | "http" => (Duration::from_secs(30), 3),
+        // The wait is the request's own (`timeout` param); the step itself
+        // only reads the decision, and is never retried.
+        "approval" => (Duration::from_secs(30), 0),
         _ => (Duration::from_secs(300), 1),
     }
 }

@@ -2,6 +2,7 @@
 //! SUCCESS with its output and the context before the next step starts, and
 //! decides what a failure leads to (retry, rollback, stop).
 
+use super::approvals::{gate, is_approval, with_decision, Gate};
 use super::calls::{durably, start, watchdog};
 use super::rollback::rollback;
 use super::state::finished;
@@ -154,7 +155,19 @@ async fn run_inner(
                     tracing::info!(step = %step.name, "shutting down before this step; it resumes at the next start");
                     return Ok(());
                 }
-                start(s, &inst.id, &def, step.seq, &ctx, inst.pins.as_ref()).await?
+                let decision = match is_approval(&def, step.seq) {
+                    true => match gate(s, (&inst.id, inst.attempt, inst.pins.as_ref()), &def, step, &ctx).await? {
+                        Gate::Parked => return Ok(()),
+                        Gate::Decided(d) => Some(d),
+                        Gate::Run => None,
+                    },
+                    false => None,
+                };
+                let mut now = start(s, &inst.id, &def, step.seq, &ctx, inst.pins.as_ref()).await?;
+                if let Some(d) = decision {
+                    with_decision(&mut now, d);
+                }
+                now
             }
         };
         let next = todo.get(i + 1).map(|n| n.seq);
@@ -284,8 +297,11 @@ async fn run_step(
                 let context = ctx.to_value();
                 // The next step starts in the same write, unless the agent is
                 // shutting down: then it waits for the next start.
-                let following =
-                    next.filter(|_| !s.is_shutting_down()).map(|n| (n, ready(&s.registry.view(pins), def, n, ctx)));
+                // An approval step is not started here: its decision is
+                // looked up first (see `approvals::gate`).
+                let following = next
+                    .filter(|n| !s.is_shutting_down() && !is_approval(def, *n))
+                    .map(|n| (n, ready(&s.registry.view(pins), def, n, ctx)));
                 let then = match (&following, next) {
                     (Some((n, r)), _) => Then::Start { seq: *n, version: &r.version, params: &r.params_json },
                     (None, None) => Then::Finish,

@@ -6,6 +6,7 @@
 //! [`Scheduler::wake`] (a trigger, a retry request, a finished instance) or
 //! by the earliest retry falling due. There is no polling loop.
 
+mod approvals;
 pub mod backoff;
 mod calls;
 mod executor;
@@ -185,6 +186,16 @@ impl Scheduler {
         reaper::reap(self).await;
         crate::rollouts::tick(&self.store, &self.registry, &self.name).await;
         waiting::check(self).await;
+        // Approvals whose deadline passed are decided by their on_timeout;
+        // their instances are claimed again.
+        if let Ok(expired) = self.store.expire_approvals().await {
+            for a in &expired {
+                tracing::info!(instance = %a.instance, "approval of step {} timed out (on_timeout: {})", a.step, a.on_timeout);
+            }
+            if !expired.is_empty() {
+                self.wake();
+            }
+        }
         // Pauses whose `until` passed end for the record (claims already
         // ignore them).
         if let Ok(ended) = self.store.lapse_pauses().await {

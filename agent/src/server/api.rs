@@ -114,6 +114,8 @@ impl Api {
                 rollouts::end(&self.h.store, &self.h.plugins, &p.plugin, RolloutState::Aborted, &p.reason, actor).await,
             ),
             Call::PausesList(_) => answer::<m::PausesList>(self.pauses().await),
+            Call::ApprovalsList(_) => answer::<m::ApprovalsList>(self.approvals().await),
+            Call::ApprovalsDecide(p) => answer::<m::ApprovalsDecide>(self.decide(p, actor).await),
             Call::LocksList(_) => answer::<m::LocksList>(self.listing.locks().await.map_err(store_err)),
             Call::SchedulerPause(p) => answer::<m::SchedulerPause>(self.pause(p, actor).await),
             Call::SchedulerResume(p) => answer::<m::SchedulerResume>(self.resume(p, actor).await),

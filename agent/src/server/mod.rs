@@ -12,6 +12,7 @@
 
 mod access;
 mod api;
+mod approvals;
 mod conn;
 pub mod dial;
 mod frame;

@@ -4,7 +4,8 @@
 
 use super::value::p;
 use super::{records, Result, Store};
-use apollo_shared::protocol::{AlertKind, EventData, Raised, Topic};
+use apollo_shared::protocol::{AlertKind, Approval, EventData, Raised, Topic};
+use apollo_shared::state::TaskState;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
@@ -180,5 +181,69 @@ impl Store {
     fn pauses_changed(&self, id: &str, ended: bool) {
         let data = apollo_shared::protocol::EventData::PausesChanged { id: id.to_string(), ended };
         self.announce(apollo_shared::protocol::Topic::Queues, data);
+    }
+}
+
+/// Approval steps' requests and decisions (`approvals.rs` holds their SQL).
+impl Store {
+    pub async fn approval_for(&self, instance: &str, seq: u32, attempt: u32) -> Result<Option<Approval>> {
+        let i = instance.to_string();
+        self.read(move |c| super::approvals::for_step(c, &i, seq, attempt)).await
+    }
+
+    pub async fn open_approval(&self, instance: &str) -> Result<Option<Approval>> {
+        let i = instance.to_string();
+        self.read(move |c| super::approvals::open_for(c, &i)).await
+    }
+
+    pub async fn approvals(&self, limit: u32) -> Result<Vec<Approval>> {
+        self.read(move |c| super::approvals::list(c, limit)).await
+    }
+
+    /// Records the request and parks the RUNNING instance on it, with the
+    /// `approval_requested` alert `say` words for a new request (in the same
+    /// commit: a request is never made without its alert, nor twice); the
+    /// request when it is new, `None` when it was made already or decided
+    /// meanwhile.
+    pub async fn park_for_approval(
+        &self,
+        a: Approval,
+        attempt: u32,
+        say: impl Fn(&Approval) -> String + Send + Sync + 'static,
+    ) -> Result<Option<Approval>> {
+        let agent = self.agent().to_string();
+        let parked = self
+            .write(move |c| {
+                let a = Approval { requested_by: super::approvals::requested_by(c, &a.instance)?, ..a.clone() };
+                let fresh = super::approvals::park(c, &a, attempt, &agent)?;
+                let said = fresh.as_ref().map(&say);
+                if let Some(m) = &said {
+                    records::insert_alert(c, AlertKind::ApprovalRequested, m, Some(&a.instance))?;
+                }
+                Ok((a.instance.clone(), fresh, said))
+            })
+            .await?;
+        self.changed(&parked.0, TaskState::Pending, None);
+        if let Some(message) = parked.2 {
+            let raised = Raised { kind: AlertKind::ApprovalRequested, message, instance: Some(parked.0.clone()) };
+            self.announce(Topic::Alerts, EventData::AlertRaised(raised));
+        }
+        Ok(parked.1)
+    }
+
+    /// Decides the approval the instance waits on; it is runnable again.
+    pub async fn decide_approval(&self, a: &Approval, decision: &str, reason: &str, actor: &str) -> Result<Approval> {
+        let (a2, d, r, ac) = (a.clone(), decision.to_string(), reason.to_string(), actor.to_string());
+        let done = self.write(move |c| super::approvals::decide(c, &a2, &d, &r, &ac)).await?;
+        // New work for every agent: the instance can be claimed.
+        self.changed(&a.instance, TaskState::Pending, None);
+        Ok(done)
+    }
+
+    /// Decides the requests whose deadline passed; returns them.
+    pub async fn expire_approvals(&self) -> Result<Vec<Approval>> {
+        let done = self.write(super::approvals::expire).await?;
+        done.iter().for_each(|a| self.changed(&a.instance, TaskState::Pending, None));
+        Ok(done)
     }
 }

@@ -245,7 +245,8 @@ pub fn claim_noting(
                 locked = Some(lock_holders(c)?.into_iter().map(|h| (h.lock, h.id)).collect());
             }
             let held = locked.as_ref().expect("read above");
-            if wants.iter().any(|l| held.contains_key(l)) {
+            // (A parked instance holds its own locks: they are not in its way.)
+            if wants.iter().any(|l| held.get(l).is_some_and(|holder| *holder != id)) {
                 held_back = true;
                 continue;
             }
@@ -276,7 +277,7 @@ pub fn claim_noting(
         chosen.push((id, state.parse::<TaskState>().map_err(super::StoreError::Invalid)?, whole));
     }
     let also = "attempt = attempt + ?4, started_at = COALESCE(started_at, ?5), next_run_at = NULL, \
-                lease_owner = ?6, lease_expires_at = apollo_now_plus(?7), finished_at = NULL, waiting = NULL";
+                lease_owner = ?6, lease_expires_at = apollo_now_plus(?7), finished_at = NULL, waiting = NULL, approval = NULL";
     let terms = |from: TaskState| {
         let reason = if from == TaskState::Retrying { "claimed for retry" } else { "claimed" };
         (reason, p![from == TaskState::Retrying, ts(now), agent, lease_secs].to_vec())

@@ -1,6 +1,6 @@
 //! Locks across instances (`locks:` on a definition): an instance holds its
-//! locks while it is under way (RUNNING, or FAILED with its rollback
-//! pending) — they are its row's, so they are released by whatever ends,
+//! locks while it is under way (RUNNING, FAILED with its rollback pending,
+//! or parked at an approval step) — they are its row's, so they are released by whatever ends,
 //! cancels or reaps it, and move with it when another agent takes it over.
 //! A claim takes all of an instance's locks or none (see `leases::claim`).
 
@@ -14,7 +14,8 @@ pub fn lock_holders(c: &dyn Db) -> Result<Vec<LockHolder>> {
     let mut out = Vec::new();
     for r in c.query(
         "SELECT id, task, locks, started_at, lease_owner FROM task_instances INDEXED BY task_instances_locked \
-         WHERE locks IS NOT NULL AND (state = 'RUNNING' OR (state = 'FAILED' AND rollback_pending = 1))",
+         WHERE locks IS NOT NULL AND (state = 'RUNNING' OR (state = 'FAILED' AND rollback_pending = 1) \
+           OR (state = 'PENDING' AND approval IS NOT NULL))",
         &[],
     )? {
         let locks: String = r.get(2)?;

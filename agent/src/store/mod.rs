@@ -18,6 +18,7 @@
 //! warning and raised as an alert.
 
 pub mod affinity;
+mod approvals;
 mod bookkeeping;
 pub mod capable;
 pub mod db;

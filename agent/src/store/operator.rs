@@ -105,6 +105,9 @@ pub fn cancel_waiting(c: &dyn Db, id: &str, reason: &str, actor: &str) -> Result
         )));
     }
     move_task(c, id, TaskState::Running, "cancel requested", actor)?;
+    // A parked instance's approval is moot now.
+    super::approvals::cancel(c, id, actor)?;
+    c.execute("UPDATE task_instances SET approval = NULL, next_run_at = NULL WHERE id = ?1", p![id])?;
     fail(c, id, reason, FailurePlan::Stop, actor)
 }
 

@@ -170,6 +170,8 @@ CREATE INDEX step_runs_plugin ON step_runs(plugin, finished_at) WHERE finished_a
     PAUSES,
     // 16: the locks each instance takes with its claim.
     LOCKS,
+    // 17: approval steps' requests and decisions.
+    APPROVALS,
 ];
 
 /// Canary rollouts of plugin versions (both backends; their starts and ends
@@ -183,6 +185,17 @@ const ROLLOUTS: &str = "CREATE TABLE rollouts (\
         abort_margin_pct DOUBLE PRECISION NOT NULL, min_runs INTEGER NOT NULL); \
     CREATE UNIQUE INDEX rollouts_running ON rollouts(plugin) WHERE state = 'running'; \
     ALTER TABLE task_instances ADD COLUMN pins TEXT;";
+
+/// Approval steps' requests and decisions (both backends; one request per
+/// instance, step and attempt), and the request an instance is parked on.
+const APPROVALS: &str = "CREATE TABLE approvals (\
+        id TEXT PRIMARY KEY, instance_id TEXT NOT NULL, task TEXT NOT NULL, step TEXT NOT NULL, \
+        seq INTEGER NOT NULL, attempt INTEGER NOT NULL, message TEXT NOT NULL, approvers TEXT NOT NULL, \
+        requested_by TEXT NOT NULL, distinct_approver INTEGER NOT NULL, requested_at TEXT NOT NULL, \
+        deadline TEXT, on_timeout TEXT NOT NULL, decision TEXT, decided_by TEXT, decided_at TEXT, reason TEXT); \
+    CREATE UNIQUE INDEX approvals_once ON approvals(instance_id, seq, attempt); \
+    CREATE INDEX approvals_open ON approvals(deadline) WHERE decision IS NULL; \
+    ALTER TABLE task_instances ADD COLUMN approval TEXT;";
 
 /// The locks an instance holds while it is under way (JSON, rendered from
 /// its definition's `locks:` when it was created; `NULL`: none), and the
@@ -430,6 +443,7 @@ $$;
     ROLLOUTS,
     PAUSES,
     LOCKS,
+    APPROVALS,
 ];
 
 /// The newest PostgreSQL schema this build knows.

@@ -210,7 +210,9 @@ impl Triggers {
         // waiting for its commit), and this agent's scheduler is not woken.
         let elsewhere = !self.h.control.serves(&def.queue);
         let (slot, terms) = if elsewhere { None } else { self.h.reserve() }.unzip();
-        let first = (slot.is_some() && !def.steps.is_empty()).then(|| crate::steps::ready(&plugins, def, 0, &ctx));
+        // (An approval step's decision is looked up before it starts.)
+        let startable = def.steps.first().is_some_and(|s| s.plugin != "approval");
+        let first = (slot.is_some() && startable).then(|| crate::steps::ready(&plugins, def, 0, &ctx));
         let then = first.as_ref().map_or(Then::Nothing, |r| Then::Start {
             seq: 0,
             version: &r.version,

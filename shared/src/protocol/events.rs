@@ -55,6 +55,9 @@ names! {
         NoCapableAgent = "no_capable_agent",
         /// A plugin version's rollout was aborted (by hand or automatically).
         RolloutAborted = "rollout_aborted",
+        /// An approval step waits for a decision (its message says who may
+        /// give it and the command that does).
+        ApprovalRequested = "approval_requested",
         /// A kind this build does not know (from a newer agent).
         Other = "other",
     }

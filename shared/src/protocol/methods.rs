@@ -124,6 +124,10 @@ methods! {
     RolloutsPromote = "rollouts.promote" (RolloutEnd) -> Rollout, true, "plugin, reason";
     /// Sends everything back to the version a running rollout replaces.
     RolloutsAbort = "rollouts.abort" (RolloutEnd) -> Rollout, true, "plugin, reason";
+    /// Approvals waiting for a decision, then the latest decided ones.
+    ApprovalsList = "approvals.list" (NoParams) -> Vec<Approval>, false, "no params";
+    /// Approves (or with `deny`, denies) the approval an instance waits for.
+    ApprovalsDecide = "approvals.decide" (ApprovalDecide) -> Approval, true, "id (the instance), deny?, reason";
     /// Every lock held or waited for: its holder, how many wait.
     LocksList = "locks.list" (NoParams) -> Vec<LockInfo>, false, "no params";
     /// The pauses and freeze windows in force.

@@ -131,3 +131,85 @@ impl LockHolder {
         format!("waiting for lock {} held by {} (task {}){since}", self.lock, self.id, self.task)
     }
 }
+
+/// Who may decide an approval: users and groups (by name); both empty:
+/// any operator.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Approvers {
+    #[serde(default)]
+    pub users: Vec<String>,
+    #[serde(default)]
+    pub groups: Vec<String>,
+}
+
+impl Approvers {
+    pub fn describe(&self) -> String {
+        let mut parts: Vec<String> = self.users.clone();
+        parts.extend(self.groups.iter().map(|g| format!("group {g}")));
+        match parts.is_empty() {
+            true => "any operator".into(),
+            false => parts.join(", "),
+        }
+    }
+}
+
+/// An approval step's request and, once given, its decision.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Approval {
+    pub id: String,
+    /// The instance waiting, its task, and the step (name and seq).
+    pub instance: String,
+    pub task: String,
+    pub step: String,
+    pub seq: u32,
+    pub message: String,
+    pub approvers: Approvers,
+    /// Whoever triggered the instance (`distinct_approver` refuses them).
+    pub requested_by: String,
+    pub distinct_approver: bool,
+    pub requested_at: String,
+    /// When a timeout decides it (`on_timeout`), if ever.
+    #[serde(default)]
+    pub deadline: Option<String>,
+    pub on_timeout: String,
+    /// `approved`, `denied`, `timed_out` or `cancelled`; none while it waits.
+    #[serde(default)]
+    pub decision: Option<String>,
+    #[serde(default)]
+    pub decided_by: Option<String>,
+    #[serde(default)]
+    pub decided_at: Option<String>,
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+impl Approval {
+    /// The commands that decide it.
+    pub fn commands(&self) -> String {
+        format!("apollo approve {} --reason '…' (or --deny)", self.instance)
+    }
+
+    /// Why its instance waits.
+    pub fn waiting_line(&self) -> String {
+        let until =
+            self.deadline.as_deref().map(|d| format!(", until {d} (then {})", self.on_timeout)).unwrap_or_default();
+        format!(
+            "waiting for approval of step {} by {} since {}{until}: {}",
+            self.step,
+            self.approvers.describe(),
+            self.requested_at,
+            self.message
+        )
+    }
+}
+
+/// `approvals.decide`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalDecide {
+    /// The instance that waits.
+    pub id: String,
+    #[serde(default)]
+    pub deny: bool,
+    pub reason: String,
+}

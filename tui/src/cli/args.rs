@@ -181,6 +181,19 @@ pub(super) enum Cmd {
     },
     /// The pauses and freeze windows in force: what is not claimed now, by whom, since and until when.
     Pauses,
+    /// Approve the approval step an instance waits at (or deny it with --deny); only its approvers may.
+    Approve {
+        #[arg(add = ArgValueCandidates::new(docs::instances))]
+        id: String,
+        /// Deny instead: the step fails and the instance follows its on_failure.
+        #[arg(long)]
+        deny: bool,
+        /// Why (required: the history and the audit keep it).
+        #[arg(long)]
+        reason: String,
+    },
+    /// Approvals waiting for a decision (who may decide, since when, until when), then the latest decided.
+    Approvals,
     /// Every lock held or waited for: its holder (instance, task, since, agent) and how many instances wait.
     Locks,
     /// What operators did (run, retry, rollback, cancel), who, and why; newest first.

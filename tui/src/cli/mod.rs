@@ -141,6 +141,7 @@ fn mutating(cmd: &Cmd) -> Option<&'static str> {
         Cmd::Emit { .. } => Some("emit"),
         Cmd::Rollout { action: Some(_) } => Some("rollout"),
         Cmd::Pause { .. } => Some("pause"),
+        Cmd::Approve { .. } => Some("approve"),
         Cmd::Resume { .. } => Some("resume"),
         _ => None,
     }
@@ -299,6 +300,18 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
         Cmd::Resume { scope, reason } => pause::resume(&client, scope, reason, json).await,
         Cmd::Pauses => simple::<m::PausesList>(&client, NoParams {}, json, |v| pause::list(&out, v)).await,
         Cmd::Locks => simple::<m::LocksList>(&client, NoParams {}, json, |v| pause::locks(&out, v)).await,
+        Cmd::Approvals => simple::<m::ApprovalsList>(&client, NoParams {}, json, |v| pause::approvals(&out, v)).await,
+        Cmd::Approve { id, deny, reason } => {
+            let p = apollo_shared::protocol::ApprovalDecide { id: id.clone(), deny: *deny, reason: reason.clone() };
+            let a = client.request::<m::ApprovalsDecide>(p).await?;
+            if json {
+                print_json(&a);
+            } else {
+                let then = if *deny { "the step fails" } else { "the instance resumes" };
+                println!("step {} of {id} {}: {then}", a.step, a.decision.as_deref().unwrap_or("decided"));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Cmd::Completions { .. } | Cmd::Man { .. } => Ok(ExitCode::SUCCESS),
         Cmd::Audit { limit } => {
             let p = LimitParams { limit: Some(*limit) };

@@ -1,11 +1,11 @@
-//! `apollo pause`, `apollo resume`, `apollo pauses`, and `apollo locks`.
+//! `apollo pause`, `apollo resume`, `apollo pauses`; `apollo locks`; `apollo approvals`.
 
 use super::args::ScopeArgs;
 use super::failure::Failure;
 use super::render::{print_json, Out};
 use crate::client::Client;
 use apollo_shared::protocol::methods as m;
-use apollo_shared::protocol::{LockInfo, Pause, PauseEnd, PauseScope, PauseStart};
+use apollo_shared::protocol::{Approval, LockInfo, Pause, PauseEnd, PauseScope, PauseStart};
 use apollo_shared::state::Tone;
 use std::process::ExitCode;
 
@@ -92,5 +92,29 @@ pub fn locks(_out: &Out, locks: &[LockInfo]) {
             None => ("-", "-", "-"),
         };
         println!("{:<24} {:<28} {:<20} {:<28} {:>7}", l.lock, id, task, since, l.waiting);
+    }
+}
+
+pub fn approvals(out: &Out, all: &[Approval]) {
+    if all.is_empty() {
+        println!("no approvals");
+    }
+    for a in all {
+        match &a.decision {
+            None => {
+                println!("{}  {} {}  {}", out.paint("WAITING", Tone::Waiting), a.task, a.instance, a.waiting_line());
+                println!("         decide: {}", a.commands());
+            }
+            Some(d) => println!(
+                "{:<8} {} {}  step {} by {} at {}: {}",
+                d.to_uppercase(),
+                a.task,
+                a.instance,
+                a.step,
+                a.decided_by.as_deref().unwrap_or("?"),
+                a.decided_at.as_deref().unwrap_or("?"),
+                a.reason.as_deref().unwrap_or("")
+            ),
+        }
     }
 }

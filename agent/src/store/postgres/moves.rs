@@ -118,7 +118,7 @@ pub(super) fn claims(
              u AS (UPDATE task_instances SET state = 'RUNNING', updated_at = ?2, \
                    attempt = attempt + CASE WHEN t.retry THEN 1 ELSE 0 END, started_at = COALESCE(started_at, ?2), \
                    next_run_at = NULL, lease_owner = ?3, lease_expires_at = apollo_now_plus(?4), finished_at = NULL, \
-                   waiting = NULL \
+                   waiting = NULL, approval = NULL \
                    FROM t WHERE task_instances.ctid = t.row_ctid AND t.from_state IN ({from}) \
                    RETURNING t.from_state, t.retry, {cols}), \
              h AS ({HISTORY} SELECT id, CAST(NULL AS INTEGER), from_state, 'RUNNING', \

@@ -1,0 +1,130 @@
+//! `approval`: a human in the loop. The scheduler parks the instance at
+//! this step until someone permitted decides (`apollo approve`), or the
+//! request times out; the step then runs with the decision and succeeds
+//! (approved) or fails for good (denied, or a timeout that denies). Its
+//! params: `message`, `approvers` (`users`, `groups`: who may decide; none:
+//! any operator), `timeout` (how long the request waits), `on_timeout`
+//! (`deny`, the default, or `approve`), `distinct_approver` (whoever
+//! triggered the instance may not decide).
+
+use super::contract::{Call, ParamDoc, Plugin, PluginError};
+use super::params::check_known;
+use apollo_shared::protocol::Approvers;
+use futures::future::BoxFuture;
+use serde_json::{json, Map, Value};
+
+pub struct Approval;
+
+/// The param the scheduler adds when it runs the step: the decision.
+pub const DECISION: &str = "decision";
+
+const PARAMS: &[&str] = &["message", "approvers", "timeout", "on_timeout", "distinct_approver"];
+
+/// What an approval step asks, from its rendered params.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub message: String,
+    pub approvers: Approvers,
+    pub timeout: Option<f64>,
+    pub on_timeout: String,
+    pub distinct_approver: bool,
+}
+
+pub fn request(p: &Map<String, Value>) -> Result<Request, String> {
+    let message = match p.get("message") {
+        Some(Value::String(m)) if !m.trim().is_empty() => m.clone(),
+        Some(v) if !v.is_string() => return Err(format!("message: expected text, found {v}")),
+        _ => return Err("message: required (what the approvers are asked)".into()),
+    };
+    let approvers: Approvers = match p.get("approvers") {
+        None | Some(Value::Null) => Approvers::default(),
+        Some(v) => serde_json::from_value(v.clone())
+            .map_err(|e| format!("approvers: {e} (expected {{users: [names], groups: [names]}})"))?,
+    };
+    let timeout = match p.get("timeout") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(apollo_shared::def::parse_duration(v).map_err(|e| format!("timeout: {e}"))?),
+    };
+    let on_timeout = match p.get("on_timeout") {
+        None | Some(Value::Null) => "deny".to_string(),
+        Some(Value::String(s)) if s == "deny" || s == "approve" => s.clone(),
+        Some(v) => return Err(format!("on_timeout: expected deny or approve, found {v}")),
+    };
+    let distinct_approver = match p.get("distinct_approver") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(v) => return Err(format!("distinct_approver: expected true or false, found {v}")),
+    };
+    Ok(Request { message, approvers, timeout, on_timeout, distinct_approver })
+}
+
+impl Plugin for Approval {
+    fn uses_work_dir(&self) -> bool {
+        false
+    }
+    fn name(&self) -> &str {
+        "approval"
+    }
+    fn version(&self) -> semver::Version {
+        semver::Version::new(1, 0, 0)
+    }
+    fn description(&self) -> &str {
+        "Waits for a person's decision (apollo approve); holds no slot while it waits"
+    }
+    fn outputs(&self) -> Option<Vec<String>> {
+        Some(["decision", "by", "reason", "at"].map(String::from).to_vec())
+    }
+    fn params(&self) -> Vec<ParamDoc> {
+        vec![
+            ParamDoc { name: "message", kind: "string", required: true, description: "what the approvers are asked" },
+            ParamDoc {
+                name: "approvers",
+                kind: "mapping",
+                required: false,
+                description: "users: [names], groups: [names] who may decide (default: any operator)",
+            },
+            ParamDoc {
+                name: "timeout",
+                kind: "duration",
+                required: false,
+                description: "how long it waits (default: until decided)",
+            },
+            ParamDoc { name: "on_timeout", kind: "string", required: false, description: "deny (default) or approve" },
+            ParamDoc {
+                name: "distinct_approver",
+                kind: "boolean",
+                required: false,
+                description: "whoever triggered the instance may not decide (default false)",
+            },
+        ]
+    }
+    fn check_params(&self, p: &Map<String, Value>) -> Result<(), String> {
+        let mut known = PARAMS.to_vec();
+        known.push(DECISION);
+        check_known(p, &known)?;
+        request(p).map(|_| ())
+    }
+    fn execute<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Value, PluginError>> {
+        Box::pin(async move {
+            let Some(d) = call.params.get(DECISION) else {
+                return Err(PluginError::permanent("an approval step runs only once decided (apollo approve)"));
+            };
+            let (decision, by, reason) = (d["decision"].as_str().unwrap_or(""), &d["by"], &d["reason"]);
+            let by_s = by.as_str().unwrap_or("?");
+            let reason_s = reason.as_str().unwrap_or("");
+            let out = json!({"decision": decision, "by": by, "reason": reason, "at": d["at"]});
+            match (decision, d["on_timeout"].as_str()) {
+                ("approved", _) => Ok(out),
+                ("timed_out", Some("approve")) => {
+                    Ok(json!({"decision": "approved", "by": "timeout", "reason": reason, "at": d["at"]}))
+                }
+                ("denied", _) => Err(PluginError::permanent(format!("approval denied by {by_s}: {reason_s}"))),
+                ("timed_out", _) => Err(PluginError::permanent(format!("approval timed out: {reason_s}"))),
+                (other, _) => Err(PluginError::permanent(format!("approval {other} by {by_s}: {reason_s}"))),
+            }
+        })
+    }
+    fn rollback<'a>(&'a self, _call: Call<'a>, _output: Option<&'a Value>) -> BoxFuture<'a, Result<(), PluginError>> {
+        Box::pin(async { Ok(()) })
+    }
+}
