@@ -275,3 +275,22 @@ fn p_in_the_queues_view_pauses_the_selected_queue_and_resumes_a_paused_one_after
     let cmds = key(&mut app, KeyCode::Enter);
     assert_eq!(cmds, [Cmd::Pause { queue: "reports".into(), resume: true, reason: "over".into() }]);
 }
+
+#[test]
+fn a_and_d_decide_the_approval_the_selected_instance_waits_for_after_a_reason() {
+    let mut app = fixtures::app();
+    assert!(key(&mut app, KeyCode::Char('A')).is_empty());
+    assert!(!matches!(&app.mode, Mode::Confirm(_)), "the selected instance waits for no approval");
+    let id = app.visible_tasks()[0].id.clone();
+    let first = app.tasks.iter_mut().find(|i| i.id == id).unwrap();
+    first.state = apollo_shared::state::TaskState::Pending;
+    first.waiting = Some("waiting for approval of step gate by any operator since …: go?".into());
+    key(&mut app, KeyCode::Char('A'));
+    assert!(matches!(&app.mode, Mode::Confirm(c) if c.approve == Some(false)), "{:?}", app.mode);
+    assert!(key(&mut app, KeyCode::Enter).is_empty(), "an approval needs a reason");
+    typed(&mut app, "CHG-7");
+    assert_eq!(key(&mut app, KeyCode::Enter), [Cmd::Approve { id: id.clone(), deny: false, reason: "CHG-7".into() }]);
+    key(&mut app, KeyCode::Char('D'));
+    typed(&mut app, "not now");
+    assert_eq!(key(&mut app, KeyCode::Enter), [Cmd::Approve { id, deny: true, reason: "not now".into() }]);
+}

@@ -22,12 +22,11 @@ pub const HELP: &[(&str, &str)] = &[
     ("Space * u", "mark and move on, mark all the filter shows, clear the marks"),
     ("t", "retry the selected instance, or the marked ones after a preview"),
     ("b c", "roll back, cancel the selected instance (confirmed with y)"),
-    ("x", "step view: skip the failed step by hand (asks a reason)"),
-    ("p", "queues: pause the selected queue, or resume it (asks a reason)"),
+    ("x p", "skip a failed step (step view); pause, resume a queue (queues)"),
+    ("A D", "approve, deny what the selected instance waits for (asks why)"),
     ("y", "confirm a roll back or cancel; any other key cancels it"),
     ("", "(production: type the task name, then a reason)"),
-    ("?", "this help"),
-    ("q Ctrl-C", "quit"),
+    ("? q Ctrl-C", "this help; quit"),
 ];
 
 pub fn action(mode: &Mode, key: KeyEvent) -> Option<Action> {
@@ -94,6 +93,8 @@ pub fn action(mode: &Mode, key: KeyEvent) -> Option<Action> {
         KeyCode::Char('c') => Action::Cancel,
         KeyCode::Char('x') => Action::Skip,
         KeyCode::Char('p') => Action::Pause,
+        KeyCode::Char('A') => Action::Approve,
+        KeyCode::Char('D') => Action::Deny,
         KeyCode::Char('s') => Action::Sort,
         KeyCode::Char('a') => Action::Archive,
         KeyCode::Char(' ') => Action::Mark,

@@ -398,6 +398,14 @@ async fn act(client: &Client, cmd: Cmd, news: &mpsc::Sender<News>) -> Result<(),
                 Err(e) => News::Done(Err(e)),
             }
         }
+        Cmd::Approve { id, deny, reason } => {
+            use apollo_shared::protocol::{methods::ApprovalsDecide, ApprovalDecide};
+            let p = ApprovalDecide { id: id.clone(), deny, reason };
+            News::Done(
+                answer(client.request::<ApprovalsDecide>(p).await)?
+                    .map(|a| format!("step {} of {id} {}", a.step, a.decision.unwrap_or_default())),
+            )
+        }
         Cmd::Pause { queue, resume, reason } => {
             use apollo_shared::protocol::{methods as m, PauseEnd, PauseScope, PauseStart};
             let target = Some(queue.clone());

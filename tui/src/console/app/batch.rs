@@ -72,6 +72,7 @@ impl App {
             reason: None,
             skip: None,
             pause: None,
+            approve: None,
         });
         Vec::new()
     }

@@ -105,6 +105,9 @@ pub struct Confirm {
     /// A pause of the queue named `task` (`Some(false)`), or its resume
     /// (`Some(true)`), instead of `action`: its reason is always asked.
     pub pause: Option<bool>,
+    /// A decision of the approval the instance waits for instead of
+    /// `action`: `Some(deny)`; its reason is always asked.
+    pub approve: Option<bool>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,6 +148,14 @@ impl Confirm {
             Stage::TaskName => {
                 lines.push(format!("PRODUCTION: {what}"));
                 lines.push(format!("type {name} ({}) to go on, Esc cancels: {}▏", self.task, self.input));
+            }
+            Stage::Reason if self.approve.is_some() => {
+                let then = match self.approve {
+                    Some(true) => "the step fails and the instance follows its on_failure",
+                    _ => "the instance resumes from the approval step",
+                };
+                lines.push(format!("{what}: {then}"));
+                lines.push(format!("reason, recorded in the audit, then Enter (Esc cancels): {}▏", self.input));
             }
             Stage::Reason if self.pause.is_some() => {
                 let then = match self.pause {
@@ -215,6 +226,9 @@ pub enum Action {
     Skip,
     /// Pause the selected queue, or resume it when it is paused.
     Pause,
+    /// Approve, deny the approval the selected instance waits for.
+    Approve,
+    Deny,
     Rollback,
     Cancel,
     Yes,
@@ -313,6 +327,12 @@ pub enum Cmd {
     },
     /// Keep every context's state coming (`News::Fleet`).
     WatchFleet,
+    /// Decide the approval an instance waits for (`approvals.decide`).
+    Approve {
+        id: String,
+        deny: bool,
+        reason: String,
+    },
     /// Pause a queue, or resume it (`scheduler.pause`, `scheduler.resume`).
     Pause {
         queue: String,

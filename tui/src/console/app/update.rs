@@ -281,6 +281,30 @@ impl App {
             Action::Retry if !self.marked.is_empty() => self.batch(OperatorAction::Retry),
             Action::Rollback if !self.marked.is_empty() => self.batch(OperatorAction::Rollback),
             Action::Cancel if !self.marked.is_empty() => self.batch(OperatorAction::Cancel),
+            Action::Approve | Action::Deny => match self.focused_instance().cloned() {
+                Some(i) if i.waiting.as_deref().is_some_and(|w| w.starts_with("waiting for approval")) => {
+                    let deny = a == Action::Deny;
+                    let production = self.context.as_ref().is_some_and(|c| c.production);
+                    self.mode = Mode::Confirm(Confirm {
+                        action: OperatorAction::Retry,
+                        ids: vec![i.id.clone()],
+                        task: i.task.clone(),
+                        verb: if deny { "deny the approval of" } else { "approve" },
+                        plan: Vec::new(),
+                        stage: if production { Stage::TaskName } else { Stage::Reason },
+                        input: String::new(),
+                        reason: None,
+                        skip: None,
+                        pause: None,
+                        approve: Some(deny),
+                    });
+                    Vec::new()
+                }
+                _ => {
+                    self.say("select an instance that waits for approval (apollo approvals lists them)", true);
+                    Vec::new()
+                }
+            },
             Action::Pause => match self.visible_queues().get(self.sel(View::Queues)) {
                 Some(q) if self.view == View::Queues => {
                     let resume = q.paused.is_some();
@@ -296,6 +320,7 @@ impl App {
                         reason: None,
                         skip: None,
                         pause: Some(resume),
+                        approve: None,
                     });
                     Vec::new()
                 }
@@ -320,6 +345,7 @@ impl App {
                                 reason: None,
                                 skip: Some(s.seq),
                                 pause: None,
+                                approve: None,
                             });
                         }
                         _ => self.say("only a FAILED step can be skipped", true),
@@ -355,6 +381,7 @@ impl App {
                             reason: None,
                             skip: None,
                             pause: None,
+                            approve: None,
                         });
                         Vec::new()
                     }
@@ -409,6 +436,7 @@ impl App {
                 let what = match (c.skip, c.pause) {
                     (Some(_), _) => "for a skip",
                     (_, Some(_)) => "for a pause or resume",
+                    _ if c.approve.is_some() => "for an approval or a denial",
                     _ => "on a production context",
                 };
                 self.say(format!("a reason is needed {what}"), true);
@@ -425,6 +453,12 @@ impl App {
     /// Sends a confirmed action: to one instance, or to each of a batch.
     fn confirmed(&mut self, c: Confirm, reason: Option<String>) -> Vec<Cmd> {
         let why = reason.as_ref().map(|r| format!(" ({r})")).unwrap_or_default();
+        if let Some(deny) = c.approve {
+            let id = c.ids.into_iter().next().unwrap_or_default();
+            let verb = if deny { "denial" } else { "approval" };
+            self.say(format!("{verb} of {id} requested{why}"), false);
+            return vec![Cmd::Approve { id, deny, reason: reason.unwrap_or_default() }];
+        }
         if let Some(resume) = c.pause {
             let verb = if resume { "resume" } else { "pause" };
             self.say(format!("{verb} of queue {} requested{why}", c.task), false);
