@@ -180,3 +180,45 @@ async fn a_hold_step_interrupted_by_kill_9_is_not_run_again_until_an_operator_re
     assert_eq!(inst.steps.unwrap()[0].state, StepState::Success);
     assert_eq!(witness(&agent), "promote\npromote\n");
 }
+
+#[tokio::test]
+async fn on_postgresql_a_hold_step_whose_agent_died_is_not_run_again_by_the_agent_that_takes_it_over() {
+    let schema = PgSchema::new("hold");
+    let w = tempfile::tempdir().unwrap();
+    let wd = w.path().display();
+    let def = format!(
+        "task: failover\nsteps:\n  - name: promote\n    plugin: shell\n    on_interrupt: hold\n    params:\n      \
+         command: echo promote >> {wd}/witness; [ -f {wd}/again ] || sleep 60\n"
+    );
+    let start = |name: &str| {
+        let conf = format!("{}agent:\n  name: {name}\nscheduler:\n  lease: 1s\n", schema.config());
+        Agent::builder().config(&conf).task("failover.yaml", &def).start()
+    };
+    let mut a = start("a");
+    let b = start("b");
+    let id = {
+        let (c, mut events) = a.watch().await;
+        let id = trigger(&c, "failover", json!({})).await;
+        let running =
+            |i: &apollo_shared::protocol::Instance| i.steps.as_ref().is_some_and(|s| s[0].state == StepState::Running);
+        wait_until(&c, &mut events, &id, "the step to run", running).await;
+        id
+    };
+    let witnessed = || std::fs::read_to_string(w.path().join("witness")).unwrap_or_default();
+    while witnessed().is_empty() {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    a.kill9();
+    // b takes the instance over once a's lease runs out, and holds it.
+    let (c, mut events) = b.watch().await;
+    let inst = wait_until(&c, &mut events, &id, "the hold on b", ended).await;
+    assert_eq!(inst.state, TaskState::Failed, "{inst:?}\n{}", b.log());
+    let error = inst.error.clone().unwrap_or_default();
+    assert!(error.contains("has on_interrupt: hold, so it was not run again"), "{error}");
+    assert_eq!(witnessed(), "promote\n", "b did not run it again");
+    std::fs::write(w.path().join("again"), "").unwrap();
+    let out = b.cli(&["retry", &id, "--reason", "replica checked"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    wait_until(&c, &mut events, &id, "the retry on b", |i| i.state == TaskState::Success).await;
+    assert_eq!(witnessed(), "promote\npromote\n");
+}

@@ -186,9 +186,16 @@ impl Scheduler {
         reaper::reap(self).await;
         crate::rollouts::tick(&self.store, &self.registry, &self.name).await;
         waiting::check(self).await;
-        // Approvals whose deadline passed are decided by their on_timeout;
-        // their instances are claimed again.
-        if let Ok(expired) = self.store.expire_approvals().await {
+        // Approvals whose deadline passed are decided by their on_timeout
+        // (their instances are claimed again), and pauses whose `until`
+        // passed end for the record (claims already ignore them); a read
+        // first, so an idle tick writes nothing.
+        let (pauses_due, approvals_due) = self.store.rails_due().await.unwrap_or((false, false));
+        let expired = match approvals_due {
+            true => self.store.expire_approvals().await.ok(),
+            false => None,
+        };
+        if let Some(expired) = expired {
             for a in &expired {
                 tracing::info!(instance = %a.instance, "approval of step {} timed out (on_timeout: {})", a.step, a.on_timeout);
             }
@@ -196,9 +203,11 @@ impl Scheduler {
                 self.wake();
             }
         }
-        // Pauses whose `until` passed end for the record (claims already
-        // ignore them).
-        if let Ok(ended) = self.store.lapse_pauses().await {
+        let ended = match pauses_due {
+            true => self.store.lapse_pauses().await.ok(),
+            false => None,
+        };
+        if let Some(ended) = ended {
             for p in ended {
                 tracing::info!(pause = %p.id, "{} resumed: until {} reached", p.what(), p.until.unwrap_or_default());
             }

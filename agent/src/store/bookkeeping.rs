@@ -240,6 +240,24 @@ impl Store {
         Ok(done)
     }
 
+    /// Whether a pause's `until` or an approval's deadline has passed
+    /// unrecorded (a read: the maintenance tick writes only when one has).
+    pub async fn rails_due(&self) -> Result<(bool, bool)> {
+        self.read(|c| {
+            let pauses: Option<i64> = c.value(
+                "SELECT 1 FROM pauses WHERE ended_at IS NULL AND until_at IS NOT NULL AND until_at <= apollo_now() LIMIT 1",
+                &[],
+            )?;
+            let approvals: Option<i64> = c.value(
+                "SELECT 1 FROM approvals INDEXED BY approvals_open WHERE decision IS NULL \
+                 AND deadline IS NOT NULL AND deadline <= apollo_now() LIMIT 1",
+                &[],
+            )?;
+            Ok((pauses.is_some(), approvals.is_some()))
+        })
+        .await
+    }
+
     /// Decides the requests whose deadline passed; returns them.
     pub async fn expire_approvals(&self) -> Result<Vec<Approval>> {
         let done = self.write(super::approvals::expire).await?;
