@@ -84,6 +84,31 @@ async fn main() {
     }
     let took = start.elapsed().as_secs_f64();
     let allowed = locks as f64 / step;
+    // What the locks were held for: each step's own run (its process's
+    // start and end included), against the locks' whole time.
+    let mut held = 0.0;
+    let mut cursor = None;
+    loop {
+        let page = c0
+            .request::<m::TasksList>(apollo_shared::protocol::ListParams {
+                task: Some("locked".into()),
+                limit: Some(1000),
+                cursor: cursor.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        for i in &page.items {
+            let full = get(&c0, &i.id).await;
+            let s0 = &full.steps.unwrap()[0];
+            held += (s0.finished_at.unwrap() - s0.started_at.unwrap()).num_microseconds().unwrap() as f64 / 1e6;
+        }
+        cursor = page.next_cursor;
+        if cursor.is_none() {
+            break;
+        }
+    }
+    let busy = held / (locks as f64 * took);
     let overlaps = std::fs::read_to_string(w.path().join("overlaps")).unwrap_or_default().lines().count();
 
     // 2. Waiting approvals.
@@ -112,6 +137,7 @@ async fn main() {
         n as f64 / took,
         100.0 * n as f64 / took / allowed
     );
+    println!("  locks: held              {:.0}% of the time (each step's run {:.3}s on average)", 100.0 * busy, held / n as f64);
     println!("  locks: overlaps          {overlaps}");
     println!(
         "  approvals: agent RSS     {:.1} MB before, {:.1} MB with {n} waiting (+{:.1} MB)",
