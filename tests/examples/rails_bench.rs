@@ -137,7 +137,11 @@ async fn main() {
         n as f64 / took,
         100.0 * n as f64 / took / allowed
     );
-    println!("  locks: held              {:.0}% of the time (each step's run {:.3}s on average)", 100.0 * busy, held / n as f64);
+    println!(
+        "  locks: held              {:.0}% of the time (each step's run {:.3}s on average)",
+        100.0 * busy,
+        held / n as f64
+    );
     println!("  locks: overlaps          {overlaps}");
     println!(
         "  approvals: agent RSS     {:.1} MB before, {:.1} MB with {n} waiting (+{:.1} MB)",

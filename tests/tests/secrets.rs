@@ -134,3 +134,32 @@ fn an_undeclared_secret_is_named_by_check_with_what_is_declared() {
     assert!(said.contains("secrets.db_pasword: the definition declares no secret"), "{said}");
     assert!(said.contains("did you mean \"db_password\"?"), "{said}");
 }
+
+#[test]
+fn on_postgresql_a_secret_is_in_no_table_of_the_store() {
+    let schema = PgSchema::new("secrets");
+    let b = Agent::builder();
+    let token_file = b.path().join("token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    let agent = b
+        .env("APOLLO_E2E_DB_PASSWORD", PASSWORD)
+        .config(&format!("{}agent:\n  name: a\n", schema.config()))
+        .task("leak.yaml", &leak(&token_file))
+        .start();
+    let (code, inst) = agent.cli_json(&["run", "leak", "--wait"]);
+    assert_eq!((code, inst["state"].as_str()), (1, Some("FAILED")), "{inst:#}");
+    assert!(inst["steps"][0]["output"].to_string().contains("real-value-seen"), "{inst:#}");
+    let tables =
+        schema.sql(&format!("SELECT table_name FROM information_schema.tables WHERE table_schema = '{}'", schema.name));
+    assert!(tables.len() >= 10, "{tables:?}");
+    for t in tables.iter().filter_map(|r| r[0].clone()) {
+        let rows = schema.sql(&format!("SELECT string_agg(x::text, ' ') FROM {t} x"));
+        let all = rows.first().and_then(|r| r[0].clone()).unwrap_or_default();
+        for secret in [PASSWORD, TOKEN] {
+            assert!(!all.contains(secret), "{secret} is in table {t}");
+        }
+        if t == "step_runs" {
+            assert!(all.contains("pw=*** token=***"), "the masked output is stored: {all}");
+        }
+    }
+}
