@@ -48,6 +48,9 @@ pub trait Control: Send + Sync {
     fn reserve(&self) -> Option<ClaimTerms>;
     /// Frees a slot [`Control::reserve`] held.
     fn release(&self);
+    /// When every free slot is held by a claim of the scheduler's own loop
+    /// in flight: what tells its release.
+    fn claim_release(&self) -> Option<std::sync::Arc<tokio::sync::Notify>>;
     /// Whether this agent claims from `queue` (not dedicated to others).
     fn serves(&self, queue: &str) -> bool;
 }
@@ -99,5 +102,23 @@ impl Handles {
     pub fn reserve(&self) -> Option<(Slot, ClaimTerms)> {
         let terms = self.control.reserve()?;
         Some((Slot { control: self.control.clone() }, terms))
+    }
+
+    /// [`Handles::reserve`], or, when the loop's own claim holds the free
+    /// slots at this moment (it releases them in a commit's time when it
+    /// found nothing), that slot once it is released (a second at most).
+    pub async fn reserve_soon(&self) -> Option<(Slot, ClaimTerms)> {
+        if let Some(r) = self.reserve() {
+            return Some(r);
+        }
+        let released = self.control.claim_release()?;
+        let notified = released.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if let Some(r) = self.reserve() {
+            return Some(r);
+        }
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), notified).await;
+        self.reserve()
     }
 }

@@ -246,3 +246,21 @@ fn the_default_concurrency_is_twice_the_cores_the_agent_may_use() {
     let human = String::from_utf8_lossy(&set.cli(&["status"]).stdout).to_string();
     assert!(human.contains("concurrency 3\n"), "{human}");
 }
+
+/// A trigger that comes while the loop's own claim holds every free slot
+/// (it found nothing, and releases them a commit later) waits for that
+/// slot instead of leaving its instance to the loop's next turn.
+#[tokio::test]
+async fn a_trigger_during_the_loops_own_claim_takes_the_slot_it_releases() {
+    const LONG: &str = "task: long\nsteps:\n  - {name: wait, plugin: sleep, params: {seconds: 60}}\n";
+    let mut agent = Agent::builder().config("scheduler:\n  concurrency: 2\n").task("long.yaml", LONG).start();
+    agent.stop();
+    // Every claim of the loop holds its slots 0.5 s: the trigger lands inside one.
+    agent.spawn_with(&[("FAILPOINTS", "slots.loop_claim=return(500)")]);
+    let c = agent.client().await;
+    let id = trigger(&c, "long", json!({})).await;
+    let i = get(&c, &id).await;
+    assert_eq!(i.state, apollo_shared::TaskState::Running, "{i:?}");
+    let moves: Vec<&str> = i.transitions.as_ref().unwrap().iter().map(|t| t.reason.as_str()).collect();
+    assert_eq!(moves, ["created by manual", "claimed", "attempt 1"], "claimed in the trigger's write");
+}

@@ -410,6 +410,9 @@ impl crate::handles::Control for Arc<Scheduler> {
     fn release(&self) {
         self.release_for_trigger()
     }
+    fn claim_release(&self) -> Option<Arc<tokio::sync::Notify>> {
+        self.loop_claim_release()
+    }
     fn serves(&self, queue: &str) -> bool {
         let config = self.config();
         config.scheduler.queues.get(queue).is_none_or(|q| q.agents.is_empty() || q.agents.contains(&self.name))

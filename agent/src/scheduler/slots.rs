@@ -37,6 +37,11 @@ impl Scheduler {
         if free == 0 {
             return;
         }
+        self.slots.looping.store(true, Ordering::SeqCst);
+        // The tests hold the loop's claim here (`slots.loop_claim=return(MS)`).
+        if let Some(ms) = loop_claim_hold() {
+            tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+        }
         let (plugins, catalog) = (self.registry.clone(), self.catalog.clone());
         let ready = move |i: &Claimed| crate::steps::ready_first(&plugins, &catalog, i);
         let claim = self.store.claim_starting(free, self.lease(), self.queue_policy(), ready).await;
@@ -49,6 +54,8 @@ impl Scheduler {
             }
         }
         self.release_slots(free);
+        self.slots.looping.store(false, Ordering::SeqCst);
+        self.slots.released.notify_waiters();
     }
 
     /// A free slot for what a trigger's write claims, with the terms of that
@@ -71,7 +78,20 @@ impl Scheduler {
         }
     }
 
+    /// What a trigger that found no free slot may wait for: the release of
+    /// the slots a claim of the loop holds now (`None` when none does).
+    pub(super) fn loop_claim_release(&self) -> Option<Arc<tokio::sync::Notify>> {
+        let looping = self.slots.looping.load(Ordering::SeqCst);
+        (looping && !self.slots.backlog()).then(|| self.slots.released.clone())
+    }
+
     pub(super) fn release_for_trigger(&self) {
         self.release_slots(1)
     }
+}
+
+/// How long the tests hold a loop's claim (`slots.loop_claim=return(MS)`).
+fn loop_claim_hold() -> Option<u64> {
+    fail::fail_point!("slots.loop_claim", |ms| ms.and_then(|m| m.parse::<u64>().ok()));
+    None
 }

@@ -122,6 +122,12 @@ pub(super) struct Slots {
     /// queue or the claim's size held back: then another agent's instance
     /// that ends may make room for it here.
     pub(super) limited: AtomicBool,
+    /// Told when a claim of the loop's releases the slots it held: a
+    /// trigger that found them all held by it waits for that instead of
+    /// leaving its claim to the loop's next turn.
+    pub(super) released: Arc<tokio::sync::Notify>,
+    /// Whether a claim of the loop holds slots now.
+    pub(super) looping: AtomicBool,
 }
 
 impl Slots {
@@ -129,7 +135,13 @@ impl Slots {
         // Down at the start: the loop's first turn claims whatever waits
         // from before, and a trigger's claim takes what comes first anyway.
         // (Up, a trigger right after the start would wait for that turn.)
-        Slots { reserved: Mutex::new(0), backlog: AtomicBool::new(false), limited: AtomicBool::new(false) }
+        Slots {
+            reserved: Mutex::new(0),
+            backlog: AtomicBool::new(false),
+            limited: AtomicBool::new(false),
+            released: Arc::default(),
+            looping: AtomicBool::new(false),
+        }
     }
 
     /// Work may be waiting (the loop is to look).

@@ -209,7 +209,7 @@ impl Triggers {
         // creates, without this agent's claim turn (which would keep them
         // waiting for its commit), and this agent's scheduler is not woken.
         let elsewhere = !self.h.control.serves(&def.queue);
-        let (slot, terms) = if elsewhere { None } else { self.h.reserve() }.unzip();
+        let (slot, terms) = if elsewhere { None } else { self.h.reserve_soon().await }.unzip();
         // (An approval step's decision is looked up before it starts.)
         let startable = def.steps.first().is_some_and(|s| s.plugin != "approval");
         let first = (slot.is_some() && startable).then(|| crate::steps::ready(&plugins, def, 0, &ctx));
