@@ -3,7 +3,7 @@
 //! that method's result type; clients send `Client::request::<M>(params)`
 //! and get `M::Result` back. A method exists in one place, the list below.
 
-use super::pauses::*;
+use super::rails::*;
 use super::rollouts::*;
 use super::status::*;
 use super::types::{self, *};

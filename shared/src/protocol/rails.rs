@@ -1,9 +1,10 @@
-//! Pauses and freeze windows: nothing new is claimed in their scope (a
-//! queue, a task, or everything) while one is in force. Running instances go
-//! on; triggers, events and schedules still create their instances, which
-//! wait. An operator's pause is in the store (cluster-wide, surviving
-//! restarts, audited); a freeze window is `scheduler.freezes`. And locks:
-//! who holds which, and how many wait.
+//! The safety rails' types. Pauses and freeze windows: nothing new is
+//! claimed in their scope (a queue, a task, or everything) while one is in
+//! force; running instances go on, and what triggers, events and schedules
+//! create waits. An operator's pause is in the store (cluster-wide,
+//! surviving restarts, audited); a freeze window is `scheduler.freezes`.
+//! Locks: who holds which, and how many wait. Approvals: an approval step's
+//! request, who may decide it, and the decision.
 
 use serde::{Deserialize, Serialize};
 
