@@ -5,7 +5,7 @@ mod fixtures;
 
 use apollo_shared::protocol::{HelloResult, Role};
 use apollo_shared::state::OperatorAction;
-use apollo_tui::console::app::{Action, App, Cmd, Mode, News, View};
+use apollo_tui::console::app::{Action, App, Cmd, Mode, News, Other, View};
 use apollo_tui::console::keys;
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
 
@@ -243,7 +243,7 @@ fn x_in_the_step_view_skips_a_failed_step_after_a_reason() {
     let id = app.instance.as_ref().unwrap().id.clone();
     app.instance.as_mut().unwrap().steps.as_mut().unwrap()[1].state = apollo_shared::state::StepState::Failed;
     assert!(key(&mut app, KeyCode::Char('x')).is_empty());
-    assert!(matches!(&app.mode, Mode::Confirm(c) if c.skip == Some(1)), "{:?}", app.mode);
+    assert!(matches!(&app.mode, Mode::Confirm(c) if c.other == Some(Other::Skip(1))), "{:?}", app.mode);
     assert!(key(&mut app, KeyCode::Enter).is_empty(), "a skip needs a reason");
     typed(&mut app, "ran it by hand");
     let cmds = key(&mut app, KeyCode::Enter);
@@ -261,7 +261,11 @@ fn p_in_the_queues_view_pauses_the_selected_queue_and_resumes_a_paused_one_after
     assert_eq!(app.view, View::Queues);
     key(&mut app, KeyCode::Char('j'));
     assert!(key(&mut app, KeyCode::Char('p')).is_empty());
-    assert!(matches!(&app.mode, Mode::Confirm(c) if c.pause == Some(false) && c.task == "reports"), "{:?}", app.mode);
+    assert!(
+        matches!(&app.mode, Mode::Confirm(c) if c.other == Some(Other::Pause { resume: false }) && c.task == "reports"),
+        "{:?}",
+        app.mode
+    );
     assert!(key(&mut app, KeyCode::Enter).is_empty(), "a pause needs a reason");
     typed(&mut app, "incident 42");
     let cmds = key(&mut app, KeyCode::Enter);
@@ -286,7 +290,7 @@ fn a_and_d_decide_the_approval_the_selected_instance_waits_for_after_a_reason() 
     first.state = apollo_shared::state::TaskState::Pending;
     first.waiting = Some("waiting for approval of step gate by any operator since …: go?".into());
     key(&mut app, KeyCode::Char('A'));
-    assert!(matches!(&app.mode, Mode::Confirm(c) if c.approve == Some(false)), "{:?}", app.mode);
+    assert!(matches!(&app.mode, Mode::Confirm(c) if c.other == Some(Other::Approve { deny: false })), "{:?}", app.mode);
     assert!(key(&mut app, KeyCode::Enter).is_empty(), "an approval needs a reason");
     typed(&mut app, "CHG-7");
     assert_eq!(key(&mut app, KeyCode::Enter), [Cmd::Approve { id: id.clone(), deny: false, reason: "CHG-7".into() }]);

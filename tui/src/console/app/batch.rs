@@ -70,9 +70,7 @@ impl App {
             stage: if production { Stage::TaskName } else { Stage::Yes },
             input: String::new(),
             reason: None,
-            skip: None,
-            pause: None,
-            approve: None,
+            other: None,
         });
         Vec::new()
     }

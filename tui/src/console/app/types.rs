@@ -99,15 +99,20 @@ pub struct Confirm {
     pub input: String,
     /// The task name was typed right; the reason comes next.
     pub reason: Option<String>,
-    /// A skip of this step (`x` in the step view) instead of `action`: its
-    /// reason is always asked.
-    pub skip: Option<u32>,
-    /// A pause of the queue named `task` (`Some(false)`), or its resume
-    /// (`Some(true)`), instead of `action`: its reason is always asked.
-    pub pause: Option<bool>,
-    /// A decision of the approval the instance waits for instead of
-    /// `action`: `Some(deny)`; its reason is always asked.
-    pub approve: Option<bool>,
+    /// What is confirmed when it is not `action`: a skip, a pause, an
+    /// approval (each always asks a reason).
+    pub other: Option<Other>,
+}
+
+/// A confirmation of something other than an [`OperatorAction`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Other {
+    /// Skip this step (`x` in the step view).
+    Skip(u32),
+    /// Pause the queue named `task`, or resume it.
+    Pause { resume: bool },
+    /// Decide the approval the instance waits for.
+    Approve { deny: bool },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,7 +139,7 @@ impl Confirm {
     pub fn prompt(&self) -> Vec<String> {
         let (what, name) = if self.batch() {
             (format!("{} {} instances", self.verb, self.ids.len()), "the number of instances")
-        } else if self.pause.is_some() {
+        } else if matches!(self.other, Some(Other::Pause { .. })) {
             (format!("{} {}", self.verb, self.task), "the queue name")
         } else {
             (format!("{} {} {}", self.verb, self.task, self.ids.join(" ")), "the task name")
@@ -149,25 +154,22 @@ impl Confirm {
                 lines.push(format!("PRODUCTION: {what}"));
                 lines.push(format!("type {name} ({}) to go on, Esc cancels: {}▏", self.task, self.input));
             }
-            Stage::Reason if self.approve.is_some() => {
-                let then = match self.approve {
-                    Some(true) => "the step fails and the instance follows its on_failure",
-                    _ => "the instance resumes from the approval step",
+            Stage::Reason if self.other.is_some() => {
+                let (then, kept) = match self.other {
+                    Some(Other::Skip(_)) => {
+                        ("it is recorded SKIPPED and the instance resumes after it", "with the skip")
+                    }
+                    Some(Other::Pause { resume: true }) => ("its waiting instances are claimed again", "in the audit"),
+                    Some(Other::Pause { resume: false }) => {
+                        ("nothing new is claimed from it; running instances go on", "in the audit")
+                    }
+                    Some(Other::Approve { deny: true }) => {
+                        ("the step fails and the instance follows its on_failure", "in the audit")
+                    }
+                    _ => ("the instance resumes from the approval step", "in the audit"),
                 };
                 lines.push(format!("{what}: {then}"));
-                lines.push(format!("reason, recorded in the audit, then Enter (Esc cancels): {}▏", self.input));
-            }
-            Stage::Reason if self.pause.is_some() => {
-                let then = match self.pause {
-                    Some(true) => "its waiting instances are claimed again",
-                    _ => "nothing new is claimed from it; running instances go on",
-                };
-                lines.push(format!("{what}: {then}"));
-                lines.push(format!("reason, recorded in the audit, then Enter (Esc cancels): {}▏", self.input));
-            }
-            Stage::Reason if self.skip.is_some() => {
-                lines.push(format!("{what}: it is recorded SKIPPED and the instance resumes after it"));
-                lines.push(format!("reason, recorded with the skip, then Enter (Esc cancels): {}▏", self.input));
+                lines.push(format!("reason, recorded {kept}, then Enter (Esc cancels): {}▏", self.input));
             }
             Stage::Reason => {
                 lines.push(format!("PRODUCTION: {what}"));

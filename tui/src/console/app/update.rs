@@ -294,9 +294,7 @@ impl App {
                         stage: if production { Stage::TaskName } else { Stage::Reason },
                         input: String::new(),
                         reason: None,
-                        skip: None,
-                        pause: None,
-                        approve: Some(deny),
+                        other: Some(Other::Approve { deny }),
                     });
                     Vec::new()
                 }
@@ -318,9 +316,7 @@ impl App {
                         stage: if production { Stage::TaskName } else { Stage::Reason },
                         input: String::new(),
                         reason: None,
-                        skip: None,
-                        pause: Some(resume),
-                        approve: None,
+                        other: Some(Other::Pause { resume }),
                     });
                     Vec::new()
                 }
@@ -343,9 +339,7 @@ impl App {
                                 stage: Stage::Reason,
                                 input: String::new(),
                                 reason: None,
-                                skip: Some(s.seq),
-                                pause: None,
-                                approve: None,
+                                other: Some(Other::Skip(s.seq)),
                             });
                         }
                         _ => self.say("only a FAILED step can be skipped", true),
@@ -379,9 +373,7 @@ impl App {
                             stage: if production { Stage::TaskName } else { Stage::Yes },
                             input: String::new(),
                             reason: None,
-                            skip: None,
-                            pause: None,
-                            approve: None,
+                            other: None,
                         });
                         Vec::new()
                     }
@@ -433,11 +425,11 @@ impl App {
                 self.confirmed(c, Some(reason))
             }
             (Stage::Reason, Action::Enter) => {
-                let what = match (c.skip, c.pause) {
-                    (Some(_), _) => "for a skip",
-                    (_, Some(_)) => "for a pause or resume",
-                    _ if c.approve.is_some() => "for an approval or a denial",
-                    _ => "on a production context",
+                let what = match c.other {
+                    Some(Other::Skip(_)) => "for a skip",
+                    Some(Other::Pause { .. }) => "for a pause or resume",
+                    Some(Other::Approve { .. }) => "for an approval or a denial",
+                    None => "on a production context",
                 };
                 self.say(format!("a reason is needed {what}"), true);
                 self.mode = Mode::Confirm(c);
@@ -453,21 +445,23 @@ impl App {
     /// Sends a confirmed action: to one instance, or to each of a batch.
     fn confirmed(&mut self, c: Confirm, reason: Option<String>) -> Vec<Cmd> {
         let why = reason.as_ref().map(|r| format!(" ({r})")).unwrap_or_default();
-        if let Some(deny) = c.approve {
-            let id = c.ids.into_iter().next().unwrap_or_default();
-            let verb = if deny { "denial" } else { "approval" };
-            self.say(format!("{verb} of {id} requested{why}"), false);
-            return vec![Cmd::Approve { id, deny, reason: reason.unwrap_or_default() }];
-        }
-        if let Some(resume) = c.pause {
-            let verb = if resume { "resume" } else { "pause" };
-            self.say(format!("{verb} of queue {} requested{why}", c.task), false);
-            return vec![Cmd::Pause { queue: c.task, resume, reason: reason.unwrap_or_default() }];
-        }
-        if let Some(seq) = c.skip {
-            let id = c.ids.into_iter().next().unwrap_or_default();
-            self.say(format!("skip of step #{seq} requested for {id}{why}"), false);
-            return vec![Cmd::Skip { id, seq, reason: reason.unwrap_or_default() }];
+        let first = c.ids.first().cloned().unwrap_or_default();
+        match c.other {
+            Some(Other::Approve { deny }) => {
+                let verb = if deny { "denial" } else { "approval" };
+                self.say(format!("{verb} of {first} requested{why}"), false);
+                return vec![Cmd::Approve { id: first, deny, reason: reason.unwrap_or_default() }];
+            }
+            Some(Other::Pause { resume }) => {
+                let verb = if resume { "resume" } else { "pause" };
+                self.say(format!("{verb} of queue {} requested{why}", c.task), false);
+                return vec![Cmd::Pause { queue: c.task, resume, reason: reason.unwrap_or_default() }];
+            }
+            Some(Other::Skip(seq)) => {
+                self.say(format!("skip of step #{seq} requested for {first}{why}"), false);
+                return vec![Cmd::Skip { id: first, seq, reason: reason.unwrap_or_default() }];
+            }
+            None => {}
         }
         if c.batch() {
             self.say(format!("{} requested for {} instances{why}", c.verb, c.ids.len()), false);
