@@ -6,6 +6,7 @@
 use crate::catalog::Catalog;
 use crate::plugins::{PluginError, Plugins, Registration, Registry};
 use crate::secrets::Secrets;
+use apollo_shared::def::Masker;
 use crate::store::Claimed;
 use apollo_shared::context::Context;
 use apollo_shared::def::TaskDef;
@@ -21,6 +22,8 @@ pub struct Ready {
     pub rendered: Result<Prepared, PluginError>,
     pub version: String,
     pub params_json: Value,
+    /// The secrets' values read for it, to mask what the step leaves behind.
+    pub masker: Masker,
 }
 
 /// A step whose start is committed: its attempt, and its call validated (or
@@ -28,6 +31,7 @@ pub struct Ready {
 pub struct Started {
     pub attempt: u32,
     pub prepared: Result<Prepared, PluginError>,
+    pub masker: Masker,
 }
 
 /// Step `seq` made ready, its plugin resolved in `plugins` (the registry as
@@ -38,20 +42,18 @@ pub fn ready(plugins: &Registry, def: &TaskDef, seq: u32, ctx: &Context) -> Read
     let d = &def.steps[seq as usize];
     let reg = registration(plugins, def, seq);
     let version = reg.as_ref().map(|r| r.version().to_string()).unwrap_or_default();
-    let mut masker = None;
+    let mut masker = Masker::default();
     let rendered = reg.and_then(|r| {
         let secrets = crate::secrets::resolve(def).map_err(PluginError::permanent)?;
+        masker = secrets.masker.clone();
         let params = render(&d.params, ctx, &secrets)?;
-        let env = step_env(&d.env, ctx, &secrets)?;
-        masker = Some(secrets.masker);
-        Ok((r, params, env))
+        Ok((r, params, step_env(&d.env, ctx, &secrets)?))
     });
-    let params_json = match (&rendered, masker) {
-        (Ok((_, p, _)), Some(m)) if !m.is_empty() => m.value(&Value::Object(p.clone())),
-        (Ok((_, p, _)), _) => Value::Object(p.clone()),
-        (Err(_), _) => Value::Null,
+    let params_json = match &rendered {
+        Ok((_, p, _)) => masker.value(&Value::Object(p.clone())),
+        Err(_) => Value::Null,
     };
-    Ready { rendered, version, params_json }
+    Ready { rendered, version, params_json, masker }
 }
 
 /// The plugin's validate of a ready step (side-effect free by contract): it
@@ -107,7 +109,7 @@ pub fn ready_first(plugins: &Plugins, catalog: &RwLock<Catalog>, i: &Claimed) ->
 
 impl Ready {
     pub fn started(self, attempt: u32, checked: Result<(), PluginError>) -> Started {
-        Started { attempt, prepared: self.rendered.and_then(|p| checked.map(|()| p)) }
+        Started { attempt, prepared: self.rendered.and_then(|p| checked.map(|()| p)), masker: self.masker }
     }
 }
 

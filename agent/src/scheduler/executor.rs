@@ -214,13 +214,13 @@ async fn run_step(
     active: &Active,
 ) -> Result<Outcome, StoreError> {
     let d = &def.steps[step.seq as usize];
-    let Started { attempt, prepared } = now;
+    let Started { attempt, prepared, masker: mask } = now;
     let version = prepared.as_ref().map(|(r, _, _)| r.version().to_string()).unwrap_or_default();
     let span = tracing::info_span!("step", step = %d.name, seq = step.seq, attempt);
     let log = StepLog::new(StepLog::path_for(&s.data_dir, id, step.seq), s.config().logging.step_log_bytes);
     log.opening(&format!("[apollo: step {}, attempt {attempt}]", d.name));
-    // What the step leaves behind has its secrets' values masked.
-    let mask = crate::secrets::masker(def);
+    // What the step leaves behind has its secrets' values masked (as read
+    // when it was made ready).
     log.mask(mask.clone());
     // A learned timeout is recorded with the attempt before the call runs.
     let applied = match &prepared {
