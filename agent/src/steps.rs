@@ -6,9 +6,9 @@
 use crate::catalog::Catalog;
 use crate::plugins::{PluginError, Plugins, Registration, Registry};
 use crate::secrets::Secrets;
-use apollo_shared::def::Masker;
 use crate::store::Claimed;
 use apollo_shared::context::Context;
+use apollo_shared::def::Masker;
 use apollo_shared::def::TaskDef;
 use serde_json::{Map, Value};
 use std::sync::RwLock;

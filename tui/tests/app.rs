@@ -298,3 +298,32 @@ fn a_and_d_decide_the_approval_the_selected_instance_waits_for_after_a_reason() 
     typed(&mut app, "not now");
     assert_eq!(key(&mut app, KeyCode::Enter), [Cmd::Approve { id, deny: true, reason: "not now".into() }]);
 }
+
+#[test]
+fn on_a_production_context_an_approval_needs_the_task_name_before_its_reason() {
+    let mut app = fixtures::app();
+    app.context = Some(apollo_tui::contexts::Context {
+        name: "prod".into(),
+        socket: Some("/tmp/x.sock".into()),
+        ssh: None,
+        read_only: false,
+        production: true,
+    });
+    let (id, task) = {
+        let first = app.visible_tasks()[0].id.clone();
+        let i = app.tasks.iter_mut().find(|i| i.id == first).unwrap();
+        i.state = apollo_shared::state::TaskState::Pending;
+        i.waiting = Some("waiting for approval of step gate by any operator since …: go?".into());
+        (i.id.clone(), i.task.clone())
+    };
+    key(&mut app, KeyCode::Char('A'));
+    typed(&mut app, "CHG-7");
+    assert!(key(&mut app, KeyCode::Enter).is_empty(), "a reason where the task name is asked does nothing");
+    for _ in 0.."CHG-7".len() {
+        key(&mut app, KeyCode::Backspace);
+    }
+    typed(&mut app, &task);
+    assert!(key(&mut app, KeyCode::Enter).is_empty(), "the name opens the reason prompt");
+    typed(&mut app, "CHG-7");
+    assert_eq!(key(&mut app, KeyCode::Enter), [Cmd::Approve { id, deny: false, reason: "CHG-7".into() }]);
+}

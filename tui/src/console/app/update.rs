@@ -284,19 +284,8 @@ impl App {
             Action::Approve | Action::Deny => match self.focused_instance().cloned() {
                 Some(i) if i.waiting.as_deref().is_some_and(|w| w.starts_with("waiting for approval")) => {
                     let deny = a == Action::Deny;
-                    let production = self.context.as_ref().is_some_and(|c| c.production);
-                    self.mode = Mode::Confirm(Confirm {
-                        action: OperatorAction::Retry,
-                        ids: vec![i.id.clone()],
-                        task: i.task.clone(),
-                        verb: if deny { "deny the approval of" } else { "approve" },
-                        plan: Vec::new(),
-                        stage: if production { Stage::TaskName } else { Stage::Reason },
-                        input: String::new(),
-                        reason: None,
-                        other: Some(Other::Approve { deny }),
-                    });
-                    Vec::new()
+                    let verb = if deny { "deny the approval of" } else { "approve" };
+                    self.ask_why(Other::Approve { deny }, vec![i.id.clone()], i.task.clone(), verb)
                 }
                 _ => {
                     self.say("select an instance that waits for approval (apollo approvals lists them)", true);
@@ -306,19 +295,8 @@ impl App {
             Action::Pause => match self.visible_queues().get(self.sel(View::Queues)) {
                 Some(q) if self.view == View::Queues => {
                     let resume = q.paused.is_some();
-                    let production = self.context.as_ref().is_some_and(|c| c.production);
-                    self.mode = Mode::Confirm(Confirm {
-                        action: OperatorAction::Retry,
-                        ids: Vec::new(),
-                        task: q.queue.clone(),
-                        verb: if resume { "resume queue" } else { "pause queue" },
-                        plan: Vec::new(),
-                        stage: if production { Stage::TaskName } else { Stage::Reason },
-                        input: String::new(),
-                        reason: None,
-                        other: Some(Other::Pause { resume }),
-                    });
-                    Vec::new()
+                    let (queue, verb) = (q.queue.clone(), if resume { "resume queue" } else { "pause queue" });
+                    self.ask_why(Other::Pause { resume }, Vec::new(), queue, verb)
                 }
                 _ => {
                     self.say("select a queue in the queues view (:queues) to pause or resume it", true);
@@ -382,6 +360,24 @@ impl App {
             }
             _ => Vec::new(),
         }
+    }
+
+    /// Asks the reason for `other` (a pause, an approval) of `task` (the
+    /// queue, for a pause): on a production context, `task` typed first.
+    fn ask_why(&mut self, other: Other, ids: Vec<String>, task: String, verb: &'static str) -> Vec<Cmd> {
+        let production = self.context.as_ref().is_some_and(|c| c.production);
+        self.mode = Mode::Confirm(Confirm {
+            action: OperatorAction::Retry,
+            ids,
+            task,
+            verb,
+            plan: Vec::new(),
+            stage: if production { Stage::TaskName } else { Stage::Reason },
+            input: String::new(),
+            reason: None,
+            other: Some(other),
+        });
+        Vec::new()
     }
 
     /// A key while a destructive action waits for its confirmation.
