@@ -174,22 +174,9 @@ pub fn claim_noting(
     // Nothing in the scope of a pause or an open freeze window (read in this
     // transaction: on PostgreSQL the same for every agent's claim).
     if !candidates.is_empty() {
-        let mut paused = super::pauses::in_force(c)?;
-        paused.extend(policy.frozen.iter().cloned());
-        let mut ends: Option<chrono::DateTime<Utc>> = None;
-        if !paused.is_empty() {
-            let before = candidates.len();
-            candidates.retain(|(_, _, task, queue, ..)| {
-                let covering: Vec<_> = paused.iter().filter(|p| p.covers(queue, task)).collect();
-                for p in &covering {
-                    if let Some(u) = p.until.as_deref().and_then(|u| u.parse::<chrono::DateTime<Utc>>().ok()) {
-                        ends = Some(ends.map_or(u, |e| e.min(u)));
-                    }
-                }
-                covering.is_empty()
-            });
-            held_back |= candidates.len() < before;
-        }
+        let (dropped, ends) =
+            super::pauses::hold_back(c, &policy.frozen, &mut candidates, |(_, _, task, queue, ..)| (queue, task))?;
+        held_back |= dropped;
         if let Some(cell) = &policy.pause_ends {
             cell.set(ends);
         }

@@ -9,6 +9,7 @@ use super::history::history;
 use super::value::{p, Row};
 use super::{Result, StoreError};
 use apollo_shared::protocol::{Pause, PauseScope};
+use chrono::{DateTime, Utc};
 
 const COLS: &str = "id, scope, target, reason, paused_by, since, until_at";
 
@@ -32,6 +33,36 @@ fn pause(r: &Row) -> Result<Pause> {
 /// The pauses in force, oldest first.
 pub fn in_force(c: &dyn Db) -> Result<Vec<Pause>> {
     c.query(&format!("SELECT {COLS} FROM pauses WHERE {IN_FORCE} ORDER BY since, id"), &[])?.iter().map(pause).collect()
+}
+
+/// Drops from `items` what a pause in force or an open freeze window
+/// (`frozen`) covers, by the (queue, task) `at` says; whether any was
+/// dropped, and the earliest end of the pauses that dropped them.
+pub fn hold_back<T>(
+    c: &dyn Db,
+    frozen: &[Pause],
+    items: &mut Vec<T>,
+    at: impl Fn(&T) -> (&str, &str),
+) -> Result<(bool, Option<DateTime<Utc>>)> {
+    let mut paused = in_force(c)?;
+    paused.extend(frozen.iter().cloned());
+    let mut ends: Option<DateTime<Utc>> = None;
+    if paused.is_empty() {
+        return Ok((false, None));
+    }
+    let before = items.len();
+    items.retain(|item| {
+        let (queue, task) = at(item);
+        let mut covered = false;
+        for p in paused.iter().filter(|p| p.covers(queue, task)) {
+            covered = true;
+            if let Some(u) = p.until.as_deref().and_then(|u| u.parse::<DateTime<Utc>>().ok()) {
+                ends = Some(ends.map_or(u, |e| e.min(u)));
+            }
+        }
+        !covered
+    });
+    Ok((items.len() < before, ends))
 }
 
 /// Begins `p` (its start the store's clock); returns it as stored.
