@@ -97,7 +97,7 @@ pub fn ready_first(plugins: &Plugins, catalog: &RwLock<Catalog>, i: &Claimed) ->
     }
     let def = catalog.read().ok()?.defs.get(&i.task).filter(|l| l.hash == i.def_hash)?.def.clone();
     // An approval step's decision is looked up before it starts.
-    if def.steps.first().is_none_or(|s| s.plugin == "approval") {
+    if def.steps.is_empty() || is_approval(&def, 0) {
         return None;
     }
     let mut ctx: Context = serde_json::from_value(i.context.clone()).ok()?;
@@ -105,6 +105,13 @@ pub fn ready_first(plugins: &Plugins, catalog: &RwLock<Catalog>, i: &Claimed) ->
     let r = ready(&plugins.view(i.pins.as_ref()), &def, 0, &ctx);
     let (version, params) = (r.version.clone(), r.params_json.to_string());
     Some((r, version, params))
+}
+
+/// Whether step `seq` is an approval step: it never starts in the write of
+/// the step before it, a claim's or a trigger's, since its decision is
+/// looked up first (`scheduler::approvals`).
+pub fn is_approval(def: &TaskDef, seq: u32) -> bool {
+    def.steps.get(seq as usize).is_some_and(|d| d.plugin == "approval")
 }
 
 impl Ready {

@@ -7,6 +7,7 @@
 
 use super::Scheduler;
 use crate::plugins::approval::{request, DECISION};
+pub(super) use crate::steps::is_approval;
 use crate::steps::ready;
 use crate::store::StoreError;
 use apollo_shared::context::Context;
@@ -14,12 +15,6 @@ use apollo_shared::def::TaskDef;
 use apollo_shared::protocol::{Approval, Pins, StepRun};
 use serde_json::{json, Value};
 use std::sync::Arc;
-
-/// Whether step `seq` is an approval step (it never starts in the write of
-/// the step before it: its decision is looked up first).
-pub fn is_approval(def: &TaskDef, seq: u32) -> bool {
-    def.steps.get(seq as usize).is_some_and(|d| d.plugin == "approval")
-}
 
 /// What the executor does at an approval step.
 pub(super) enum Gate {
