@@ -164,9 +164,14 @@ impl Reloader {
         let (tx, mut rx) = mpsc::unbounded_channel::<bool>();
         // The plugin path is read at the start (a changed `plugins_path`
         // waits for a restart, as `tasks` does).
-        let plugin_dirs = self.settings.get().plugin_dirs();
+        // Every path watched is made absolute once, here: the watcher reports
+        // absolute paths, and a relative `tasks` (an agent started in a
+        // project directory) would never equal one.
+        let absolute = |p: &std::path::Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+        let tasks_dir = absolute(&self.dir);
+        let plugin_dirs: Vec<PathBuf> = self.settings.get().plugin_dirs().iter().map(|d| absolute(d)).collect();
         let watcher = {
-            let (tx, tasks_dir, plugin_dirs) = (tx.clone(), self.dir.clone(), plugin_dirs.clone());
+            let (tx, tasks_dir, plugin_dirs) = (tx.clone(), tasks_dir.clone(), plugin_dirs.clone());
             notify_debouncer_full::new_debouncer(Duration::from_millis(200), None, move |res| {
                 if let Ok(events) = res {
                     let events: Vec<notify_debouncer_full::DebouncedEvent> = events;
@@ -188,11 +193,11 @@ impl Reloader {
         let _watcher = match watcher {
             _ if !self.watch => None,
             // Recursive: `plugins/` is watched too, made before or after.
-            Ok(mut w) => match w.watch(&self.dir, RecursiveMode::Recursive) {
+            Ok(mut w) => match w.watch(&tasks_dir, RecursiveMode::Recursive) {
                 Ok(()) => {
                     // A plugin directory outside the tasks directory is
                     // watched on its own.
-                    for d in plugin_dirs.iter().filter(|d| !d.starts_with(&self.dir)) {
+                    for d in plugin_dirs.iter().filter(|d| !d.starts_with(&tasks_dir)) {
                         if let Err(e) = w.watch(d, RecursiveMode::NonRecursive) {
                             tracing::warn!(dir = %d.display(), error = %e, "cannot watch the plugin directory; register with SIGHUP");
                         }

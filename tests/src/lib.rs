@@ -226,7 +226,7 @@ impl Agent {
         cmd.current_dir(self.path())
             .arg("--socket")
             .arg(&self.socket)
-            .args(["--data-dir", "data", "--tasks", "tasks"])
+            .args(["--data-dir", "data"])
             .env("NO_COLOR", "1")
             .env_remove("APOLLO_SOCKET")
             .env_remove("APOLLO_CONFIG")
