@@ -68,6 +68,13 @@ impl StepLog {
         self.state.lock().expect("step log").masker = masker;
     }
 
+    /// The secrets' values this log masks: for what a step cuts from its
+    /// output before the executor masks it (an error's lines, a tail), which
+    /// must be masked before it is cut.
+    pub fn masker(&self) -> apollo_shared::def::Masker {
+        self.state.lock().expect("step log").masker.clone()
+    }
+
     pub fn path_for(data_dir: &Path, instance: &str, seq: u32) -> PathBuf {
         data_dir.join("logs").join(instance).join(format!("{seq}.log"))
     }

@@ -1,8 +1,10 @@
 //! A definition's secrets, read when a step starts (never stored): their
 //! values for the step's templates (`{{ secrets.NAME }}`) and the masker that
 //! replaces them with `***` in whatever the step leaves behind — its params
-//! as recorded, its log, its output and its error (and so the context, the
-//! history, alerts and hook payloads, which are made of those).
+//! as recorded, its log, its output, its error and an approval's request
+//! (and so the context, the history, alerts and hook payloads, which are
+//! made of those). The masker masks each value whole, line by line and
+//! encoded (see [`Masker`]); what a step cuts is masked before the cut.
 
 use apollo_shared::def::{Masker, SecretSource, TaskDef};
 use serde_json::{Map, Value};

@@ -1,6 +1,7 @@
 //! Text an operator reads in one line: an error in a table, a history row,
 //! an alert's summary. Every place that shortens text does it here, so a cut
-//! always looks the same (`…` where text was left out).
+//! always looks the same (`…` where text was left out), and never inside
+//! a secret's mask (`***`): text is masked before it is cut.
 
 /// `text` on one line: runs of whitespace (newlines included) become one
 /// space, and at most `max` characters are kept, the last of them `…` when
@@ -16,7 +17,8 @@ pub fn one_line(text: &str, max: usize) -> String {
                 if sep == 1 {
                     out.push(' ');
                 }
-                out.extend(word.chars().take(max - n - sep - 1));
+                let end = word.char_indices().nth(max - n - sep - 1).map_or(word.len(), |(i, _)| i);
+                out.push_str(until(word, end));
             }
             out.push('…');
             return out;
@@ -28,6 +30,36 @@ pub fn one_line(text: &str, max: usize) -> String {
         n += sep + len;
     }
     out
+}
+
+/// `s` up to byte `end` (moved back to a character's start), never ending
+/// inside a run of `*`: a secret's mask (`***`) cut in two is left out.
+pub fn until(s: &str, end: usize) -> &str {
+    let mut at = end.min(s.len());
+    while !s.is_char_boundary(at) {
+        at -= 1;
+    }
+    let (head, rest) = s.split_at(at);
+    if rest.starts_with('*') {
+        head.trim_end_matches('*')
+    } else {
+        head
+    }
+}
+
+/// `s` from byte `start` on (moved on to a character's start), never
+/// beginning inside a run of `*`: a mask cut in two is left out.
+pub fn since(s: &str, start: usize) -> &str {
+    let mut at = start.min(s.len());
+    while !s.is_char_boundary(at) {
+        at += 1;
+    }
+    let (head, rest) = s.split_at(at);
+    if head.ends_with('*') {
+        rest.trim_start_matches('*')
+    } else {
+        rest
+    }
 }
 
 /// The known name closest to `name`, when one is close enough to be what
@@ -94,6 +126,21 @@ mod tests {
         assert_eq!(one_line("ab cd", 3), "ab…");
         assert_eq!(one_line("", 5), "");
         assert!(one_line(&"x ".repeat(500), 100).chars().count() <= 100);
+        // A mask is never cut in two.
+        assert_eq!(one_line("abc***def", 5), "abc…");
+        assert_eq!(one_line("ab***", 5), "ab***");
+    }
+
+    #[test]
+    fn a_cut_keeps_masks_whole_and_characters_whole() {
+        assert_eq!(until("key=***;", 5), "key=");
+        assert_eq!(until("key=***;", 7), "key=***");
+        assert_eq!(until("héllo", 2), "h");
+        assert_eq!(since("***tail", 1), "tail");
+        assert_eq!(since("***tail", 0), "***tail");
+        assert_eq!(since("a***b", 1), "***b");
+        assert_eq!(since("héllo", 2), "llo");
+        assert_eq!(since("abc", 9), "");
     }
 
     #[test]

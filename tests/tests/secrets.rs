@@ -2,7 +2,10 @@
 //! whole and appear nowhere else — not in the store file, the step's log,
 //! the agent's log, `show`, `logs`, the alerts or a hook's payload — where
 //! `***` stands in for them; a dry-run shows them masked; a missing secret
-//! fails the request, naming it, before anything is created.
+//! fails the request, naming it, before anything is created. A value of
+//! two lines goes whole and line by line, one across a cut is masked before
+//! the cut, one in an approval's message is masked in the request, and one
+//! an HTTP client percent-encodes is masked encoded too.
 
 use apollo_tests::*;
 use std::path::Path;
@@ -162,4 +165,175 @@ fn on_postgresql_a_secret_is_in_no_table_of_the_store() {
             assert!(all.contains("pw=*** token=***"), "the masked output is stored: {all}");
         }
     }
+}
+
+/// An alerts hook that appends each payload to `out`.
+fn hook_conf(out: &Path) -> String {
+    format!("alerts:\n  hooks:\n    - command: [sh, -c, 'cat >> {}']\n", out.display())
+}
+
+/// The hook's payloads, once one of them holds `kind`.
+fn hooked(agent: &Agent, out: &Path, kind: &str) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let text = std::fs::read_to_string(out).unwrap_or_default();
+        if text.contains(kind) {
+            return text;
+        }
+        assert!(std::time::Instant::now() < deadline, "the hook never got {kind}:\n{}", agent.log());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// None of `needles` is in any of `places`, nor in any file under the data
+/// dir (the store and its WAL, the step logs).
+fn nowhere(agent: &Agent, needles: &[&str], places: &[(&str, &str)]) {
+    for needle in needles {
+        for (what, t) in places {
+            assert!(!t.contains(needle), "{needle} leaked into {what}:\n{t}");
+        }
+        let leaked = files_holding(&agent.path().join("data"), needle);
+        assert!(leaked.is_empty(), "{needle} leaked into {leaked:?}");
+    }
+}
+
+const LINE1: &str = "first-line-5b1e9c0d";
+const LINE2: &str = "second-line-a7f3e2";
+
+#[test]
+fn a_secret_of_two_lines_is_masked_whole_and_line_by_line() {
+    let b = Agent::builder();
+    let key = b.path().join("key");
+    std::fs::write(&key, format!("{LINE1}\n{LINE2}\n")).unwrap();
+    let hook_out = b.path().join("hook.json");
+    let def = format!(
+        r#"task: lines
+on_failure: stop
+secrets:
+  key: {{file: {}}}
+steps:
+  - name: print
+    plugin: shell
+    retry: 0
+    env: {{KEY: "{{{{ secrets.key }}}}"}}
+    params:
+      command: 'echo "$KEY"; echo "$KEY" >&2; exit 3'
+"#,
+        key.display()
+    );
+    let mut agent = b.config(&hook_conf(&hook_out)).task("lines.yaml", &def).start();
+    let (code, inst) = agent.cli_json(&["run", "lines", "--wait"]);
+    assert_eq!((code, inst["state"].as_str()), (1, Some("FAILED")), "{inst:#}");
+    let id = inst["id"].as_str().unwrap().to_string();
+    let err = inst["steps"][0]["error"].as_str().unwrap_or_default();
+    assert!(err.contains("stderr: ***") && err.contains("stdout: ***"), "{err}");
+    let shown = agent.cli_json(&["show", &id]).1.to_string();
+    let logs = text(&agent.cli(&["logs", &id]));
+    assert!(logs.contains("***"), "{logs}");
+    let hook = hooked(&agent, &hook_out, "instance_failed");
+    agent.stop();
+    let log = agent.log();
+    let places =
+        [("show", shown.as_str()), ("logs", logs.as_str()), ("hook", hook.as_str()), ("agent log", log.as_str())];
+    nowhere(&agent, &[LINE1, LINE2], &places);
+}
+
+/// 39 characters, with no character an encoder would change.
+const LONG: &str = "LONGSECRET-7f3a9c1e5b2d8f4a6c0e9b7d3a1x";
+
+#[test]
+fn a_secret_across_a_cut_is_masked_whole_before_the_cut() {
+    // The first step's stdout tail (its last 4 KiB) starts five characters
+    // into the secret; the second step's stderr line of 219 characters, cut
+    // to 200 in its error, ends with it.
+    let def = r#"task: cut
+on_failure: stop
+secrets:
+  long: {env: APOLLO_E2E_LONG}
+steps:
+  - name: tail
+    plugin: shell
+    env: {S: "{{ secrets.long }}"}
+    params:
+      command: 'head -c 10000 /dev/zero | tr "\0" x; printf %s "$S"; head -c 4061 /dev/zero | tr "\0" x; echo'
+  - name: line
+    plugin: shell
+    retry: 0
+    env: {S: "{{ secrets.long }}"}
+    params:
+      command: 'head -c 180 /dev/zero | tr "\0" E >&2; printf "%s\n" "$S" >&2; exit 3'
+"#;
+    let agent = Agent::builder().env("APOLLO_E2E_LONG", LONG).task("cut.yaml", def).start();
+    let (code, inst) = agent.cli_json(&["run", "cut", "--wait"]);
+    assert_eq!((code, inst["state"].as_str()), (1, Some("FAILED")), "{inst:#}");
+    let id = inst["id"].as_str().unwrap().to_string();
+    let tail = inst["steps"][0]["output"]["stdout_tail"].as_str().unwrap_or_default();
+    assert!(tail.len() <= 4096 && tail.trim_end().ends_with("xxxx"), "{tail}");
+    let err = inst["steps"][1]["error"].as_str().unwrap_or_default();
+    assert!(err.contains(&format!("stderr: {}***", "E".repeat(180))), "{err}");
+    let shown = agent.cli_json(&["show", &id]).1.to_string();
+    let logs = text(&agent.cli(&["logs", &id]));
+    let (head, end) = (&LONG[..10], &LONG[LONG.len() - 10..]);
+    nowhere(&agent, &[head, end], &[("show", shown.as_str()), ("logs", logs.as_str())]);
+}
+
+#[tokio::test]
+async fn a_secret_in_an_approval_message_is_masked_wherever_the_request_shows() {
+    const GATE: &str = "gate-key-93be01f7";
+    let b = Agent::builder();
+    let hook_out = b.path().join("hook.json");
+    let def = "task: gate\non_failure: stop\nsecrets:\n  x: {env: APOLLO_E2E_GATE}\nsteps:\n  - name: gate\n    \
+               plugin: approval\n    params:\n      message: \"rotate with {{ secrets.x }} now?\"\n";
+    let mut agent = b.env("APOLLO_E2E_GATE", GATE).config(&hook_conf(&hook_out)).task("gate.yaml", def).start();
+    let (c, mut events) = agent.watch().await;
+    let id = trigger(&c, "gate", serde_json::json!({})).await;
+    let parked = |i: &Instance| i.waiting.as_deref().is_some_and(|w| w.starts_with("waiting for approval"));
+    let waiting = wait_until(&c, &mut events, &id, "the approval's wait", parked).await.waiting.unwrap();
+    assert!(waiting.ends_with("rotate with *** now?"), "{waiting}");
+    let alerts = alerts_text(&c).await;
+    assert!(alerts.contains("rotate with *** now?"), "{alerts}");
+    let hook = hooked(&agent, &hook_out, "approval_requested");
+    assert!(hook.contains("rotate with *** now?"), "{hook}");
+    let listed = text(&agent.cli(&["ls"]));
+    let approvals = text(&agent.cli(&["approvals"]));
+    let cli_alerts = text(&agent.cli(&["alerts"]));
+    let out = agent.cli(&["approve", &id, "--reason", "go"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let done = wait_until(&c, &mut events, &id, "the approved instance", ended).await;
+    assert_eq!(done.state, apollo_shared::state::TaskState::Success, "{done:?}");
+    let shown = text(&agent.cli(&["show", &id]));
+    let shown_json = agent.cli_json(&["show", &id]).1.to_string();
+    agent.stop();
+    let log = agent.log();
+    let places = [
+        ("ls", listed.as_str()),
+        ("approvals", approvals.as_str()),
+        ("alerts", alerts.as_str()),
+        ("apollo alerts", cli_alerts.as_str()),
+        ("hook", hook.as_str()),
+        ("show", shown.as_str()),
+        ("show --json", shown_json.as_str()),
+        ("agent log", log.as_str()),
+    ];
+    nowhere(&agent, &[GATE], &places);
+}
+
+#[test]
+fn a_secret_an_http_client_percent_encodes_is_masked_encoded_too() {
+    const SPACED: &str = "tok en<é-4d2c9b";
+    // A port nothing listens on: the client's error quotes the URL it made.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let def = format!(
+        "task: call\non_failure: stop\nsecrets:\n  sp: {{env: APOLLO_E2E_SPACED}}\nsteps:\n  - plugin: http\n    \
+         retry: 0\n    params:\n      url: \"http://127.0.0.1:{port}/hook?token={{{{ secrets.sp }}}}\"\n"
+    );
+    let agent = Agent::builder().env("APOLLO_E2E_SPACED", SPACED).task("call.yaml", &def).start();
+    let (code, inst) = agent.cli_json(&["run", "call", "--wait"]);
+    assert_eq!((code, inst["state"].as_str()), (1, Some("FAILED")), "{inst:#}");
+    let id = inst["id"].as_str().unwrap().to_string();
+    let err = inst["steps"][0]["error"].as_str().unwrap_or_default();
+    assert!(err.contains("token=***"), "{err}");
+    let shown = agent.cli_json(&["show", &id]).1.to_string();
+    let places = [("error", err), ("show", shown.as_str())];
+    nowhere(&agent, &[SPACED, "tok%20en", "%3C%C3%A9-4d2c9b", "en<é"], &places);
 }

@@ -13,6 +13,7 @@ use super::contract::{Call, ParamDoc, Plugin, PluginError};
 use super::process::{self, Spec};
 use super::worker::{Pool, PoolConf};
 use crate::logs::StepLog;
+use apollo_shared::def::Masker;
 use futures::future::BoxFuture;
 use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
@@ -42,14 +43,19 @@ pub struct External {
     pool: Option<Pool>,
 }
 
-/// What one call printed and how it ended.
+/// What one call printed and how it ended, and the step's secrets, masked
+/// in what an error quotes of it before it is cut or escaped.
 struct Reply {
     outcome: process::Outcome,
+    masker: Masker,
 }
 
+/// The start of `text` (masked already), quoted.
 fn quote(text: &str) -> String {
-    let t: String = text.trim().chars().take(200).collect();
-    if text.trim().chars().count() > 200 {
+    let text = text.trim();
+    let end = text.char_indices().nth(200).map_or(text.len(), |(i, _)| i);
+    let t = apollo_shared::text::until(text, end);
+    if t.len() < text.len() {
         format!("{t:?}…")
     } else {
         format!("{t:?}")
@@ -75,9 +81,9 @@ impl Reply {
             Ok(other) => Err(format!(
                 "{verb} printed JSON that is not an object ({}): {}",
                 apollo_shared::def::kind(&other),
-                quote(text)
+                quote(&self.masker.text(text))
             )),
-            Err(e) => Err(format!("{verb} printed invalid JSON ({e}); it began: {}", quote(text))),
+            Err(e) => Err(format!("{verb} printed invalid JSON ({e}); it began: {}", quote(&self.masker.text(text)))),
         }
     }
 
@@ -85,7 +91,7 @@ impl Reply {
     fn reason(&self) -> String {
         if let Ok(Value::Object(m)) = serde_json::from_str::<Value>(self.outcome.stdout_tail.trim()) {
             if let Some(e) = m.get("error").and_then(Value::as_str) {
-                return e.to_string();
+                return self.masker.text(e);
             }
         }
         let err: Vec<&str> = self.outcome.stderr_tail.lines().rev().take(3).collect();
@@ -116,8 +122,9 @@ async fn run(path: &Path, verb: &str, doc: &Value, io: Io<'_>) -> Result<Reply, 
         capture_stdout: Some(io.cap),
         step_key: io.step_key,
     };
+    let masker = io.log.map(StepLog::masker).unwrap_or_default();
     let outcome = process::run(spec, io.log, io.cancel, io.grace).await?;
-    Ok(Reply { outcome })
+    Ok(Reply { outcome, masker })
 }
 
 /// Runs a quick call (describe, validate) with its own timeout.

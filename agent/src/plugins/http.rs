@@ -4,6 +4,7 @@
 
 use super::contract::{Call, ParamDoc, Plugin, PluginError};
 use super::params::{check_known, required_str, str_param};
+use apollo_shared::def::Masker;
 use futures::future::BoxFuture;
 use serde_json::{json, Map, Value};
 
@@ -43,9 +44,10 @@ fn check_request(p: &Map<String, Value>, prefix: &str) -> Result<(), String> {
 const ERROR_BODY_CHARS: usize = 300;
 
 /// What an error carries of a response body: its content type, and the
-/// start of its text on one line (markup stripped from HTML and XML); of a
-/// body that is not text, its size.
-fn body_summary(content_type: &str, text: &str, bytes: usize) -> String {
+/// start of its text on one line (markup stripped from HTML and XML, the
+/// step's secrets masked before it is cut); of a body that is not text,
+/// its size.
+fn body_summary(content_type: &str, text: &str, bytes: usize, masker: &Masker) -> String {
     let mime = content_type.split(';').next().unwrap_or_default().trim().to_ascii_lowercase();
     let textual = mime.is_empty()
         || mime.starts_with("text/")
@@ -62,11 +64,12 @@ fn body_summary(content_type: &str, text: &str, bytes: usize) -> String {
     }
     let marked_up = mime.contains("html") || mime.ends_with("xml") || text.trim_start().starts_with('<');
     let body = if marked_up { apollo_shared::text::strip_markup(text) } else { text.to_string() };
-    format!("{shown}: {}", apollo_shared::text::one_line(&body, ERROR_BODY_CHARS))
+    format!("{shown}: {}", apollo_shared::text::one_line(&masker.text(&body), ERROR_BODY_CHARS))
 }
 
 impl HttpRequest {
-    async fn send(&self, p: &Map<String, Value>) -> Result<Value, PluginError> {
+    /// Sends the request; what is cut of the response is masked first.
+    async fn send(&self, p: &Map<String, Value>, masker: &Masker) -> Result<Value, PluginError> {
         let url = p["url"].as_str().unwrap_or_default();
         let method = p.get("method").and_then(Value::as_str).unwrap_or("GET").to_ascii_uppercase();
         let method =
@@ -92,9 +95,17 @@ impl HttpRequest {
         let content_type =
             resp.headers().get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
         let bytes = resp.bytes().await.map_err(|e| PluginError::retryable(format!("{method} {url}: {e}")))?;
-        let text = String::from_utf8_lossy(&bytes[..bytes.len().min(BODY_BYTES)]).into_owned();
+        let text = match bytes.len() > BODY_BYTES && !masker.is_empty() {
+            // Cut (so no JSON): masked first, a secret's value across the cut whole.
+            true => {
+                let kept = &bytes[..bytes.len().min(BODY_BYTES + masker.longest())];
+                masker.head(&String::from_utf8_lossy(kept), BODY_BYTES, kept.len() < bytes.len())
+            }
+            false => String::from_utf8_lossy(&bytes[..bytes.len().min(BODY_BYTES)]).into_owned(),
+        };
         if !ok {
-            let msg = format!("{method} {url}: HTTP {status}{}", body_summary(&content_type, &text, bytes.len()));
+            let summary = body_summary(&content_type, &text, bytes.len(), masker);
+            let msg = format!("{method} {url}: HTTP {status}{summary}");
             let retry = status.is_server_error() || status.as_u16() == 429;
             return Err(if retry { PluginError::retryable(msg) } else { PluginError::permanent(msg) });
         }
@@ -154,7 +165,7 @@ impl Plugin for HttpRequest {
             let mut headers = p.get("headers").cloned().unwrap_or_else(|| json!({}));
             headers["Idempotency-Key"] = json!(call.idempotency_key);
             p.insert("headers".into(), headers);
-            let out = self.send(&p).await?;
+            let out = self.send(&p, &call.log.masker()).await?;
             call.log.line(&format!("{} -> HTTP {}", p["url"], out["status"]));
             Ok(out)
         })
@@ -162,7 +173,7 @@ impl Plugin for HttpRequest {
     fn rollback<'a>(&'a self, _call: Call<'a>, _output: Option<&'a Value>) -> BoxFuture<'a, Result<(), PluginError>> {
         Box::pin(async move {
             match _call.params.get("rollback") {
-                Some(Value::Object(r)) => self.send(r).await.map(|_| ()),
+                Some(Value::Object(r)) => self.send(r, &_call.log.masker()).await.map(|_| ()),
                 _ => Ok(()),
             }
         })
@@ -172,20 +183,29 @@ impl Plugin for HttpRequest {
 #[cfg(test)]
 mod tests {
     use super::body_summary;
+    use apollo_shared::def::Masker;
 
     #[test]
     fn an_error_body_is_summed_up_on_one_line() {
+        let none = Masker::default();
         let page = "<!DOCTYPE html>\n<html><head><title>501 Not Implemented</title></head>\n<body><h1>Not Implemented</h1>\n</body></html>\n";
         assert_eq!(
-            body_summary("text/html; charset=utf-8", page, page.len()),
+            body_summary("text/html; charset=utf-8", page, page.len(), &none),
             " (text/html): 501 Not Implemented Not Implemented"
         );
         assert_eq!(
-            body_summary("application/json", "{\"error\":\"no\"}", 14),
+            body_summary("application/json", "{\"error\":\"no\"}", 14, &none),
             " (application/json): {\"error\":\"no\"}"
         );
-        assert_eq!(body_summary("application/octet-stream", "\u{1}", 9000), " (application/octet-stream), 9000 bytes");
-        assert_eq!(body_summary("", "", 0), ", empty body");
-        assert!(body_summary("text/plain", &"word ".repeat(400), 2000).chars().count() < 330);
+        assert_eq!(
+            body_summary("application/octet-stream", "\u{1}", 9000, &none),
+            " (application/octet-stream), 9000 bytes"
+        );
+        assert_eq!(body_summary("", "", 0, &none), ", empty body");
+        assert!(body_summary("text/plain", &"word ".repeat(400), 2000, &none).chars().count() < 330);
+        // A secret is masked before the text is cut.
+        let m = Masker::new(["s3cr3t-at-the-cut".to_string()]);
+        let body = format!("{}s3cr3t-at-the-cut", "e".repeat(290));
+        assert_eq!(body_summary("text/plain", &body, body.len(), &m), format!(" (text/plain): {}***", "e".repeat(290)));
     }
 }

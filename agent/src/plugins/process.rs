@@ -4,6 +4,7 @@
 //! log and a bounded tail; memory does not grow with what a command prints.
 
 use crate::logs::StepLog;
+use apollo_shared::def::Masker;
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use std::collections::{HashMap, HashSet};
@@ -198,7 +199,7 @@ pub fn isolate(cmd: &mut tokio::process::Command) {
 pub struct Outcome {
     pub code: Option<i32>,
     pub signal: Option<i32>,
-    /// The last bytes of stdout (logged mode) or its first bytes (capture mode).
+    /// The last bytes of stdout (logged mode, secrets masked) or its first bytes (capture mode).
     pub stdout_tail: String,
     /// Bytes printed on stdout in all.
     pub stdout_bytes: u64,
@@ -206,7 +207,7 @@ pub struct Outcome {
     pub last_line: Vec<u8>,
     /// That line's whole length, which may exceed what was kept.
     pub last_line_bytes: u64,
-    /// The last bytes of stderr.
+    /// The last bytes of stderr, the step's secrets masked.
     pub stderr_tail: String,
     /// The run was stopped by the cancel token (timeout or cancel).
     pub stopped: bool,
@@ -266,13 +267,18 @@ pub async fn run(
             let _ = stdin.write_all(&doc).await;
         });
     }
-    let out_buf = Arc::new(Mutex::new(Buffer::new(spec.capture_stdout)));
-    let err_buf = Arc::new(Mutex::new(Buffer::new(None)));
+    // The tails are masked before they are cut (see `Buffer::text`).
+    let masker = log.map(StepLog::masker).unwrap_or_default();
+    let out_buf = Arc::new(Mutex::new(Buffer::new(spec.capture_stdout, masker.longest())));
+    let err_buf = Arc::new(Mutex::new(Buffer::new(None, masker.longest())));
     let out = child.stdout.take().expect("piped stdout");
     let err = child.stderr.take().expect("piped stderr");
     let log_stdout = spec.capture_stdout.is_none();
     let readers = async {
-        tokio::join!(pump(out, log.filter(|_| log_stdout), out_buf.clone()), pump(err, log, err_buf.clone()));
+        tokio::join!(
+            pump(out, log.filter(|_| log_stdout), out_buf.clone(), &masker),
+            pump(err, log, err_buf.clone(), &masker)
+        );
     };
     tokio::pin!(readers);
 
@@ -325,21 +331,23 @@ pub async fn run(
     Ok(Outcome {
         code: status.code(),
         signal: status.signal(),
-        stdout_tail: String::from_utf8_lossy(&out.bytes).into_owned(),
+        stdout_tail: out.text(&masker),
         stdout_bytes: out.total,
         last_line: std::mem::take(&mut out.last),
         last_line_bytes: out.last_len,
-        stderr_tail: String::from_utf8_lossy(&err.bytes).into_owned(),
+        stderr_tail: err.text(&masker),
         stopped,
     })
 }
 
-/// What is kept of one stream: its last [`TAIL_BYTES`], or (capture mode)
-/// its first `cap` bytes. Memory stays bounded whatever the process prints.
+/// What is kept of one stream: its last [`TAIL_BYTES`] (and `slack` more,
+/// for a secret's value across the tail's start), or (capture mode) its
+/// first `cap` bytes. Memory stays bounded whatever the process prints.
 struct Buffer {
     bytes: Vec<u8>,
     total: u64,
     capture: Option<usize>,
+    slack: usize,
     /// The line being read, up to [`RESULT_LINE_BYTES`] + 1, and its length.
     line: Vec<u8>,
     line_len: u64,
@@ -349,8 +357,19 @@ struct Buffer {
 }
 
 impl Buffer {
-    fn new(capture: Option<usize>) -> Self {
-        Buffer { bytes: Vec::new(), total: 0, capture, line: Vec::new(), line_len: 0, last: Vec::new(), last_len: 0 }
+    fn new(capture: Option<usize>, slack: usize) -> Self {
+        let (line, last) = (Vec::new(), Vec::new());
+        Buffer { bytes: Vec::new(), total: 0, capture, slack, line, line_len: 0, last, last_len: 0 }
+    }
+
+    /// What is kept, as text: in logged mode masked first, then cut to the
+    /// last [`TAIL_BYTES`] (a value across the cut is masked whole).
+    fn text(&self, masker: &Masker) -> String {
+        let text = String::from_utf8_lossy(&self.bytes);
+        match self.capture.is_some() || masker.is_empty() {
+            true => text.into_owned(),
+            false => masker.tail(&text, TAIL_BYTES, self.total > self.bytes.len() as u64),
+        }
     }
 
     fn add_to_line(&mut self, seg: &[u8]) {
@@ -386,8 +405,8 @@ impl Buffer {
             }
             None => {
                 self.bytes.extend_from_slice(chunk);
-                if self.bytes.len() > TAIL_BYTES {
-                    let cut = self.bytes.len() - TAIL_BYTES;
+                if self.bytes.len() > TAIL_BYTES + self.slack {
+                    let cut = self.bytes.len() - TAIL_BYTES - self.slack;
                     self.bytes.drain(..cut);
                 }
             }
@@ -395,7 +414,7 @@ impl Buffer {
     }
 }
 
-async fn pump(mut r: impl AsyncRead + Unpin, log: Option<&StepLog>, keep: Arc<Mutex<Buffer>>) {
+async fn pump(mut r: impl AsyncRead + Unpin, log: Option<&StepLog>, keep: Arc<Mutex<Buffer>>, masker: &Masker) {
     let mut buf = vec![0u8; 8192];
     let mut line: Vec<u8> = Vec::new();
     loop {
@@ -410,8 +429,15 @@ async fn pump(mut r: impl AsyncRead + Unpin, log: Option<&StepLog>, keep: Arc<Mu
         }
         for &b in &buf[..n] {
             if b == b'\n' || line.len() >= MAX_LINE {
-                log.line(&String::from_utf8_lossy(&line));
+                // A secret's value across a split for length goes on whole to the next piece.
+                let carry = {
+                    let text = String::from_utf8_lossy(&line);
+                    let at = if b == b'\n' { text.len() } else { masker.split_at(&text, MAX_LINE / 2) };
+                    log.line(&text[..at]);
+                    text[at..].as_bytes().to_vec()
+                };
                 line.clear();
+                line.extend_from_slice(&carry);
                 if b == b'\n' {
                     continue;
                 }

@@ -3,7 +3,8 @@
 //! parked on it in one write (RUNNING → PENDING: the executor ends, its slot
 //! is free, no process waits) and an `approval_requested` alert says who
 //! may decide and how. Once decided (or timed out), the claim that takes
-//! the instance again runs the step with the decision.
+//! the instance again runs the step with the decision. The request's
+//! message has the step's secrets masked before it is stored.
 
 use super::Scheduler;
 use crate::plugins::approval::{request, DECISION};
@@ -65,7 +66,9 @@ pub(super) async fn gate(
         task: def.task.clone(),
         step: step.name.clone(),
         seq: step.seq,
-        message: req.message,
+        // What the request stores and says is masked like all a step leaves
+        // behind; its approvers are names it is checked against, kept as rendered.
+        message: r.masker.text(&req.message),
         approvers: req.approvers,
         requested_by: String::new(),
         distinct_approver: req.distinct_approver,
