@@ -1,6 +1,10 @@
 //! A step's timeout: the step's own, its plugin registration's, or learned
-//! from the plugin version's history (`timeout: auto`, the original
-//! design's §3.2: "p99 + 50 %", not picked out of thin air).
+//! from history (`timeout: auto`, the original design's §3.2: "p99 + 50 %",
+//! not picked out of thin air). A step learns from its own runs — the same
+//! step of the same task under the same plugin version — since one plugin's
+//! runs elsewhere do other work (a 50 ms health check is no measure of a
+//! deploy); until it has enough of them its fixed timeout applies. The
+//! plugin version's runs across every step give `apollo plugins` its figure.
 
 use crate::config::AutoTimeout;
 use crate::plugins::Registration;
@@ -38,18 +42,17 @@ pub fn fixed(step: &StepDef, reg: &Registration) -> Applied {
     }
 }
 
-/// The timeout learned from `runs` (the plugin version's latest, `(failed,
-/// seconds)` each): the p99 of the successful ones × the factor, between
-/// the floor and the ceiling; `fixed` while fewer than `min_runs` succeeded.
-pub fn learned(runs: &[(bool, f64)], fixed: Applied, reg: &Registration, conf: &AutoTimeout) -> Applied {
+/// The timeout learned from `runs` (`what`'s latest, `(failed, seconds)`
+/// each: a definition step's under a plugin version, or the plugin
+/// version's): the p99 of the successful ones × the factor, between the
+/// floor and the ceiling; `fixed` while fewer than `min_runs` succeeded.
+pub fn learned(runs: &[(bool, f64)], fixed: Applied, what: &str, conf: &AutoTimeout) -> Applied {
     let mut ok: Vec<f64> = runs.iter().filter(|(failed, _)| !failed).map(|(_, s)| *s).collect();
-    let version = reg.version();
     if ok.len() < conf.min_runs.max(1) as usize {
         let basis = format!(
-            "auto: {} of the {} successful runs of {} {version} it needs; {} ({:.0}s) until then",
+            "auto: {} of the {} successful runs of {what} it needs; {} ({:.0}s) until then",
             ok.len(),
             conf.min_runs,
-            reg.name,
             fixed.basis,
             fixed.timeout.as_secs_f64()
         );
@@ -66,34 +69,38 @@ pub fn learned(runs: &[(bool, f64)], fixed: Applied, reg: &Registration, conf: &
         s if s < raw => format!(", cut to the ceiling {ceiling}s"),
         _ => String::new(),
     };
-    let basis = format!(
-        "auto: p99 {p99:.3}s × {} over the last {} successful runs of {} {version}{bound}",
-        conf.factor,
-        ok.len(),
-        reg.name
-    );
+    let basis =
+        format!("auto: p99 {p99:.3}s × {} over the last {} successful runs of {what}{bound}", conf.factor, ok.len());
     Applied { timeout: Duration::from_secs_f64(secs), basis, auto: true }
 }
 
-/// The timeout a step's attempt runs under: fixed, or learned from one
-/// indexed read of the plugin version's last runs.
-pub async fn applied(store: &Store, conf: &AutoTimeout, step: &StepDef, reg: &Registration) -> Applied {
+/// The timeout step `step` of `task` runs under: fixed, or learned from
+/// one read of that step's last runs under its plugin version.
+pub async fn applied(store: &Store, conf: &AutoTimeout, task: &str, step: &StepDef, reg: &Registration) -> Applied {
     if !is_auto(step, reg) {
         return fixed(step, reg);
     }
-    auto(store, conf, fixed(step, reg), reg).await
+    let version = reg.version().to_string();
+    let what = format!("step {} of {task} ({} {version})", step.name, reg.name);
+    match store.step_runs_of(task, &step.name, &reg.name, &version, conf.runs).await {
+        Ok(runs) => learned(&runs, fixed(step, reg), &what, conf),
+        Err(e) => unread(e, fixed(step, reg)),
+    }
 }
 
-/// What `timeout: auto` applies now to a step of `reg` whose fixed
-/// timeout is `fixed`.
+/// What `timeout: auto` learns from the plugin version's runs in every
+/// step (`apollo plugins`' figure) for a step whose fixed timeout is `fixed`.
 pub async fn auto(store: &Store, conf: &AutoTimeout, fixed: Applied, reg: &Registration) -> Applied {
-    match store.plugin_runs(&reg.name, &reg.version().to_string(), conf.runs, None).await {
-        Ok(runs) => learned(&runs, fixed, reg, conf),
-        Err(e) => {
-            let basis = format!("auto: the history cannot be read ({e}); {}", fixed.basis);
-            Applied { timeout: fixed.timeout, basis, auto: true }
-        }
+    let version = reg.version().to_string();
+    match store.plugin_runs(&reg.name, &version, conf.runs, None).await {
+        Ok(runs) => learned(&runs, fixed, &format!("{} {version}", reg.name), conf),
+        Err(e) => unread(e, fixed),
     }
+}
+
+fn unread(e: crate::store::StoreError, fixed: Applied) -> Applied {
+    let basis = format!("auto: the history cannot be read ({e}); {}", fixed.basis);
+    Applied { timeout: fixed.timeout, basis, auto: true }
 }
 
 /// A registration's own fixed timeout.

@@ -122,6 +122,7 @@ conformance!(
     a_create_claims_and_starts_its_first_step_in_one_write_when_nothing_comes_first,
     a_claim_starts_the_first_steps_it_is_handed_in_the_same_write,
     a_claim_takes_all_of_an_instances_locks_or_none_and_an_end_releases_them,
+    a_lock_is_kept_through_a_backoff_and_waited_for_after_a_manual_retry,
 );
 
 fn new(id: &str, task: &str, queue: &str, priority: u8, max_active: Option<u32>, dedup: Option<&str>) -> NewInstance {
@@ -168,6 +169,35 @@ async fn a_claim_takes_all_of_an_instances_locks_or_none_and_an_end_releases_the
     store.step_start("L1", 0, "1.0.0", &json!({})).await.unwrap();
     store.step_success("L1", 0, &json!({}), &json!({}), apollo_agent::store::Then::Finish).await.unwrap();
     assert_eq!(ids(&store.claim(10, lease(), QueuePolicy::default()).await.unwrap()), ["L2"]);
+    store.close();
+}
+
+async fn a_lock_is_kept_through_a_backoff_and_waited_for_after_a_manual_retry(db: TestDb) {
+    let store = db.open();
+    store.put_def("h1", "t", "t.yaml", "task: t").await.unwrap();
+    let locked = |id: &str| NewInstance { locks: vec!["db:eu".into()], ..new(id, "t", "q", 50, None, None) };
+    store.create(locked("K1"), "test").await.unwrap();
+    store.create(locked("K2"), "test").await.unwrap();
+    let ids = |c: &[apollo_agent::store::Claimed]| c.iter().map(|i| i.id.clone()).collect::<Vec<_>>();
+    let claim = || store.claim(10, lease(), QueuePolicy::default());
+    assert_eq!(ids(&claim().await.unwrap()), ["K1"]);
+    // K1 fails and waits out its backoff: it keeps db:eu, K2 still waits
+    // (and is the only one waiting).
+    let due = chrono::Utc::now() + chrono::Duration::milliseconds(300);
+    store.fail("K1", "boom", FailurePlan::Retry(due), "test").await.unwrap();
+    let holders = |h: Vec<apollo_shared::protocol::LockHolder>| h.into_iter().map(|h| h.id).collect::<Vec<_>>();
+    assert_eq!(holders(store.lock_holders().await.unwrap()), ["K1"]);
+    assert!(claim().await.unwrap().is_empty());
+    let listed = store.locks().await.unwrap();
+    assert_eq!((listed.len(), listed[0].waiting), (1, 1), "{listed:?}");
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    assert_eq!(ids(&claim().await.unwrap()), ["K1"], "the retry is claimed, the lock its own");
+    // K1 ends FAILED: db:eu goes to K2. Retried by hand, K1 waits for it.
+    store.fail("K1", "boom", FailurePlan::Stop, "test").await.unwrap();
+    assert_eq!(ids(&claim().await.unwrap()), ["K2"]);
+    store.manual_retry("K1", "again", "op").await.unwrap();
+    assert_eq!(holders(store.lock_holders().await.unwrap()), ["K2"]);
+    assert!(claim().await.unwrap().is_empty());
     store.close();
 }
 

@@ -3,6 +3,8 @@
 //! the lock, which fails if another holder has it), across tasks and, on
 //! PostgreSQL, across agents; a waiting instance says what it waits for and
 //! does not hold back work with other locks; a cancel releases the lock.
+//! A lock is held until its instance ends: through a retry's backoff and a
+//! park at an approval, and `apollo locks` never counts the holder as waiting.
 
 use apollo_shared::state::TaskState;
 use apollo_tests::*;
@@ -69,6 +71,111 @@ async fn a_lock_holds_back_its_second_taker_only_says_who_holds_it_and_a_cancel_
     wait_until(&c, &mut events, &second, "the waiter after the cancel", |i| i.state == TaskState::Success).await;
     assert!(!w.path().join("overlaps").exists(), "{}", std::fs::read_to_string(w.path().join("overlaps")).unwrap());
     assert!(text(&agent.cli(&["locks"])).contains("no locks held or waited for"));
+}
+
+/// enter_maintenance → flaky (its first attempt anywhere fails, once: a
+/// marker directory) → leave_maintenance, under `db:{{ params.cluster }}`;
+/// each step writes its start and end, with its instance, to the witness.
+const MAINTENANCE: &str = r#"task: maintain
+params:
+  cluster: eu
+locks: ["db:{{ params.cluster }}"]
+steps:
+  - name: enter_maintenance
+    plugin: shell
+    params:
+      command: |
+        echo "start enter_maintenance $APOLLO_TASK_ID $(date +%s.%N)" >> @W@/witness
+        sleep 0.1
+        echo "end enter_maintenance $APOLLO_TASK_ID $(date +%s.%N)" >> @W@/witness
+  - name: flaky
+    plugin: shell
+    retry: 2
+    params:
+      command: |
+        echo "start flaky $APOLLO_TASK_ID $(date +%s.%N)" >> @W@/witness
+        if mkdir @W@/failed-once 2>/dev/null; then echo "end flaky $APOLLO_TASK_ID failed" >> @W@/witness; exit 1; fi
+        echo "end flaky $APOLLO_TASK_ID $(date +%s.%N)" >> @W@/witness
+  - name: leave_maintenance
+    plugin: shell
+    params:
+      command: |
+        echo "start leave_maintenance $APOLLO_TASK_ID $(date +%s.%N)" >> @W@/witness
+        sleep 0.1
+        echo "end leave_maintenance $APOLLO_TASK_ID $(date +%s.%N)" >> @W@/witness
+"#;
+
+#[tokio::test]
+async fn a_lock_stays_held_while_its_holder_waits_to_retry_a_step() {
+    let w = tempfile::tempdir().unwrap();
+    let agent = Agent::builder()
+        .config("scheduler:\n  concurrency: 4\n  backoff_base: 2s\n")
+        .task("maintain.yaml", &MAINTENANCE.replace("@W@", &w.path().display().to_string()))
+        .start();
+    let (c, mut events) = agent.watch().await;
+    // The first created takes the lock; the second waits for it.
+    let first = trigger(&c, "maintain", json!({})).await;
+    let second = trigger(&c, "maintain", json!({})).await;
+    // Between its failed attempt and the retry, the first still holds the
+    // lock and the second waits for it (and is the only one waiting).
+    wait_until(&c, &mut events, &first, "the first's backoff", |i| i.state == TaskState::Retrying).await;
+    let (_, locks) = agent.cli_json(&["locks"]);
+    let eu = locks.as_array().unwrap().iter().find(|l| l["lock"] == "db:eu").expect("db:eu listed").clone();
+    assert_eq!((eu["holder"]["id"].as_str(), eu["waiting"].as_u64()), (Some(first.as_str()), Some(1)), "{locks:#}");
+    for id in [&first, &second] {
+        let i = wait_until(&c, &mut events, id, "both instances", ended).await;
+        assert_eq!(i.state, TaskState::Success, "{i:?}");
+    }
+    let lines = std::fs::read_to_string(w.path().join("witness")).unwrap();
+    let at = |what: &str| {
+        lines.lines().position(|l| l.starts_with(what)).unwrap_or_else(|| panic!("no {what:?} in:\n{lines}"))
+    };
+    let (from, to) = (at(&format!("start enter_maintenance {first}")), at(&format!("end leave_maintenance {first}")));
+    let inside: Vec<&str> = lines.lines().take(to + 1).skip(from).collect();
+    let overlap = inside.iter().any(|l| l.contains(second.as_str()));
+    assert!(!overlap, "the second ran inside the first's maintenance:\n{lines}");
+    let attempts = inside.iter().filter(|l| l.starts_with("start flaky")).count();
+    assert_eq!(attempts, 2, "one failed attempt, then its retry:\n{lines}");
+    assert!(at(&format!("start enter_maintenance {second}")) > to, "{lines}");
+}
+
+/// A task that parks at an approval step holding `res:{{ params.r }}`.
+const GATED: &str = r#"task: gated
+params:
+  r: x
+locks: ["res:{{ params.r }}"]
+steps:
+  - name: gate
+    plugin: approval
+    params:
+      message: go?
+"#;
+
+#[tokio::test]
+async fn the_locks_listing_counts_a_parked_holder_as_the_holder_and_not_as_waiting() {
+    let agent = Agent::builder().task("gated.yaml", GATED).start();
+    let (c, mut events) = agent.watch().await;
+    let parked = |i: &apollo_shared::protocol::Instance| {
+        i.state == TaskState::Pending && i.waiting.as_deref().is_some_and(|w| w.starts_with("waiting for approval"))
+    };
+    let first = trigger(&c, "gated", json!({"r": "eu"})).await;
+    wait_until(&c, &mut events, &first, "the first parked", parked).await;
+    let second = trigger(&c, "gated", json!({"r": "eu"})).await;
+    let listed = |agent: &Agent| {
+        let (_, locks) = agent.cli_json(&["locks"]);
+        let eu = locks.as_array().unwrap().iter().find(|l| l["lock"] == "res:eu").expect("res:eu listed").clone();
+        (eu["holder"]["id"].as_str().map(str::to_string), eu["waiting"].as_u64())
+    };
+    assert_eq!(listed(&agent), (Some(first.clone()), Some(1)));
+    let table = text(&agent.cli(&["locks"]));
+    let row = table.lines().find(|l| l.starts_with("res:eu")).unwrap_or_default();
+    assert!(row.contains(&first) && row.trim_end().ends_with(" 1"), "{table}");
+    // Approved, the first ends; the second takes the lock and parks: held, nobody waiting.
+    let out = agent.cli(&["approve", &first, "--reason", "go"]);
+    assert!(out.status.success(), "{}", text(&out));
+    wait_until(&c, &mut events, &first, "the first's end", |i| i.state == TaskState::Success).await;
+    wait_until(&c, &mut events, &second, "the second parked", parked).await;
+    assert_eq!(listed(&agent), (Some(second.clone()), Some(0)));
 }
 
 #[tokio::test]

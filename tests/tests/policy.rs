@@ -222,3 +222,69 @@ async fn on_postgresql_a_hold_step_whose_agent_died_is_not_run_again_by_the_agen
     wait_until(&c, &mut events, &id, "the retry on b", |i| i.state == TaskState::Success).await;
     assert_eq!(witnessed(), "promote\npromote\n");
 }
+
+#[test]
+fn skip_takes_only_the_failed_step_and_a_later_step_named_is_refused_naming_it() {
+    let agent = Agent::builder().task("halts.yaml", HALTS).start();
+    let (code, inst) = agent.cli_json(&["run", "halts", "--wait"]);
+    assert_eq!((code, inst["state"].as_str()), (1, Some("FAILED")), "{inst:#}");
+    let id = inst["id"].as_str().unwrap().to_string();
+    // undrain is PENDING (the table would let it be SKIPPED): it is not the
+    // failed step, and nothing runs.
+    let refused = agent.cli(&["skip", &id, "undrain", "--reason", "x"]);
+    let err = String::from_utf8_lossy(&refused.stderr).to_string();
+    assert!(!refused.status.success(), "{err}");
+    assert!(
+        err.contains("step \"undrain\" is not the failed step; the step that can be skipped is \"flaky\""),
+        "{err}"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(witness(&agent), "drain\nflaky\n", "flaky did not run again");
+    let (_, now) = agent.cli_json(&["show", &id]);
+    assert_eq!(now["state"], "FAILED", "{now:#}");
+    let states = (now["steps"][1]["state"].as_str(), now["steps"][2]["state"].as_str());
+    assert_eq!(states, (Some("FAILED"), Some("PENDING")), "{now:#}");
+}
+
+/// An approval nobody listed may decide, denied by its timeout, before a
+/// risky step.
+const GATED: &str = r#"task: gated
+on_failure: stop
+steps:
+  - name: gate
+    plugin: approval
+    params:
+      message: go?
+      approvers: {users: [nobody]}
+      timeout: 1s
+      on_timeout: deny
+  - name: risky
+    plugin: shell
+    params:
+      command: echo risky >> $APOLLO_WORK_DIR/../../witness
+"#;
+
+#[test]
+fn an_approval_denied_by_its_timeout_is_never_skipped_past() {
+    let agent = Agent::builder().config("scheduler:\n  lease: 1s\n").task("gated.yaml", GATED).start();
+    let (code, inst) = agent.cli_json(&["run", "gated", "--wait"]);
+    assert_eq!((code, inst["state"].as_str()), (1, Some("FAILED")), "{inst:#}");
+    assert!(inst["error"].as_str().unwrap_or_default().contains("approval timed out"), "{inst:#}");
+    let id = inst["id"].as_str().unwrap().to_string();
+    let said = |step: &str| {
+        let out = agent.cli(&["skip", &id, step, "--reason", "it is fine"]);
+        assert!(!out.status.success(), "skip {step} was made");
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let err = said("gate");
+    assert!(
+        err.contains("step \"gate\" is an approval: it is decided by its approvers or its timeout, not skipped"),
+        "{err}"
+    );
+    let err = said("risky");
+    assert!(err.contains("step \"risky\" is not the failed step") && err.contains("\"gate\" is an approval"), "{err}");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!agent.path().join("data/witness").exists(), "the risky step ran");
+    let (_, now) = agent.cli_json(&["show", &id]);
+    assert_eq!(now["state"], "FAILED", "{now:#}");
+}

@@ -82,9 +82,10 @@ pub(super) async fn start(
 /// alike: at the timeout the call's token fires (a subprocess gets SIGTERM to
 /// its group, then SIGKILL after the grace) and the call has the grace to end
 /// before it is abandoned. `stop` (a cancel, the reaper, shutdown) does the same.
+/// The timeout comes with its basis, which a timeout's error names.
 pub(super) async fn watchdog<T>(
     s: &Scheduler,
-    timeout: Duration,
+    (timeout, basis): (Duration, &str),
     token: &CancellationToken,
     stop: Option<&CancellationToken>,
     (plugin, call): (&str, impl std::future::Future<Output = Result<T, PluginError>>),
@@ -110,7 +111,7 @@ pub(super) async fn watchdog<T>(
         _ = tokio::time::sleep(timeout) => {
             token.cancel();
             let _ = tokio::time::timeout(grace, call).await;
-            Err(PluginError::retryable(format!("{what}timed out after {}s (the step's timeout)", timeout.as_secs_f64())))
+            Err(PluginError::retryable(format!("{what}timed out after {}s ({basis})", timeout.as_secs_f64())))
         }
         _ = stopped => {
             token.cancel();

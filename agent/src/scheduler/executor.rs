@@ -218,13 +218,21 @@ async fn run_step(
     let version = prepared.as_ref().map(|(r, _, _)| r.version().to_string()).unwrap_or_default();
     let span = tracing::info_span!("step", step = %d.name, seq = step.seq, attempt);
     let log = StepLog::new(StepLog::path_for(&s.data_dir, id, step.seq), s.config().logging.step_log_bytes);
-    log.opening(&format!("[apollo: step {}, attempt {attempt}]", d.name));
+    // A first attempt that writes nothing leaves no log (a file per silent
+    // step would cost more than the step); a retry is always headed, so
+    // the log says it was made even when it printed nothing.
+    let heading = format!("[apollo: step {}, attempt {attempt}]", d.name);
+    match attempt {
+        1 => log.opening(&heading),
+        _ => log.line(&heading),
+    }
     // What the step leaves behind has its secrets' values masked (as read
     // when it was made ready).
     log.mask(mask.clone());
     // A learned timeout is recorded with the attempt before the call runs.
+    let auto = &s.config().scheduler.auto_timeout;
     let applied = match &prepared {
-        Ok((reg, ..)) => Some(crate::timeouts::applied(&s.store, &s.config().scheduler.auto_timeout, d, reg).await),
+        Ok((reg, ..)) => Some(crate::timeouts::applied(&s.store, auto, &def.task, d, reg).await),
         Err(_) => None,
     };
     if let Some(a) = applied.as_ref().filter(|a| a.auto) {
@@ -261,7 +269,8 @@ async fn run_step(
             kill_grace: s.config().scheduler.kill_grace,
         };
         let began = std::time::Instant::now();
-        let r = watchdog(s, timeout, &token, Some(&active.token), (&reg.name, reg.plugin.execute(call)), "").await;
+        let call = (reg.name.as_str(), reg.plugin.execute(call));
+        let r = watchdog(s, (timeout, &applied.basis), &token, Some(&active.token), call, "").await;
         let m = crate::metrics::get();
         let outcome = match &r {
             Ok(_) => "success",

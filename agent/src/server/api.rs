@@ -247,7 +247,7 @@ impl Api {
                     let check = crate::plugins::unwinding(&r.name, r.plugin.validate(&rendered));
                     let err = check.await.err().map(|e| e.message);
                     let conf = &self.h.settings.get().scheduler.auto_timeout;
-                    let timeout = crate::timeouts::applied(&self.listing, conf, s, r).await.wire();
+                    let timeout = crate::timeouts::applied(&self.listing, conf, &def.task, s, r).await.wire();
                     (Some(r.version().to_string()), Some(r.plugin.describe()), err, Some(timeout))
                 }
                 Err(e) => (None, None, Some(e), None),

@@ -232,7 +232,7 @@ pub fn claim_noting(
                 locked = Some(lock_holders(c)?.into_iter().map(|h| (h.lock, h.id)).collect());
             }
             let held = locked.as_ref().expect("read above");
-            // (A parked instance holds its own locks: they are not in its way.)
+            // (A parked or retrying instance holds its own locks: not in its way.)
             if wants.iter().any(|l| held.get(l).is_some_and(|holder| *holder != id)) {
                 held_back = true;
                 continue;

@@ -5,15 +5,16 @@
 use super::db::Db;
 use super::history::history;
 use super::model::FailurePlan;
-use super::rows::ts;
 use super::value::p;
 use super::write::{fail, move_step, move_task, step_fail, task_state};
 use super::{Result, StoreError};
 use apollo_shared::state::{check_step, check_task, StepState, TaskState};
-use chrono::Utc;
 
 /// An operator's retry of a FAILED instance: RETRYING now, with a fresh
-/// retry budget for the failed step.
+/// retry budget for the failed step. Its retry time is left unset (it is
+/// due at once): it had ended and released its locks, so it waits for them
+/// like a new instance rather than holding them as a retry's backoff does
+/// (see `locks`).
 pub fn manual_retry(c: &dyn Db, id: &str, reason: &str, actor: &str) -> Result<()> {
     refuse_while_rolling_back(c, id)?;
     // Steps let through or skipped by hand are past: they never run again.
@@ -33,8 +34,9 @@ pub fn manual_retry(c: &dyn Db, id: &str, reason: &str, actor: &str) -> Result<(
     }
     move_task(c, id, TaskState::Retrying, reason, actor)?;
     c.execute(
-        "UPDATE task_instances SET next_run_at = ?2, finished_at = NULL, lease_owner = NULL, lease_expires_at = NULL WHERE id = ?1",
-        p![id, ts(Utc::now())],
+        "UPDATE task_instances SET next_run_at = NULL, finished_at = NULL, lease_owner = NULL, lease_expires_at = NULL \
+         WHERE id = ?1",
+        p![id],
     )?;
     c.execute("UPDATE step_runs SET failures = 0 WHERE instance_id = ?1 AND state = 'FAILED'", p![id])?;
     Ok(())
@@ -42,7 +44,10 @@ pub fn manual_retry(c: &dyn Db, id: &str, reason: &str, actor: &str) -> Result<(
 
 /// An operator's skip of a FAILED instance's failed step: the step is
 /// marked SKIPPED with who and why (it never runs again), and the instance
-/// resumes from the next step as a retry would, in one transaction.
+/// resumes from the next step as a retry would, in one transaction. Only
+/// the step it failed at (or was held at) can be skipped — its first step
+/// not done, which is FAILED — and never an approval step, which its
+/// approvers or its timeout decide: a skip is not a way past a denial.
 pub fn skip_step(c: &dyn Db, id: &str, seq: u32, reason: &str, actor: &str) -> Result<()> {
     refuse_while_rolling_back(c, id)?;
     let state = task_state(c, id)?;
@@ -54,10 +59,44 @@ pub fn skip_step(c: &dyn Db, id: &str, seq: u32, reason: &str, actor: &str) -> R
     }
     check_step(step, StepState::Skipped)
         .map_err(|e| StoreError::Invalid(format!("step #{seq} cannot be skipped: {e}")))?;
+    skippable(c, id, seq)?;
     check_task(state, TaskState::Retrying)?;
     move_step(c, id, seq, StepState::Skipped, &format!("skipped by hand: {reason}"), actor)?;
     c.execute("UPDATE step_runs SET passed = 1 WHERE instance_id = ?1 AND seq = ?2", p![id, seq])?;
     manual_retry(c, id, &format!("resumed after step #{seq} was skipped: {reason}"), actor)
+}
+
+/// Refuses a skip of step `seq` unless it is the instance's failed step —
+/// its first step not done (not SUCCESS, not SKIPPED, not let through),
+/// when that one is FAILED — and not an approval step (the plugin
+/// `steps::is_approval` names), naming the step that can be skipped.
+fn skippable(c: &dyn Db, id: &str, seq: u32) -> Result<()> {
+    let steps: Vec<(u32, String, String, String, bool)> = c
+        .query("SELECT seq, name, state, plugin, passed FROM step_runs WHERE instance_id = ?1 ORDER BY seq", p![id])?
+        .iter()
+        .map(|r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))
+        .collect::<Result<_>>()?;
+    let approval = |plugin: &str| plugin == "approval";
+    let named = steps.iter().find(|s| s.0 == seq).map(|s| s.1.clone()).unwrap_or_else(|| format!("#{seq}"));
+    let gate =
+        |name: &str| format!("{name:?} is an approval: it is decided by its approvers or its timeout, not skipped");
+    if steps.iter().any(|s| s.0 == seq && approval(&s.3)) {
+        return Err(StoreError::Invalid(format!("step {}", gate(&named))));
+    }
+    let first = steps.iter().find(|s| !s.4 && s.2 != StepState::Success.as_str() && s.2 != StepState::Skipped.as_str());
+    match first.filter(|s| s.2 == StepState::Failed.as_str()) {
+        Some(f) if f.0 == seq => Ok(()),
+        Some(f) if approval(&f.3) => {
+            Err(StoreError::Invalid(format!("step {named:?} is not the failed step; the failed step {}", gate(&f.1))))
+        }
+        Some(f) => Err(StoreError::Invalid(format!(
+            "step {named:?} is not the failed step; the step that can be skipped is {:?}",
+            f.1
+        ))),
+        None => {
+            Err(StoreError::Invalid(format!("step {named:?} is not the failed step; instance {id} has none to skip")))
+        }
+    }
 }
 
 /// An operator's rollback of a FAILED instance: held by this agent with the

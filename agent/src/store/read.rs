@@ -1,9 +1,10 @@
 //! Queries. They run on read-only connections (and, inside a write, on the
 //! writer's connection) and change nothing.
 
+use super::db::Db;
 use super::rows::{self, parse_ts, ts, SUMMARY_COLS};
 use super::rows::{add_earlier_attempts, instance_with_steps, transitions};
-use super::value::p;
+use super::value::{p, V};
 use super::{Result, Store, StoreError};
 use apollo_shared::protocol::{Alert, AuditEntry, EventRecord, Instance, QueueStats};
 use apollo_shared::state::{StepState, TaskState};
@@ -203,36 +204,36 @@ impl Store {
     ) -> Result<Vec<(bool, f64)>> {
         let (p, v, since) = (plugin.to_string(), version.to_string(), since.unwrap_or("").to_string());
         self.read(move |c| {
-            let mut runs: Vec<(bool, String, f64)> = c
-                .query(
-                    "WITH s AS (SELECT instance_id, seq, state, error, started_at, finished_at \
-                         FROM step_runs INDEXED BY step_runs_plugin \
-                         WHERE plugin = ?1 AND finished_at IS NOT NULL AND plugin_version = ?2 AND finished_at >= ?4 \
-                         ORDER BY finished_at DESC LIMIT ?3) \
-                     SELECT 0, started_at, finished_at FROM s \
-                         WHERE state = 'SUCCESS' OR (state = 'ROLLED_BACK' AND error IS NULL) \
-                     UNION ALL \
-                     SELECT 1, a.started_at, a.finished_at FROM step_attempts a \
-                         JOIN s ON a.instance_id = s.instance_id AND a.seq = s.seq \
-                         WHERE a.plugin_version = ?2 AND COALESCE(a.outcome, \
-                             CASE WHEN a.error LIKE 'interrupted:%' OR a.error LIKE 'cancelled:%' \
-                                  THEN 'interrupted' ELSE 'failed' END) = 'failed'",
-                    p![p.as_str(), v.as_str(), n, since.as_str()],
-                )?
-                .iter()
-                .map(|r| {
-                    let failed: i64 = r.get(0)?;
-                    let (start, end): (Option<String>, Option<String>) = (r.get(1)?, r.get(2)?);
-                    let secs = match (parse_ts(start), parse_ts(end.clone())) {
-                        (Some(a), Some(b)) => (b - a).num_microseconds().unwrap_or(0) as f64 / 1e6,
-                        _ => 0.0,
-                    };
-                    Ok((failed == 1, end.unwrap_or_default(), secs))
-                })
-                .collect::<Result<_>>()?;
-            runs.sort_by(|a, b| b.1.cmp(&a.1));
-            runs.truncate(n as usize);
-            Ok(runs.into_iter().map(|(failed, _, secs)| (failed, secs)).collect())
+            let steps = "SELECT instance_id, seq, state, error, started_at, finished_at \
+                 FROM step_runs INDEXED BY step_runs_plugin \
+                 WHERE plugin = ?1 AND finished_at IS NOT NULL AND plugin_version = ?2 AND finished_at >= ?4 \
+                 ORDER BY finished_at DESC LIMIT ?3";
+            attempts_of(c, steps, p![p.as_str(), v.as_str(), n, since.as_str()], n)
+        })
+        .await
+    }
+
+    /// [`Store::plugin_runs`] of one definition step: the attempts of step
+    /// `step` of `task`'s latest `n` instances where it finished under this
+    /// plugin version (what `timeout: auto` learns from; the plugin's runs
+    /// in other steps do other work). Read from the task's instances newest
+    /// first, each one's step by its key.
+    pub async fn step_runs_of(
+        &self,
+        task: &str,
+        step: &str,
+        plugin: &str,
+        version: &str,
+        n: u32,
+    ) -> Result<Vec<(bool, f64)>> {
+        let (t, st, p, v) = (task.to_string(), step.to_string(), plugin.to_string(), version.to_string());
+        self.read(move |c| {
+            let steps = "SELECT r.instance_id, r.seq, r.state, r.error, r.started_at, r.finished_at \
+                 FROM task_instances i INDEXED BY task_instances_task CROSS JOIN step_runs r \
+                 WHERE i.task = ?4 AND r.instance_id = i.id AND r.name = ?5 AND r.plugin = ?1 \
+                   AND r.plugin_version = ?2 AND r.finished_at IS NOT NULL \
+                 ORDER BY i.id DESC LIMIT ?3";
+            attempts_of(c, steps, p![p.as_str(), v.as_str(), n, t.as_str(), st.as_str()], n)
         })
         .await
     }
@@ -360,4 +361,39 @@ impl Store {
         })
         .await
     }
+}
+
+/// The attempts of the steps `steps` selects (instance_id, seq, state,
+/// error, started_at, finished_at; `?1` the plugin, `?2` its version), newest
+/// first, at most `n`: (failed, seconds). See [`Store::plugin_runs`].
+fn attempts_of(c: &dyn Db, steps: &str, params: &[V], n: u32) -> Result<Vec<(bool, f64)>> {
+    let mut runs: Vec<(bool, String, f64)> = c
+        .query(
+            &format!(
+                "WITH s AS ({steps}) \
+                 SELECT 0, started_at, finished_at FROM s \
+                     WHERE state = 'SUCCESS' OR (state = 'ROLLED_BACK' AND error IS NULL) \
+                 UNION ALL \
+                 SELECT 1, a.started_at, a.finished_at FROM step_attempts a \
+                     JOIN s ON a.instance_id = s.instance_id AND a.seq = s.seq \
+                     WHERE a.plugin_version = ?2 AND COALESCE(a.outcome, \
+                         CASE WHEN a.error LIKE 'interrupted:%' OR a.error LIKE 'cancelled:%' \
+                              THEN 'interrupted' ELSE 'failed' END) = 'failed'"
+            ),
+            params,
+        )?
+        .iter()
+        .map(|r| {
+            let failed: i64 = r.get(0)?;
+            let (start, end): (Option<String>, Option<String>) = (r.get(1)?, r.get(2)?);
+            let secs = match (parse_ts(start), parse_ts(end.clone())) {
+                (Some(a), Some(b)) => (b - a).num_microseconds().unwrap_or(0) as f64 / 1e6,
+                _ => 0.0,
+            };
+            Ok((failed == 1, end.unwrap_or_default(), secs))
+        })
+        .collect::<Result<_>>()?;
+    runs.sort_by(|a, b| b.1.cmp(&a.1));
+    runs.truncate(n as usize);
+    Ok(runs.into_iter().map(|(failed, _, secs)| (failed, secs)).collect())
 }
