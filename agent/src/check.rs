@@ -1,5 +1,6 @@
 //! `apollo-agent check`: validates the config and every definition, printing
-//! each problem as `file: line N: field: message`.
+//! each problem as `file: line N: field: message`. (A config that does not
+//! load is refused before: `main.rs` prints its every problem and exits 1.)
 
 use crate::catalog;
 use crate::config::Config;
@@ -49,6 +50,14 @@ pub async fn run(
     for errs in cat.errors.values() {
         for e in errs {
             writeln!(out, "{e}")?;
+            problems += 1;
+        }
+    }
+    // The queues and tasks freeze windows name are known only with every
+    // definition: of the tasks directory, not of files given.
+    if paths.is_empty() {
+        for p in catalog::freeze_targets(config, &cat) {
+            writeln!(out, "{p}")?;
             problems += 1;
         }
     }

@@ -163,6 +163,11 @@ pub async fn run(config: Config, token: CancellationToken) -> anyhow::Result<()>
         let msg = errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; ");
         let _ = store.alert(apollo_shared::protocol::AlertKind::DefinitionError, &msg, None).await;
     }
+    // A freeze window naming a queue or task nobody knows would freeze nothing.
+    for p in catalog::freeze_targets(&config, &cat) {
+        tracing::warn!("{p}");
+        let _ = store.alert(AlertKind::ConfigError, &p, None).await;
+    }
     tracing::info!(tasks_dir = %tasks_dir.display(), loaded = cat.defs.len(), errors = cat.errors.len(), "definitions loaded");
     if cat.defs.is_empty() && cat.errors.is_empty() {
         tracing::warn!(

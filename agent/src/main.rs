@@ -98,8 +98,8 @@ enum PluginCmd {
 /// The agent's exit statuses, on every man page.
 const EXIT_STATUS: &[(&str, &str)] = &[
     ("0", "The agent stopped as asked (SIGTERM, SIGINT); check found nothing wrong; a command succeeded."),
-    ("1", "check found a problem in the config or a definition (each printed as file: line N: field: message); plugin test failed."),
-    ("2", "The agent could not start or a command could not run: an unreadable or invalid config, a data dir another agent holds, a store that cannot be opened; the reason is on stderr."),
+    ("1", "check found a problem in the config (printed on stderr) or a definition (on stdout), each as file: line N: field: message; plugin test failed."),
+    ("2", "The agent could not start or a command could not run: an unreadable config (or, but for check, an invalid one), a data dir another agent holds, a store that cannot be opened; the reason is on stderr."),
 ];
 
 /// The examples of each command, by its path.
@@ -227,7 +227,15 @@ fn real_main(args: Args) -> anyhow::Result<ExitCode> {
         }
         _ => {}
     }
-    let cfg = load(&args)?;
+    let cfg = match load(&args) {
+        // For check, a config read and found invalid is a problem found (1),
+        // not a command that could not run (2).
+        Err(e) if matches!(args.command, Some(Command::Check { .. })) && e.is::<config::Problems>() => {
+            eprintln!("apollo-agent: {e:#}");
+            return Ok(ExitCode::from(1));
+        }
+        loaded => loaded?,
+    };
     match args.command.unwrap_or(Command::Run) {
         Command::Check { paths } => {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;

@@ -120,6 +120,16 @@ impl Reloader {
                 return;
             }
         };
+        // A freeze window naming a queue or task nobody knows would freeze
+        // nothing: the config is refused as a bad one is, the windows in
+        // force are kept.
+        let unknown = catalog::freeze_targets(&fresh, &self.catalog.read().expect("catalog"));
+        if !unknown.is_empty() {
+            let msg = format!("{}; the settings in force are kept", unknown.join("; "));
+            tracing::warn!("{msg}");
+            let _ = self.store.alert(apollo_shared::protocol::AlertKind::ConfigError, &msg, None).await;
+            return;
+        }
         let applied = self.settings.apply(fresh);
         let config = self.settings.get();
         for name in &applied.need_restart {

@@ -128,7 +128,7 @@ async fn a_denial_and_a_timeout_fail_the_step_and_a_timeout_may_approve() {
 async fn only_the_listed_approvers_decide_and_never_the_trigger_when_distinct() {
     let w = tempfile::tempdir().unwrap();
     let agent = Agent::builder()
-        .task("failover.yaml", &failover(w.path(), "      approvers: {users: [alice], groups: [dba]}"))
+        .task("failover.yaml", &failover(w.path(), "      approvers: {users: [nobody], groups: [nogroup]}"))
         .task(
             "self.yaml",
             "task: self_check\nsteps:\n  - plugin: approval\n    params: {message: mine?, distinct_approver: true}\n",
@@ -140,7 +140,7 @@ async fn only_the_listed_approvers_decide_and_never_the_trigger_when_distinct() 
     let out = agent.cli(&["approve", &id, "--reason", "me"]);
     let said = text(&out);
     assert!(
-        !out.status.success() && said.contains("root may not decide this approval (approvers: alice, group dba)"),
+        !out.status.success() && said.contains("root may not decide this approval (approvers: nobody, group nogroup)"),
         "{said}"
     );
     let own = trigger(&c, "self_check", json!({})).await;

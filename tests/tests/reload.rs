@@ -108,3 +108,31 @@ async fn a_config_that_no_longer_parses_changes_nothing_and_says_where() {
     let (code, inst) = agent.cli_json(&["run", "ok", "--wait"]);
     assert_eq!((code, inst["state"].as_str()), (0, Some("SUCCESS")), "{inst}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_freeze_window_that_would_freeze_nothing_is_refused_by_a_reload() {
+    let agent = Agent::builder()
+        .config("scheduler:\n  concurrency: 2\n")
+        .task("ok.yaml", "task: ok\nqueue: q1\nsteps:\n  - plugin: sleep\n")
+        .start();
+    let c = agent.client().await;
+    c.subscribe(&[Topic::Alerts]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    std::fs::write(
+        agent.path().join("apollo.yaml"),
+        "scheduler:\n  concurrency: 5\n  freezes:\n    - name: now\n      from: 2000-01-01T00:00:00Z\n      \
+         until: 2100-01-01T00:00:00Z\n      queues: [q1x]\n      reason: typo\n",
+    )
+    .unwrap();
+    hangup(&agent);
+    let ev = wait_event(&mut events, "a config_error alert", |e| e.data.json()["kind"] == "config_error").await;
+    let data = ev.data.json();
+    let msg = data["message"].as_str().unwrap();
+    assert!(
+        msg.contains("line 7") && msg.contains("no queue \"q1x\"") && msg.contains("did you mean \"q1\"?"),
+        "{msg}"
+    );
+    assert!(msg.contains("the settings in force are kept"), "{msg}");
+    let status = c.request::<m::AgentStatus>(NoParams {}).await.unwrap();
+    assert_eq!(status.concurrency, 2, "nothing of the refused file was applied");
+}

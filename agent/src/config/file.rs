@@ -4,6 +4,7 @@
 use super::database::Database;
 use super::events::{EventsConf, StorageConf};
 use super::plugins::PluginReg;
+use super::problems::{self, Problems};
 use super::scheduler::Scheduler;
 use super::sections::{AgentConf, AlertsConf, Logging, MetricsConf, Socket};
 use anyhow::{bail, Context as _};
@@ -129,7 +130,8 @@ impl Default for Config {
 }
 
 impl Config {
-    /// Parses a config document; `file` is used in messages.
+    /// Parses a config document; `file` is used in messages. Its every
+    /// problem is refused at once, as [`Problems`].
     pub fn parse(src: &str, file: &str) -> anyhow::Result<Config> {
         // A file of nothing but comments (or nothing) means the defaults.
         if src.lines().all(|l| l.trim().is_empty() || l.trim_start().starts_with('#') || l.trim() == "---") {
@@ -137,12 +139,20 @@ impl Config {
             cfg.validate(file)?;
             return Ok(cfg);
         }
-        let cfg: Config = apollo_shared::yaml::from_str(src).map_err(|e| match e.line {
-            Some(line) => anyhow::anyhow!("{file}: line {line}: {}", e.message),
-            None => anyhow::anyhow!("{file}: {}", e.message),
-        })?;
+        let mut cfg: Config = apollo_shared::yaml::from_str(src)
+            .map_err(|e| Problems(Self::every_problem(src, file).unwrap_or_else(|| vec![problems::said(file, &e)])))?;
+        super::freezes::locate(&mut cfg.scheduler.freezes, src);
         cfg.validate(file)?;
         Ok(cfg)
+    }
+
+    /// Every problem of `src`, which does not parse whole: each section's
+    /// type error and the checks of the sections that parse.
+    fn every_problem(src: &str, file: &str) -> Option<Vec<String>> {
+        problems::every_section(src, file, |mut cfg: Config, rest| {
+            super::freezes::locate(&mut cfg.scheduler.freezes, rest);
+            cfg.problems(file)
+        })
     }
 
     pub fn load(path: &Path) -> anyhow::Result<Config> {
@@ -201,15 +211,15 @@ impl Config {
     }
 
     /// Every problem of the file, not just the first: `check` lists them all.
-    fn validate(&self, file: &str) -> anyhow::Result<()> {
+    fn validate(&self, file: &str) -> Result<(), Problems> {
         let problems = self.problems(file);
         if problems.is_empty() {
             return Ok(());
         }
-        bail!("{}", problems.join("\n"))
+        Err(Problems(problems))
     }
 
-    fn problems(&self, file: &str) -> Vec<String> {
+    pub(super) fn problems(&self, file: &str) -> Vec<String> {
         let mut problems = Vec::new();
         if let Err(e) = self.validate_name(&format!("{file}: agent.name")) {
             problems.push(format!("{e:#}"));
@@ -225,7 +235,11 @@ impl Config {
             ));
         }
         for (i, f) in s.freezes.iter().enumerate() {
-            problems.extend(f.problems(&format!("{file}: scheduler.freezes[{i}] ({})", f.name)));
+            problems.extend(f.problems(file, i));
+            if let Some(j) = s.freezes[..i].iter().position(|g| g.name == f.name) {
+                let m = format!("freezes[{j}] is named {:?} too (a window's name is its id: one each)", f.name);
+                problems.push(f.said(file, i, "name", &m));
+            }
         }
         if s.zombie_factor.is_nan() || s.zombie_factor < 1.0 {
             problems.push(format!(
@@ -371,6 +385,21 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_type_error_in_one_section_hides_neither_another_nor_the_checks_of_the_rest() {
+        let src = "scheduler:\n  concurrency: four\nmetrics:\n  listen: nope\nlogging:\n  format: xml\n";
+        let e = Config::every_problem(src, "apollo.yaml").unwrap();
+        assert_eq!(e.len(), 3, "{e:#?}");
+        assert!(e[0].starts_with("apollo.yaml: line 2: scheduler.concurrency:"), "{e:#?}");
+        assert!(e[1].starts_with("apollo.yaml: line 4: metrics.listen:"), "{e:#?}");
+        assert!(e[2].contains("logging.format: \"xml\""), "{e:#?}");
+    }
+
+    #[test]
+    fn a_file_whose_shape_is_wrong_is_left_to_its_first_error() {
+        assert_eq!(Config::every_problem("- a\n- b\n", "a"), None);
+    }
 
     #[test]
     fn empty_config_has_the_documented_defaults() {

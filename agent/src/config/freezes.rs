@@ -9,6 +9,7 @@ use super::duration::duration;
 use apollo_shared::protocol::{Pause, PauseScope};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Deserializer};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -36,6 +37,75 @@ pub struct Freeze {
     #[serde(default)]
     pub tasks: Vec<String>,
     pub reason: String,
+    /// Its lines in the file, for messages: its item's (under `""`) and
+    /// each field's written on a line of its own.
+    #[serde(skip)]
+    pub lines: BTreeMap<&'static str, usize>,
+}
+
+/// The fields of a window.
+const FIELDS: &[&str] = &["name", "from", "until", "cron", "timezone", "duration", "queues", "tasks", "reason"];
+
+/// Notes in each window where the file `src` writes it and its fields.
+pub(super) fn locate(freezes: &mut [Freeze], src: &str) {
+    let lines: Vec<&str> = src.lines().collect();
+    let indent = |l: &str| l.len() - l.trim_start().len();
+    let Some(at) = lines.iter().position(|l| l.trim_start().starts_with("freezes:")) else { return };
+    let base = indent(lines[at]);
+    let (mut items, mut dash, mut end): (Vec<usize>, Option<usize>, usize) = (Vec::new(), None, lines.len());
+    for (i, &l) in lines.iter().enumerate().skip(at + 1) {
+        let t = l.trim_start();
+        if t.is_empty() || t.starts_with('#') {
+            continue;
+        }
+        if indent(l) < base || (indent(l) == base && !t.starts_with('-')) {
+            end = i;
+            break;
+        }
+        if t.starts_with('-') && dash.is_none_or(|d| d == indent(l)) {
+            dash = Some(indent(l));
+            items.push(i);
+        }
+    }
+    let key_at = |l: &str, key: &str| {
+        let t = l.trim_start().trim_start_matches("- ").trim_start();
+        t.strip_prefix(key).is_some_and(|r| r.trim_start().starts_with(':'))
+    };
+    for (n, f) in freezes.iter_mut().enumerate() {
+        let Some(&start) = items.get(n) else {
+            f.lines.insert("", at + 1);
+            continue;
+        };
+        let stop = items.get(n + 1).copied().unwrap_or(end);
+        f.lines.insert("", start + 1);
+        for &field in FIELDS {
+            if let Some(i) = (start..stop).find(|&i| key_at(lines[i], field)) {
+                f.lines.insert(field, i + 1);
+            }
+        }
+    }
+}
+
+/// Each queue and task a window names that the agent does not know (it
+/// would freeze nothing), with the closest known name: `queues` those of
+/// `scheduler.queues` and of the definitions, `tasks` the definitions'.
+pub fn unknown_targets(freezes: &[Freeze], file: &str, queues: &[&str], tasks: &[&str]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, f) in freezes.iter().enumerate() {
+        let targets = [("queues", "queue", &f.queues, queues), ("tasks", "task", &f.tasks, tasks)];
+        for (field, what, names, known) in targets {
+            for (n, name) in names.iter().enumerate().filter(|(_, n)| !known.contains(&n.as_str())) {
+                let listed = if known.is_empty() { "none".to_string() } else { known.join(", ") };
+                let hint = match apollo_shared::text::closest(name, known) {
+                    Some(k) => format!("did you mean {k:?}? known: {listed}"),
+                    None => format!("known: {listed}"),
+                };
+                let message = format!("no {what} {name:?} here: the window would freeze nothing of it ({hint})");
+                out.push(f.said(file, i, &format!("{field}[{n}]"), &message));
+            }
+        }
+    }
+    out
 }
 
 /// A time as the store writes its own (so the two compare as text).
@@ -48,45 +118,60 @@ fn some_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D:
 }
 
 impl Freeze {
-    /// What is wrong with it, naming the field and what would be valid.
-    pub fn problems(&self, at: &str) -> Vec<String> {
-        let mut out = Vec::new();
+    /// A problem of this window (the `i`th of `file`), as
+    /// `file: line N: scheduler.freezes[i] (name).field: message`.
+    pub fn said(&self, file: &str, i: usize, field: &str, message: &str) -> String {
+        let key = field.split('[').next().unwrap_or(field);
+        let line = self.lines.get(key).or_else(|| self.lines.get(""));
+        let line = line.map(|l| format!(" line {l}:")).unwrap_or_default();
+        let dot = if field.is_empty() { String::new() } else { format!(".{field}") };
+        format!("{file}:{line} scheduler.freezes[{i}] ({}){dot}: {message}", self.name)
+    }
+
+    /// What is wrong with it (the `i`th window of `file`), naming the line,
+    /// the field and what would be valid.
+    pub fn problems(&self, file: &str, i: usize) -> Vec<String> {
+        self.issues().into_iter().map(|(field, message)| self.said(file, i, field, &message)).collect()
+    }
+
+    /// What is wrong with it, as (field, message): `""` the window itself.
+    fn issues(&self) -> Vec<(&'static str, String)> {
+        let mut out: Vec<(&'static str, String)> = Vec::new();
         let range = self.from.is_some() || self.until.is_some();
         let recurring = self.cron.is_some() || self.duration.is_some() || self.timezone.is_some();
         match (range, recurring) {
-            (true, true) | (false, false) => out.push(format!(
-                "{at}: give either from and until (a date range) or cron and duration (a recurring window)"
+            (true, true) | (false, false) => out.push((
+                "",
+                "give either from and until (a date range) or cron and duration (a recurring window)".into(),
             )),
             (true, false) => match (self.from, self.until) {
-                (Some(f), Some(u)) if f >= u => out.push(format!("{at}: from {f} is not before until {u}")),
+                (Some(f), Some(u)) if f >= u => out.push(("from", format!("from {f} is not before until {u}"))),
                 (Some(_), Some(_)) => {}
-                _ => out.push(format!("{at}: a date range needs both from and until (RFC 3339 times)")),
+                _ => out.push(("", "a date range needs both from and until (RFC 3339 times)".into())),
             },
             (false, true) => {
                 match &self.cron {
                     Some(c) => {
                         if let Err(e) = apollo_shared::cron::parse(c) {
-                            out.push(format!("{at}.cron: {e}"));
+                            out.push(("cron", e));
                         }
                     }
-                    None => out.push(format!("{at}: a recurring window needs cron (when it opens)")),
+                    None => out.push(("", "a recurring window needs cron (when it opens)".into())),
                 }
                 match self.duration {
-                    Some(d) if d.is_zero() => {
-                        out.push(format!("{at}.duration: 0 is out of range (expected more than 0)"))
-                    }
+                    Some(d) if d.is_zero() => out.push(("duration", "0 is out of range (expected more than 0)".into())),
                     Some(_) => {}
-                    None => out.push(format!("{at}: a recurring window needs duration (how long it stays open)")),
+                    None => out.push(("", "a recurring window needs duration (how long it stays open)".into())),
                 }
                 if let Some(tz) = &self.timezone {
                     if tz.parse::<chrono_tz::Tz>().is_err() {
-                        out.push(format!("{at}.timezone: {tz:?} is not an IANA time zone (e.g. Europe/Paris)"));
+                        out.push(("timezone", format!("{tz:?} is not an IANA time zone (e.g. Europe/Paris)")));
                     }
                 }
             }
         }
         if self.reason.trim().is_empty() {
-            out.push(format!("{at}.reason: say why (it is what operators read while the window is open)"));
+            out.push(("reason", "say why (it is what operators read while the window is open)".into()));
         }
         out
     }
@@ -148,7 +233,7 @@ mod tests {
     #[test]
     fn a_recurring_window_is_open_from_its_fire_for_its_duration() {
         let f = weekly();
-        assert!(f.problems("f").is_empty(), "{:?}", f.problems("f"));
+        assert!(f.problems("f", 0).is_empty(), "{:?}", f.problems("f", 0));
         // Friday 2026-12-04 18:00 Paris is 17:00 UTC.
         assert_eq!(f.open_at(at("2026-12-04T16:59:59Z")), None);
         let open = Some((at("2026-12-04T17:00:00Z"), at("2026-12-07T08:00:00Z")));
@@ -181,14 +266,28 @@ mod tests {
             "duration": "1h", "reason": "r"
         }))
         .unwrap();
-        assert!(both.problems("scheduler.freezes[0]")[0].contains("give either from and until"));
+        assert!(both.problems("a", 0)[0].contains("scheduler.freezes[0] (x): give either from and until"));
         let bad: Freeze = serde_json::from_value(serde_json::json!({
             "name": "x", "cron": "0 25 * * *", "duration": "1h", "timezone": "Mars/Olympus", "reason": ""
         }))
         .unwrap();
-        let p = bad.problems("scheduler.freezes[0]");
-        assert!(p.iter().any(|e| e.starts_with("scheduler.freezes[0].cron:") && e.contains("hour")), "{p:?}");
+        let p = bad.problems("a", 0);
+        assert!(p.iter().any(|e| e.starts_with("a: scheduler.freezes[0] (x).cron:") && e.contains("hour")), "{p:?}");
         assert!(p.iter().any(|e| e.contains(".timezone: \"Mars/Olympus\"")), "{p:?}");
         assert!(p.iter().any(|e| e.contains(".reason: say why")), "{p:?}");
+    }
+
+    #[test]
+    fn a_problem_is_said_on_its_line_and_two_windows_of_one_name_are_refused() {
+        let src = "scheduler:\n  freezes:\n    - name: a\n      cron: '0 25 * * *'\n      duration: 1h\n      \
+                   reason: r\n    - name: a\n      from: 2026-12-20T00:00:00Z\n      \
+                   until: 2026-12-21T00:00:00Z\n      reason: r\n";
+        let e = format!("{:#}", crate::config::Config::parse(src, "apollo.yaml").unwrap_err());
+        assert!(e.contains("apollo.yaml: line 4: scheduler.freezes[0] (a).cron:"), "{e}");
+        assert!(e.contains("apollo.yaml: line 7: scheduler.freezes[1] (a).name: freezes[0] is named \"a\" too"), "{e}");
+        let known = unknown_targets(&[weekly()], "f", &["deploy"], &[]);
+        assert_eq!(known.len(), 1, "{known:?}");
+        assert!(known[0].contains("(weekend).queues[0]: no queue \"deploys\" here"), "{known:?}");
+        assert!(known[0].contains("did you mean \"deploy\"?"), "{known:?}");
     }
 }

@@ -11,6 +11,7 @@ mod events;
 mod file;
 mod freezes;
 mod plugins;
+mod problems;
 mod scheduler;
 mod sections;
 
@@ -18,7 +19,8 @@ pub use database::{Database, Synchronous};
 pub use duration::TimeoutConf;
 pub use events::{EventsConf, HttpEventsConf, S3Conf, SourceConf, StorageConf};
 pub use file::{resolve_path, Config, Overrides};
-pub use freezes::Freeze;
+pub use freezes::{unknown_targets, Freeze};
 pub use plugins::{BuiltinClass, PluginReg, PoolConf};
+pub use problems::Problems;
 pub use scheduler::{cores, Affinity, AutoTimeout, QueueConf, Scheduler};
 pub use sections::{AgentConf, AlertsConf, HookConf, Logging, MetricsConf, Socket};

@@ -5,7 +5,8 @@
 //! params: `message`, `approvers` (`users`, `groups`: who may decide; none:
 //! any operator), `timeout` (how long the request waits), `on_timeout`
 //! (`deny`, the default, or `approve`), `distinct_approver` (whoever
-//! triggered the instance may not decide).
+//! triggered the instance may not decide). Its approvers are checked at
+//! load: only `users` and `groups`, each naming a user or group of this host.
 
 use super::contract::{Call, ParamDoc, Plugin, PluginError};
 use super::params::check_known;
@@ -36,10 +37,9 @@ pub fn request(p: &Map<String, Value>) -> Result<Request, String> {
         Some(v) if !v.is_string() => return Err(format!("message: expected text, found {v}")),
         _ => return Err("message: required (what the approvers are asked)".into()),
     };
-    let approvers: Approvers = match p.get("approvers") {
+    let approvers = match p.get("approvers") {
         None | Some(Value::Null) => Approvers::default(),
-        Some(v) => serde_json::from_value(v.clone())
-            .map_err(|e| format!("approvers: {e} (expected {{users: [names], groups: [names]}})"))?,
+        Some(v) => approvers(v)?,
     };
     let timeout = match p.get("timeout") {
         None | Some(Value::Null) => None,
@@ -56,6 +56,91 @@ pub fn request(p: &Map<String, Value>) -> Result<Request, String> {
         Some(v) => return Err(format!("distinct_approver: expected true or false, found {v}")),
     };
     Ok(Request { message, approvers, timeout, on_timeout, distinct_approver })
+}
+
+/// The fields of `approvers:`.
+const APPROVER_FIELDS: &[&str] = &["users", "groups"];
+
+/// `approvers:` as written: a mapping of `users` and `groups`, each a list
+/// of names; anything else is refused (a typo would let any operator decide).
+fn approvers(v: &Value) -> Result<Approvers, String> {
+    let m = match v {
+        Value::Object(m) => m,
+        Value::String(s) => {
+            return Err(format!(
+                "approvers: expected a mapping of users and groups, found the text {s:?} \
+                 (e.g. approvers: {{users: [{s}]}} or approvers: {{groups: [{s}]}})"
+            ))
+        }
+        other => {
+            return Err(format!(
+                "approvers: expected a mapping of users and groups \
+                 (e.g. approvers: {{users: [alice], groups: [dba]}}), found {}",
+                apollo_shared::def::kind(other)
+            ))
+        }
+    };
+    if let Some(k) = m.keys().find(|k| !APPROVER_FIELDS.contains(&k.as_str())) {
+        let hint = apollo_shared::text::closest(k, APPROVER_FIELDS)
+            .map(|c| format!("did you mean {c:?}? "))
+            .unwrap_or_default();
+        return Err(format!("approvers: unknown field {k:?} ({hint}expected one of: {})", APPROVER_FIELDS.join(", ")));
+    }
+    let names = |field: &str, what: &str| -> Result<Vec<String>, String> {
+        match m.get(field) {
+            None | Some(Value::Null) => Ok(Vec::new()),
+            Some(Value::Array(items)) => items
+                .iter()
+                .enumerate()
+                .map(|(i, n)| match n {
+                    Value::String(s) if !s.trim().is_empty() => Ok(s.clone()),
+                    other => Err(format!(
+                        "approvers.{field}[{i}]: expected a {what} name, found {}",
+                        apollo_shared::def::kind(other)
+                    )),
+                })
+                .collect(),
+            Some(Value::String(s)) => Err(format!(
+                "approvers.{field}: expected a list of {what} names, found the text {s:?} (e.g. {field}: [{s}])"
+            )),
+            Some(other) => Err(format!(
+                "approvers.{field}: expected a list of {what} names, found {}",
+                apollo_shared::def::kind(other)
+            )),
+        }
+    };
+    Ok(Approvers { users: names("users", "user")?, groups: names("groups", "group")? })
+}
+
+/// The first approver this host does not know: a gate nobody could decide.
+/// A name that is a template is known only once rendered.
+fn unknown_on_host(a: &Approvers) -> Option<String> {
+    let templated = |n: &str| n.contains("{{") || n.contains("{%");
+    for (i, u) in a.users.iter().enumerate() {
+        if !templated(u) && nix::unistd::User::from_name(u).ok().flatten().is_none() {
+            return Some(format!(
+                "approvers.users[{i}]: there is no user {u:?} on this host \
+                 (nobody could decide; a group goes under groups:)"
+            ));
+        }
+    }
+    for (i, g) in a.groups.iter().enumerate() {
+        if !templated(g) && nix::unistd::Group::from_name(g).ok().flatten().is_none() {
+            return Some(format!("approvers.groups[{i}]: there is no group {g:?} on this host (nobody could decide)"));
+        }
+    }
+    None
+}
+
+/// What holds of an approval step's params whatever its templates render
+/// to, checked at load when some are templates: its `approvers` (unless a
+/// template itself) are a mapping of known users and groups.
+pub fn check_templated(p: &Map<String, Value>) -> Result<(), String> {
+    match p.get("approvers") {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(s)) if s.contains("{{") || s.contains("{%") => Ok(()),
+        Some(v) => approvers(v).and_then(|a| unknown_on_host(&a).map_or(Ok(()), Err)),
+    }
 }
 
 impl Plugin for Approval {
@@ -102,7 +187,8 @@ impl Plugin for Approval {
         let mut known = PARAMS.to_vec();
         known.push(DECISION);
         check_known(p, &known)?;
-        request(p).map(|_| ())
+        let r = request(p)?;
+        unknown_on_host(&r.approvers).map_or(Ok(()), Err)
     }
     fn execute<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Result<Value, PluginError>> {
         Box::pin(async move {

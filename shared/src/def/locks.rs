@@ -2,6 +2,7 @@
 //! task and event, rendered when it is created) that no two instances under
 //! way hold at once, across tasks and agents.
 
+use super::lines::Lines;
 use super::{kind, show, ParamSpec};
 use crate::template;
 use serde_json::Value;
@@ -9,6 +10,13 @@ use std::collections::BTreeMap;
 
 /// The names a lock may use: what is known when the instance is created.
 const KNOWN: &[&str] = &["params", "task", "event", "task_id", "trace_id"];
+
+/// The line a problem of `field` (`locks[N]`) is said on: its item of the
+/// list, else the line of `locks:` (a list written on one line).
+pub(super) fn line(lines: &Lines, field: &str) -> Option<usize> {
+    let item = field.strip_prefix("locks[").and_then(|r| r.strip_suffix(']')).and_then(|i| i.parse::<usize>().ok());
+    item.and_then(|i| lines.list_items("locks").get(i).copied()).or_else(|| lines.key("locks", 0, usize::MAX))
+}
 
 /// `locks:` as written, checked; problems go to `at(field, message)`.
 pub(super) fn parse(

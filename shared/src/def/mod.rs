@@ -388,7 +388,8 @@ pub fn parse(src: &str, file: &str) -> Result<TaskDef, DefErrors> {
     };
 
     let secrets = secrets::parse(top.get("secrets"), &mut at);
-    let locks = locks::parse(top.get("locks"), &params, on_event.is_some(), &mut at);
+    let mut at_lock = |field: &str, message: String| errors.push(err(locks::line(&lines, field), field, message));
+    let locks = locks::parse(top.get("locks"), &params, on_event.is_some(), &mut at_lock);
     let steps = match top.get("steps") {
         Some(Value::Array(items)) if !items.is_empty() => parse_steps(items, &lines, file, &mut errors),
         Some(Value::Array(_)) => {
@@ -416,7 +417,14 @@ pub fn parse(src: &str, file: &str) -> Result<TaskDef, DefErrors> {
             Vec::new()
         }
     };
-    let scope = templates::Scope { params: &params, secrets: &secrets, on_event: on_event.is_some() };
+    // Every name under `secrets:` is declared, a malformed source's too (its
+    // uses are not refused besides); a malformed `secrets:` leaves them unchecked.
+    let declared: Option<Vec<&str>> = match top.get("secrets") {
+        None | Some(Value::Null) => Some(Vec::new()),
+        Some(Value::Object(m)) => Some(m.keys().map(String::as_str).collect()),
+        Some(_) => None,
+    };
+    let scope = templates::Scope { params: &params, secrets: declared.as_deref(), on_event: on_event.is_some() };
     templates::check(&steps, &scope, &lines, file, &mut errors);
     if !errors.is_empty() {
         return Err(DefErrors(errors));

@@ -16,7 +16,9 @@ use std::collections::BTreeMap;
 /// What the checks need of the definition besides its steps.
 pub(super) struct Scope<'a> {
     pub params: &'a BTreeMap<String, super::ParamSpec>,
-    pub secrets: &'a BTreeMap<String, super::SecretSource>,
+    /// The secrets declared; `None` when `secrets:` is malformed (said once
+    /// there: their uses are not checked).
+    pub secrets: Option<&'a [&'a str]>,
     pub on_event: bool,
 }
 
@@ -114,15 +116,15 @@ fn resolve(var: &str, i: usize, steps: &[StepDef], scope: &Scope) -> Result<(), 
             let Some(s) = parts.get(1) else {
                 return Err("secrets: name one (secrets.NAME); the whole map is never rendered".into());
             };
-            if scope.secrets.contains_key(*s) {
+            let Some(declared) = scope.secrets else { return Ok(()) };
+            if declared.contains(s) {
                 return Ok(());
             }
-            let declared: Vec<&str> = scope.secrets.keys().map(String::as_str).collect();
             let listed = if declared.is_empty() { "none".to_string() } else { declared.join(", ") };
             Err(format!(
                 "secrets.{s}: the definition declares no secret {s:?} (declared: {listed}{}); add it under secrets: \
                  with env: VAR or file: PATH",
-                mean(s, &declared)
+                mean(s, declared)
             ))
         }
         "event" if !scope.on_event => {
