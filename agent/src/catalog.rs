@@ -107,21 +107,55 @@ fn has_template(params: &serde_json::Map<String, Value>) -> bool {
     template::strings(&Value::Object(params.clone()), "").iter().any(|(_, t)| t.contains("{{") || t.contains("{%"))
 }
 
-/// The built-ins' own checks of parameters that are not templates, at load:
-/// the agent refuses what `apollo-agent check` refuses, not only at run time.
-/// (External plugins are asked by `check_static_params`, which runs them.)
+/// The params a step gives that its plugin does not take, whatever their
+/// values (a template too): every built-in declares its params, and an
+/// external plugin that lists `params` in its describe is held to them.
+/// Then the built-ins' own checks of parameters that are not templates: the
+/// agent refuses at load what a run would refuse half-way. (External
+/// plugins' values are asked by `check_static_params`, which runs them.)
 pub fn check_builtin_params(d: &TaskDef, file: &str, registry: &Registry) -> Vec<DefError> {
     let mut out = Vec::new();
     for (i, s) in d.steps.iter().enumerate() {
         let Ok(reg) = registry.resolve(&s.plugin, s.version.as_deref()) else { continue };
+        let error =
+            |message| DefError { file: file.into(), line: s.line, field: format!("steps[{i}].params"), message };
+        if let Some(message) = unknown_param(&reg.plugin.describe(), &s.plugin, &s.params) {
+            out.push(error(message));
+            continue;
+        }
+        // An approval's approvers are checked whatever its message renders to.
+        if reg.command.is_none() && reg.plugin.name() == "approval" && has_template(&s.params) {
+            if let Err(message) = crate::plugins::approval::check_templated(&s.params) {
+                out.push(error(message));
+                continue;
+            }
+        }
         if reg.command.is_some() || has_template(&s.params) {
             continue;
         }
         if let Err(message) = reg.plugin.check_params(&s.params) {
-            out.push(DefError { file: file.into(), line: s.line, field: format!("steps[{i}].params"), message });
+            out.push(error(message));
         }
     }
     out
+}
+
+/// The first param of `params` that `describe` does not list, said with the
+/// closest name it does (`None` when the plugin lists no params).
+fn unknown_param(describe: &Value, plugin: &str, params: &serde_json::Map<String, Value>) -> Option<String> {
+    let declared = describe.get("params")?.as_array()?;
+    let known: Vec<&str> = declared.iter().filter_map(|p| p["name"].as_str()).collect();
+    let unknown = params.keys().find(|k| !known.contains(&k.as_str()))?;
+    // A typo is the closest name; a wrong suffix (`expect_code` for
+    // `expect_status`) is the one sharing the longest start.
+    let same_start = |k: &&str| k.chars().zip(unknown.chars()).take_while(|(a, b)| a == b).count();
+    let by_start = known.iter().filter(|k| same_start(k) >= 4).max_by_key(|k| same_start(k)).copied();
+    let hint = match apollo_shared::text::closest(unknown, &known).or(by_start) {
+        Some(close) => format!("did you mean {close:?}? "),
+        None => String::new(),
+    };
+    let expected = if known.is_empty() { "none".to_string() } else { known.join(", ") };
+    Some(format!("unknown parameter {unknown:?} of the {plugin} plugin ({hint}expected one of: {expected})"))
 }
 
 /// Runs each plugin's validate on the parameters that are not templates, so
@@ -259,4 +293,18 @@ pub fn load_files(mut cat: Catalog, files: Vec<PathBuf>, registry: &Registry) ->
         }
     }
     cat
+}
+
+/// The queues and tasks the config's freeze windows name that neither the
+/// config (`scheduler.queues`) nor a definition of `cat` knows: such a
+/// window would freeze nothing. Refused by `apollo-agent check` (and by a
+/// reload of the config), each with its line and the closest known name.
+pub fn freeze_targets(config: &crate::config::Config, cat: &Catalog) -> Vec<String> {
+    let mut queues: Vec<&str> = config.scheduler.queues.keys().map(String::as_str).collect();
+    queues.extend(cat.defs.values().map(|l| l.def.queue.as_str()));
+    queues.sort_unstable();
+    queues.dedup();
+    let tasks: Vec<&str> = cat.defs.keys().map(String::as_str).collect();
+    let file = config.source.as_ref().map_or_else(|| "config".to_string(), |p| p.display().to_string());
+    crate::config::unknown_targets(&config.scheduler.freezes, &file, &queues, &tasks)
 }

@@ -31,7 +31,7 @@ pub(super) async fn rollback(
     for step in steps.iter().rev().filter(|st| matches!(st.state, StepState::Success | StepState::Failed)) {
         let d = &def.steps[step.seq as usize];
         let log = StepLog::new(StepLog::path_for(&s.data_dir, id, step.seq), s.config().logging.step_log_bytes);
-        log.line("[apollo: rollback]");
+        log.line(&format!("[apollo: rollback of step {}]", d.name));
         // The secrets' values, which the recorded params have masked.
         let secrets = crate::secrets::resolve(def);
         let mask = secrets.as_ref().map(|s| s.masker.clone()).unwrap_or_else(|_| crate::secrets::masker(def));
@@ -63,9 +63,9 @@ pub(super) async fn rollback(
                     kill_grace: s.config().scheduler.kill_grace,
                 };
                 // A rollback is not the work its runs measured: the fixed timeout.
-                let timeout = crate::timeouts::fixed(d, &reg).timeout;
+                let timeout = crate::timeouts::fixed(d, &reg);
                 let call = (reg.name.as_str(), reg.plugin.rollback(call, step.output.as_ref()));
-                watchdog(s, timeout, &token, None, call, "rollback ").await
+                watchdog(s, (timeout.timeout, &timeout.basis), &token, None, call, "rollback ").await
             }
         };
         match result {

@@ -12,7 +12,10 @@ fn main() -> std::process::ExitCode {
     // A shell asking for completions (`COMPLETE=bash apollo -- …`) is
     // answered here, and the process ends.
     clap_complete::CompleteEnv::with_factory(apollo_tui::cli::Args::command).complete();
-    let args = apollo_tui::cli::Args::parse();
+    let args = match apollo_tui::cli::Args::try_parse() {
+        Ok(args) => args,
+        Err(e) => return apollo_tui::cli::parse_failed(e),
+    };
     match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt.block_on(apollo_tui::cli::main(args)),
         Err(e) => {

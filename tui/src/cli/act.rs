@@ -296,7 +296,7 @@ pub async fn act(
         if !json {
             eprintln!("{} {id}: now {}; waiting for it to end (Ctrl-C leaves it running)", action.verb(), inst.state);
         }
-        let done = super::watch::until_end(client, id, json, out).await?;
+        let done = super::watch::until_end(client, id, json, out, Some(&inst)).await?;
         let goal = if action == OperatorAction::Rollback { TaskState::RolledBack } else { TaskState::Success };
         return Ok(super::watch::finish(done, goal, id, json, out, again));
     }

@@ -99,6 +99,27 @@ pub async fn main(args: Args) -> ExitCode {
     }
 }
 
+/// Arguments clap refused: with `--json` anywhere among them, the error is
+/// the one JSON object every other failure is (kind `usage`, exit 2) on
+/// stdout, so a script reading stdout is told; otherwise clap's own words
+/// (help and version are printed as asked, exit 0).
+pub fn parse_failed(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    let asked_json = std::env::args().skip(1).take_while(|a| a != "--").any(|a| a == "--json");
+    if !asked_json || matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+        e.exit();
+    }
+    let text = e.render().to_string();
+    // clap's first line is the error; its usage and tip lines follow.
+    let message = text.lines().next().unwrap_or_default().trim_start_matches("error: ").to_string();
+    let f = Failure::Usage(format!("{message} (see `apollo --help`)"));
+    let command: Vec<String> = std::env::args().skip(1).collect();
+    let mut json = f.to_json(&command);
+    json["error"]["usage"] = Value::String(text.trim_end().to_string());
+    println!("{json}");
+    ExitCode::from(f.exit())
+}
+
 async fn connect_context(c: &Context) -> Result<Client, Failure> {
     crate::client::Target::of(c)
         .connect()
@@ -189,7 +210,7 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
                 let note = if r.created { "" } else { " (already existed for this dedup key)" };
                 eprintln!("created {task} {}{note}; waiting for it to end (Ctrl-C leaves it running)", r.id);
             }
-            let inst = watch::until_end(&client, &r.id, json, &out).await?;
+            let inst = watch::until_end(&client, &r.id, json, &out, None).await?;
             Ok(watch::finish(inst, TaskState::Success, &r.id, json, &out, &reattach(&args)))
         }
         Cmd::DryRun { task, params } => {

@@ -28,9 +28,21 @@ const INTERRUPTED: u8 = 130;
 struct Seen {
     steps: HashMap<u32, (StepState, u32)>,
     state: Option<TaskState>,
+    /// Why the instance waits, as last printed (an approval, a lock, a pause).
+    waiting: Option<String>,
+    /// The end is printed by the caller (`finish`, the whole instance), so
+    /// the state line is not printed for it as well.
+    end_printed_after: bool,
 }
 
 impl Seen {
+    /// What `inst` already shows, so that only what changes after it is
+    /// printed (a retry's watch does not replay the failed attempt).
+    fn from(inst: &Instance) -> Seen {
+        let steps = inst.steps.as_deref().unwrap_or_default().iter().map(|s| (s.seq, (s.state, s.attempts))).collect();
+        Seen { steps, state: Some(inst.state), waiting: None, end_printed_after: true }
+    }
+
     /// Prints (on stderr, or as JSON lines on stdout) each step that
     /// started, succeeded, failed or was rolled back since the last look,
     /// and the instance's own moves.
@@ -49,7 +61,12 @@ impl Seen {
                 eprintln!("{}", step_line(out, s));
             }
         }
-        if self.state != Some(inst.state) {
+        let waiting = inst.waiting.clone().filter(|_| inst.state.is_waiting());
+        if waiting.is_some() && waiting != self.waiting && !json {
+            eprintln!("  {}", waiting.as_deref().unwrap_or_default());
+        }
+        self.waiting = waiting;
+        if self.state != Some(inst.state) && !(self.end_printed_after && inst.ended()) {
             self.state = Some(inst.state);
             if json {
                 println!("{}", json!({"id": inst.id, "state": inst.state, "error": inst.error}));
@@ -94,10 +111,19 @@ impl Reattach {
 
 /// Waits (woken by the subscription, which the caller made before the
 /// instance could change) until the instance ends, printing a line per step
-/// as it starts and ends. `None` when Ctrl-C came first.
-pub async fn until_end(client: &Client, id: &str, json: bool, out: &render::Out) -> Result<Option<Instance>, Failure> {
+/// as it starts and ends, and why it waits when it does (an approval names
+/// its approvers and the command that decides it). `since` is the instance
+/// as the caller last showed it (after a retry or a rollback): only what
+/// changes after it is printed. `None` when Ctrl-C came first.
+pub async fn until_end(
+    client: &Client,
+    id: &str,
+    json: bool,
+    out: &render::Out,
+    since: Option<&Instance>,
+) -> Result<Option<Instance>, Failure> {
     let mut events = client.take_events().ok_or(Failure::Unreachable("event stream already taken".into()))?;
-    let mut seen = Seen::default();
+    let mut seen = since.map(Seen::from).unwrap_or(Seen { end_printed_after: true, ..Seen::default() });
     let watching = async {
         loop {
             let inst = get(client, id).await?;

@@ -1,0 +1,106 @@
+//! What a new user meets after the first runbook: an agent started in a
+//! project directory (no `--tasks`, as the README starts it) reloads new,
+//! edited and deleted files by itself, and `apollo-agent check` refuses a
+//! param the plugin does not take even beside a template.
+
+use apollo_shared::protocol::{EventKind, Topic};
+use apollo_tests::*;
+use serde_json::{json, Value};
+
+async fn next_reload(events: &mut tokio::sync::mpsc::Receiver<apollo_shared::protocol::Event>) -> Value {
+    loop {
+        let ev = tokio::time::timeout(std::time::Duration::from_secs(20), events.recv())
+            .await
+            .expect("no reload within 20s: the watcher did not see the change")
+            .expect("connection closed");
+        if ev.kind() == EventKind::DefsReloaded {
+            return ev.data.json();
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_agent_started_in_a_project_directory_reloads_new_edited_and_deleted_files() {
+    // The harness starts the agent in its directory with no `--tasks`: the
+    // tasks directory is the relative `tasks` of the project.
+    let agent = Agent::builder().task("a.yaml", "task: a\nsteps:\n  - plugin: sleep\n").start();
+    let c = agent.client().await;
+    c.subscribe(&[Topic::Defs]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    let file = agent.path().join("tasks/b.yaml");
+
+    std::fs::write(&file, "task: b\nsteps:\n  - plugin: sleep\n").unwrap();
+    let change = next_reload(&mut events).await;
+    assert_eq!(change["changed"], json!(["b"]), "{change:#}");
+    assert_eq!(agent.cli(&["run", "b"]).status.code(), Some(0));
+    let hash_of_b = || {
+        let (_, defs) = agent.cli_json(&["defs"]);
+        defs.as_array().unwrap().iter().find(|d| d["task"] == "b").map(|d| d["hash"].clone()).unwrap_or_default()
+    };
+    let first = hash_of_b();
+
+    std::fs::write(&file, "task: b\nsteps:\n  - name: edited\n    plugin: sleep\n").unwrap();
+    let change = loop {
+        let change = next_reload(&mut events).await;
+        if change["changed"] == json!(["b"]) {
+            break change;
+        }
+    };
+    assert_eq!(change["changed"], json!(["b"]));
+    assert_ne!(hash_of_b(), first, "the edited version is in force");
+
+    std::fs::remove_file(&file).unwrap();
+    let change = loop {
+        let change = next_reload(&mut events).await;
+        if change["removed"] == json!(["b"]) {
+            break change;
+        }
+    };
+    assert_eq!(change["removed"], json!(["b"]));
+    assert_eq!(agent.cli(&["run", "b"]).status.code(), Some(1), "a deleted file's task is disabled");
+}
+
+const TEMPLATED_URL: &str = r#"task: health
+params:
+  port: {default: "8080"}
+steps:
+  - name: health
+    plugin: http
+    params:
+      url: "http://127.0.0.1:{{ params.port }}/health"
+      expect_code: [200]
+"#;
+
+const EXTERNAL: &str = r#"task: ext
+steps:
+  - name: register
+    plugin: inventory
+    params:
+      host: "{{ task_id }}"
+      hots: web-1
+"#;
+
+#[test]
+fn check_refuses_a_param_the_plugin_does_not_take_beside_a_template() {
+    let agent = Agent::builder()
+        .task("health.yaml", TEMPLATED_URL)
+        .plugin(
+            "inventory",
+            "#!/bin/sh\ncase \"$1\" in describe) echo '{\"version\": \"1.0.0\", \"params\": [{\"name\": \"host\", \"type\": \"string\", \"required\": true}]}' ;; validate) echo '{\"ok\": true}' ;; *) cat >/dev/null; echo '{}' ;; esac\n",
+        )
+        .task("ext.yaml", EXTERNAL)
+        .start();
+    let out = std::process::Command::new(agent_bin()).current_dir(agent.path()).arg("check").output().unwrap();
+    let report = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    assert!(
+        report.contains("health.yaml: line 5: steps[0].params: unknown parameter \"expect_code\" of the http plugin (did you mean \"expect_status\"?"),
+        "{report}"
+    );
+    assert!(report.contains("unknown parameter \"hots\" of the inventory plugin (did you mean \"host\"?"), "{report}");
+    // The running agent refused the same files: nothing can start half-way.
+    let run = agent.cli(&["run", "health"]);
+    assert_eq!(run.status.code(), Some(1));
+    let said = String::from_utf8_lossy(&run.stderr);
+    assert!(said.contains("expect_code"), "{said}");
+}
