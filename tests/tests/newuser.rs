@@ -104,3 +104,45 @@ fn check_refuses_a_param_the_plugin_does_not_take_beside_a_template() {
     let said = String::from_utf8_lossy(&run.stderr);
     assert!(said.contains("expect_code"), "{said}");
 }
+
+#[test]
+fn dry_run_prints_a_script_as_its_lines_and_an_approval_with_its_own_timeout() {
+    let task = "task: heal\nsteps:\n  - name: gate\n    plugin: approval\n    params:\n      message: restart?\n      \
+                timeout: 1h\n  - name: restart\n    plugin: shell\n    params:\n      command: |\n        \
+                echo one\n        echo two\n  - name: open\n    plugin: approval\n    params: {message: ok?}\n";
+    let agent = Agent::builder().task("heal.yaml", task).start();
+    let out = agent.cli(&["dry-run", "heal"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.contains("      timeout: 3600s (the approval's timeout: it waits this long for a decision, then denies)"),
+        "{text}"
+    );
+    assert!(text.contains("      timeout: none (the approval waits until someone decides"), "{text}");
+    assert!(text.contains("      params:\n        command: |\n          echo one\n          echo two\n"), "{text}");
+    assert!(!text.contains("\\n"), "no escaped newline: {text}");
+}
+
+#[test]
+fn a_failed_http_step_writes_its_request_status_headers_and_body_to_its_log() {
+    let port =
+        http_responder("404 Not Found", "application/json", "{\"error\": \"no such host\",\n\"host\": \"web-7\"}");
+    let task = format!(
+        "task: probe\nsteps:\n  - name: health\n    plugin: http\n    params:\n      url: http://127.0.0.1:{port}/health\n"
+    );
+    let agent = Agent::builder().task("probe.yaml", &task).start();
+    let (_, inst) = agent.cli_json(&["run", "probe", "--wait"]);
+    assert_eq!(inst["state"], "ROLLED_BACK", "the step failed: {inst}");
+    let id = inst["id"].as_str().unwrap();
+    let out = agent.cli(&["logs", id, "--step", "health"]);
+    let log = String::from_utf8_lossy(&out.stdout);
+    for line in [
+        &format!("> GET http://127.0.0.1:{port}/health") as &str,
+        "< HTTP 404 Not Found",
+        "< content-type: application/json",
+        "< {\"error\": \"no such host\",",
+        "< \"host\": \"web-7\"}",
+    ] {
+        assert!(log.contains(line), "{line:?} not in the step log:\n{log}");
+    }
+}

@@ -31,6 +31,26 @@ pub struct Request {
     pub distinct_approver: bool,
 }
 
+/// How long an approval step with params `p` waits for its decision, as a
+/// dry-run shows it (`None` when `p` is not a valid approval's; `secs`
+/// 0 when it waits until decided).
+pub fn waits(p: &Map<String, Value>) -> Option<apollo_shared::protocol::AppliedTimeout> {
+    let r = request(p).ok()?;
+    Some(match r.timeout {
+        Some(secs) => apollo_shared::protocol::AppliedTimeout {
+            secs,
+            basis: format!(
+                "the approval's timeout: it waits this long for a decision, then {}",
+                if r.on_timeout == "approve" { "approves" } else { "denies" }
+            ),
+        },
+        None => apollo_shared::protocol::AppliedTimeout {
+            secs: 0.0,
+            basis: "the approval waits until someone decides: it has no timeout".into(),
+        },
+    })
+}
+
 pub fn request(p: &Map<String, Value>) -> Result<Request, String> {
     let message = match p.get("message") {
         Some(Value::String(m)) if !m.trim().is_empty() => m.clone(),

@@ -12,6 +12,27 @@ pub struct HttpRequest {
     client: reqwest::Client,
 }
 
+/// The lines of a response body the step log keeps.
+const LOG_BODY_LINES: usize = 20;
+
+/// The body's first lines to the step log, each masked before it is cut,
+/// and how much was left out.
+fn log_body(log: &crate::logs::StepLog, text: &str, bytes: usize) {
+    let masker = log.masker();
+    if bytes == 0 {
+        log.line("< (empty body)");
+        return;
+    }
+    log.line("<");
+    let lines: Vec<&str> = text.lines().collect();
+    for line in lines.iter().take(LOG_BODY_LINES) {
+        log.line(&format!("< {}", apollo_shared::text::until(&masker.text(line), 200)));
+    }
+    if lines.len() > LOG_BODY_LINES || text.len() < bytes {
+        log.line(&format!("< … ({bytes} bytes in all)"));
+    }
+}
+
 impl HttpRequest {
     pub fn new() -> Self {
         HttpRequest { client: reqwest::Client::builder().build().unwrap_or_default() }
@@ -68,8 +89,11 @@ fn body_summary(content_type: &str, text: &str, bytes: usize, masker: &Masker) -
 }
 
 impl HttpRequest {
-    /// Sends the request; what is cut of the response is masked first.
-    async fn send(&self, p: &Map<String, Value>, masker: &Masker) -> Result<Value, PluginError> {
+    /// Sends the request; what is cut of the response is masked first. The
+    /// step log gets the exchange, failed or not: the request line, the
+    /// status, the response headers and the body's first lines.
+    async fn send(&self, p: &Map<String, Value>, log: &crate::logs::StepLog) -> Result<Value, PluginError> {
+        let masker = &log.masker();
         let url = p["url"].as_str().unwrap_or_default();
         let method = p.get("method").and_then(Value::as_str).unwrap_or("GET").to_ascii_uppercase();
         let method =
@@ -85,8 +109,17 @@ impl HttpRequest {
             Some(Value::String(s)) => req.body(s.clone()),
             Some(v) => req.json(v),
         };
-        let resp = req.send().await.map_err(|e| PluginError::retryable(format!("{method} {url}: {e}")))?;
+        log.line(&format!("> {method} {url}"));
+        let resp = req.send().await.map_err(|e| {
+            let msg = format!("{method} {url}: {e}");
+            log.line(&format!("! {msg}"));
+            PluginError::retryable(msg)
+        })?;
         let status = resp.status();
+        log.line(&format!("< HTTP {status}"));
+        for (name, value) in resp.headers() {
+            log.line(&format!("< {name}: {}", String::from_utf8_lossy(value.as_bytes())));
+        }
         let expected: Vec<u16> = match p.get("expect_status") {
             Some(Value::Array(a)) => a.iter().filter_map(|x| x.as_u64().map(|c| c as u16)).collect(),
             _ => Vec::new(),
@@ -103,6 +136,7 @@ impl HttpRequest {
             }
             false => String::from_utf8_lossy(&bytes[..bytes.len().min(BODY_BYTES)]).into_owned(),
         };
+        log_body(log, &text, bytes.len());
         if !ok {
             let summary = body_summary(&content_type, &text, bytes.len(), masker);
             let msg = format!("{method} {url}: HTTP {status}{summary}");
@@ -165,15 +199,13 @@ impl Plugin for HttpRequest {
             let mut headers = p.get("headers").cloned().unwrap_or_else(|| json!({}));
             headers["Idempotency-Key"] = json!(call.idempotency_key);
             p.insert("headers".into(), headers);
-            let out = self.send(&p, &call.log.masker()).await?;
-            call.log.line(&format!("{} -> HTTP {}", p["url"], out["status"]));
-            Ok(out)
+            self.send(&p, call.log).await
         })
     }
     fn rollback<'a>(&'a self, _call: Call<'a>, _output: Option<&'a Value>) -> BoxFuture<'a, Result<(), PluginError>> {
         Box::pin(async move {
             match _call.params.get("rollback") {
-                Some(Value::Object(r)) => self.send(r, &_call.log.masker()).await.map(|_| ()),
+                Some(Value::Object(r)) => self.send(r, _call.log).await.map(|_| ()),
                 _ => Ok(()),
             }
         })

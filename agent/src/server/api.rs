@@ -247,7 +247,11 @@ impl Api {
                     let check = crate::plugins::unwinding(&r.name, r.plugin.validate(&rendered));
                     let err = check.await.err().map(|e| e.message);
                     let conf = &self.h.settings.get().scheduler.auto_timeout;
-                    let timeout = crate::timeouts::applied(&self.listing, conf, &def.task, s, r).await.wire();
+                    let timeout = match crate::plugins::approval::waits(&rendered) {
+                        // An approval step's time is its request's wait, not the call's.
+                        Some(waits) => waits,
+                        None => crate::timeouts::applied(&self.listing, conf, &def.task, s, r).await.wire(),
+                    };
                     (Some(r.version().to_string()), Some(r.plugin.describe()), err, Some(timeout))
                 }
                 Err(e) => (None, None, Some(e), None),

@@ -168,15 +168,40 @@ pub fn dry_run(out: &Out, r: &DryRunResult) {
     for s in &r.steps {
         let mark = if s.valid { out.paint("ok", Tone::Good) } else { out.paint("error", Tone::Bad) };
         println!("  {} {} ({} {})  {mark}", s.seq, s.name, s.plugin, s.version.as_deref().unwrap_or("?"));
-        println!("      params: {}", s.params);
+        params_text(&s.params, "      ");
         if let Some(t) = &s.timeout {
-            println!("      timeout: {} ({})", apollo_shared::protocol::timeout_text(t.secs), t.basis);
+            // 0: none (an approval that waits until decided).
+            let secs = if t.secs > 0.0 { apollo_shared::protocol::timeout_text(t.secs) } else { "none".into() };
+            println!("      timeout: {secs} ({})", t.basis);
         }
         if !s.unresolved.is_empty() {
             println!("      resolved at run time: {}", s.unresolved.join(", "));
         }
         if let Some(e) = &s.error {
             println!("      {e}");
+        }
+    }
+}
+
+/// A step's params as the text they are, one a line under `indent`: a
+/// value of several lines (a script) as its lines, indented; other values
+/// as JSON.
+fn params_text(params: &serde_json::Value, indent: &str) {
+    let Some(map) = params.as_object().filter(|m| !m.is_empty()) else {
+        println!("{indent}params: {params}");
+        return;
+    };
+    println!("{indent}params:");
+    for (k, v) in map {
+        match v.as_str() {
+            Some(text) if text.contains('\n') => {
+                println!("{indent}  {k}: |");
+                for line in text.trim_end_matches('\n').lines() {
+                    println!("{indent}    {line}");
+                }
+            }
+            Some(text) => println!("{indent}  {k}: {text}"),
+            None => println!("{indent}  {k}: {v}"),
         }
     }
 }
