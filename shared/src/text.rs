@@ -13,6 +13,13 @@ pub fn one_line(text: &str, max: usize) -> String {
         let sep = usize::from(n > 0);
         let len = word.chars().count();
         if n + sep + len > max {
+            if max == 0 {
+                return out;
+            }
+            if n == max {
+                // Full to the edge: its last character gives way to the `…`.
+                out.pop();
+            }
             if n + sep < max {
                 if sep == 1 {
                     out.push(' ');
@@ -125,6 +132,7 @@ mod tests {
         assert_eq!(one_line("abc def", 7), "abc def");
         assert_eq!(one_line("ab cd", 3), "ab…");
         assert_eq!(one_line("", 5), "");
+        assert_eq!(one_line("abc def", 3), "ab…", "full to the edge, then cut");
         assert!(one_line(&"x ".repeat(500), 100).chars().count() <= 100);
         // A mask is never cut in two.
         assert_eq!(one_line("abc***def", 5), "abc…");

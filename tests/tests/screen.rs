@@ -129,15 +129,22 @@ fn filters_belong_to_their_view_and_clear_with_ctrl_u_and_esc() {
 
 #[test]
 fn apollo_ls_fits_its_terminal_and_a_pipe_gets_everything() {
-    let agent = Agent::builder().task("long.yaml", LONG).start();
+    // A task name of 18 characters leaves an 80-column table 6 for its
+    // error unless the name gives way.
+    let named = LONG.replacen("task: long", "task: health_restart_eu", 1);
+    let agent = Agent::builder().task("long.yaml", LONG).task("named.yaml", &named).start();
     agent.cli(&["run", "long", "--wait"]);
+    agent.cli(&["run", "health_restart_eu", "--wait"]);
     let sock = agent.socket.display().to_string();
     let lines = cli_on_terminal(agent.path(), &["--socket", &sock, "ls"], (24, 80));
     assert!(lines.len() >= 2, "{lines:#?}");
     for l in &lines {
         assert!(l.chars().count() <= 80, "{} columns: {l}", l.chars().count());
     }
-    assert!(lines[1].ends_with('…'), "the error is cut at the edge: {lines:?}");
+    for l in &lines[1..] {
+        assert!(l.ends_with('…'), "the error is cut at the edge: {lines:?}");
+        assert!(l.chars().count() == 80, "the error column gets the room: {lines:?}");
+    }
     let piped = String::from_utf8_lossy(&agent.cli(&["ls"]).stdout).to_string();
     assert!(piped.contains("TAILTOKEN"), "{piped}");
 }

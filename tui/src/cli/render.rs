@@ -58,6 +58,9 @@ fn took(a: Option<DateTime<Utc>>, b: Option<DateTime<Utc>>) -> String {
     }
 }
 
+/// The error column's least width on a terminal, before task names are cut.
+const ERROR_ROOM: usize = 24;
+
 /// `apollo ls`: on a terminal, the table fits its width (narrow ones drop
 /// the attempt and queue columns, dates of today lose their day, and each
 /// error is cut at the edge with `…`: `apollo show` has it whole); into a
@@ -69,20 +72,28 @@ pub fn list(out: &Out, items: &[Instance]) {
     }
     let wide = out.width.is_none_or(|w| w >= 140);
     let task_w = items.iter().map(|i| i.task.chars().count()).max().unwrap_or(4).clamp(4, 20);
+    let created_w = if wide { 19 } else { 11 };
+    // The error column gets the room: on a terminal the task names give way
+    // (to 4 characters, `…`-cut) before it drops under ERROR_ROOM.
+    let fixed = 26 + 2 + 2 + 11 + 2 + created_w + 2 + if wide { 7 + 2 + 10 + 2 } else { 0 };
+    let task_w = match out.width {
+        Some(w) => task_w.min(w.saturating_sub(fixed + ERROR_ROOM)).max(4),
+        None => task_w,
+    };
     let today = chrono::Utc::now().date_naive();
     let created = |t: DateTime<Utc>| match (wide, t.date_naive() == today) {
         (false, true) => t.format("%H:%M:%S").to_string(),
         (false, false) => t.format("%m-%d %H:%M").to_string(),
         (true, _) => when(Some(t)),
     };
-    let created_w = if wide { 19 } else { 11 };
     let mut head = format!("{:<26}  {:<task_w$}  {:<11}  ", "ID", "TASK", "STATE");
     if wide {
         head.push_str(&format!("{:>7}  {:<10}  ", "ATTEMPT", "QUEUE"));
     }
     head.push_str(&format!("{:<created_w$}  ", "CREATED"));
-    let room = out.width.map(|w| w.saturating_sub(head.chars().count()).max(12));
-    println!("{head}ERROR");
+    // Exactly what is left of the width: no line is longer than the terminal.
+    let room = out.width.map(|w| w.saturating_sub(head.chars().count()));
+    println!("{head}{}", apollo_shared::text::one_line("ERROR", room.unwrap_or(usize::MAX)));
     for i in items {
         let task: String = apollo_shared::text::one_line(&i.task, task_w);
         let mut line = format!("{:<26}  {task:<task_w$}  {}  ", i.id, out.state(i.state.as_str(), i.state.tone(), 11));
