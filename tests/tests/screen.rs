@@ -173,3 +173,39 @@ fn the_logs_pane_follows_the_instance_across_its_steps() {
     c.wait_for(&["b-2"]);
     assert_eq!(c.quit(), 0);
 }
+
+/// The `up …` of the header, in seconds.
+fn uptime_on(screen: &str) -> Option<u64> {
+    let word = screen.split(" up ").nth(1)?.split_whitespace().next()?;
+    let (m, s) = match word.split_once('m') {
+        Some((m, s)) => (m.parse::<u64>().ok()?, s.trim_end_matches('s').parse::<u64>().unwrap_or(0)),
+        None => (0, word.trim_end_matches('s').parse::<u64>().ok()?),
+    };
+    Some(m * 60 + s)
+}
+
+#[test]
+fn at_80x24_the_clock_ticks_the_filter_reads_errors_and_no_prompt_claims_production() {
+    let agent =
+        Agent::builder().task("long.yaml", LONG).task("ok.yaml", "task: ok\nsteps:\n  - plugin: sleep\n").start();
+    agent.cli(&["run", "long", "--wait"]);
+    agent.cli(&["run", "ok", "--wait"]);
+    let mut c = started(&agent, (24, 80));
+    let first = c.wait_until("the header's uptime", |s| uptime_on(s).is_some());
+    let up = uptime_on(&first).unwrap();
+    // No event arrives; the header's clock goes on by itself.
+    c.wait_until("the uptime to tick on", |s| uptime_on(s).is_some_and(|n| n >= up + 2));
+    // Free text matches the error column: only the instance whose error has it.
+    c.keys("/tailtoken\r");
+    let screen = c.wait_for(&["<tasks>", "filter: tailtoken", "long", "FAILED"]);
+    assert!(screen.contains("tasks (1)") && !screen.lines().any(|l| l.contains(" ok ")), "{screen}");
+    // The skip of its failed step names the step, and says production nowhere.
+    c.keys("\r\r");
+    c.wait_for(&["<step>", "write"]);
+    c.keys("x");
+    let prompt = c.wait_for(&["skip step write (#0) of long", "reason"]);
+    assert!(!prompt.contains("production") && !prompt.contains("PRODUCTION"), "{prompt}");
+    c.keys("\x1b");
+    c.wait_until("the prompt to close", |s| !s.contains("skip step write"));
+    assert_eq!(c.quit(), 0);
+}

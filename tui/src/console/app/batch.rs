@@ -71,6 +71,8 @@ impl App {
             input: String::new(),
             reason: None,
             other: None,
+            production,
+            step: None,
         });
         Vec::new()
     }

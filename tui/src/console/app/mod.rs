@@ -26,6 +26,10 @@ pub struct App {
     pub conn: Conn,
     pub hello: Option<HelloResult>,
     pub status: Option<AgentStatus>,
+    /// When `status` and `queues` arrived: the times they hold (uptime,
+    /// oldest pending) tick on from there with the clock.
+    pub status_at: Option<std::time::Instant>,
+    pub queues_at: Option<std::time::Instant>,
     /// `--readonly`, a read-only context, or the agent says we are an observer.
     pub readonly_flag: bool,
     /// The context attached to (`--context`), shown in the header.
@@ -77,12 +81,19 @@ pub struct App {
 }
 
 impl App {
+    /// Seconds since `at` (0 before anything arrived).
+    pub fn since(at: Option<std::time::Instant>) -> f64 {
+        at.map_or(0.0, |t| t.elapsed().as_secs_f64())
+    }
+
     pub fn new(transport: String, readonly: bool) -> App {
         App {
             transport,
             conn: Conn::Connecting,
             hello: None,
             status: None,
+            status_at: None,
+            queues_at: None,
             readonly_flag: readonly,
             context: None,
             contexts: Vec::new(),
@@ -168,7 +179,12 @@ impl App {
         let mut v: Vec<&Instance> = self
             .tasks
             .iter()
-            .filter(|i| self.keep(View::Tasks, &format!("{} {} {} {}", i.id, i.task, i.state, i.queue)))
+            // Free text matches every column the table shows, the error (or
+            // why it waits) too, as k9s's filter does.
+            .filter(|i| {
+                let note = i.note().unwrap_or_default();
+                self.keep(View::Tasks, &format!("{} {} {} {} {note}", i.id, i.task, i.state, i.queue))
+            })
             .collect();
         // Stable sorts keep newest-first within equal keys.
         match SORTS[self.sort] {

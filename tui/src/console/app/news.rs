@@ -13,8 +13,8 @@ impl App {
                 return vec![self.watch()];
             }
             News::Lost { attempt, reason } => self.conn = Conn::Lost { attempt, reason },
-            News::Status(s) => self.status = Some(s),
-            News::Queues(q) => self.queues = q,
+            News::Status(s) => (self.status, self.status_at) = (Some(s), Some(std::time::Instant::now())),
+            News::Queues(q) => (self.queues, self.queues_at) = (q, Some(std::time::Instant::now())),
             News::Tasks { items, next_cursor, append } => {
                 if append {
                     self.tasks.extend(items);

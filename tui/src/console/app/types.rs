@@ -102,6 +102,10 @@ pub struct Confirm {
     /// What is confirmed when it is not `action`: a skip, a pause, an
     /// approval (each always asks a reason).
     pub other: Option<Other>,
+    /// Asked on a production context (the prompt says so, in red).
+    pub production: bool,
+    /// The step's name, for a skip.
+    pub step: Option<String>,
 }
 
 /// A confirmation of something other than an [`OperatorAction`].
@@ -141,6 +145,10 @@ impl Confirm {
             (format!("{} {} instances", self.verb, self.ids.len()), "the number of instances")
         } else if matches!(self.other, Some(Other::Pause { .. })) {
             (format!("{} {}", self.verb, self.task), "the queue name")
+        } else if let Some(Other::Skip(seq)) = self.other {
+            // The step is what is skipped: its name and number, then whose.
+            let step = self.step.as_deref().unwrap_or("");
+            (format!("{} {step} (#{seq}) of {} {}", self.verb, self.task, self.ids.join(" ")), "the task name")
         } else {
             (format!("{} {} {}", self.verb, self.task, self.ids.join(" ")), "the task name")
         };

@@ -308,17 +308,11 @@ impl App {
                     let step = i.steps.iter().flatten().find(|s| s.seq == self.step);
                     match step {
                         Some(s) if s.state == apollo_shared::state::StepState::Failed => {
-                            self.mode = Mode::Confirm(Confirm {
-                                action: OperatorAction::Retry,
-                                ids: vec![i.id.clone()],
-                                task: i.task.clone(),
-                                verb: "skip step",
-                                plan: Vec::new(),
-                                stage: Stage::Reason,
-                                input: String::new(),
-                                reason: None,
-                                other: Some(Other::Skip(s.seq)),
-                            });
+                            let (ids, task, step) = (vec![i.id.clone()], i.task.clone(), s.name.clone());
+                            self.ask_why(Other::Skip(s.seq), ids, task, "skip step");
+                            if let Mode::Confirm(c) = &mut self.mode {
+                                c.step = Some(step);
+                            }
                         }
                         _ => self.say("only a FAILED step can be skipped", true),
                     }
@@ -352,6 +346,8 @@ impl App {
                             input: String::new(),
                             reason: None,
                             other: None,
+                            production,
+                            step: None,
                         });
                         Vec::new()
                     }
@@ -376,6 +372,8 @@ impl App {
             input: String::new(),
             reason: None,
             other: Some(other),
+            production,
+            step: None,
         });
         Vec::new()
     }

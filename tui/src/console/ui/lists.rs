@@ -120,7 +120,8 @@ pub fn queues(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
                 Cell::from(format!("{}/{}", q.running, q.limit.map(|l| l.to_string()).unwrap_or_else(|| "-".into()))),
                 Cell::from(q.pending.to_string()),
                 Cell::from(q.retrying.to_string()),
-                Cell::from(ago(q.oldest_pending_secs)),
+                // The oldest still waiting has waited on since it was read.
+                Cell::from(ago(q.oldest_pending_secs.map(|s| s + App::since(app.queues_at)))),
                 Cell::from(match app.rates.iter().find(|r| r.queue == q.queue) {
                     Some(r) => format!("{} ({} failed)", r.ended, r.failed),
                     None => "0".into(),

@@ -60,7 +60,9 @@ fn draw_header(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         }
     };
     let agent = match (&app.hello, &app.status) {
-        (Some(h), Some(s)) => format!("agent {} v{} up {}", h.agent, h.version, uptime(s.uptime_secs)),
+        (Some(h), Some(s)) => {
+            format!("agent {} v{} up {}", h.agent, h.version, uptime(s.uptime_secs + App::since(app.status_at)))
+        }
         (Some(h), None) => format!("agent {} v{}", h.agent, h.version),
         _ => "agent ?".into(),
     };

@@ -1,6 +1,6 @@
 //! Overlays: help, confirmation, the run form, a dry-run's plan.
 
-use super::super::app::{App, Mode, Stage};
+use super::super::app::{App, Mode};
 use super::super::keys::HELP;
 use super::theme::Theme;
 use apollo_shared::state::Tone;
@@ -73,8 +73,9 @@ pub fn draw(f: &mut Frame, app: &App, theme: &Theme) {
             scrolling(f, area, 110, "results", lines, app.overlay_scroll);
         }
         Mode::Confirm(c) => {
-            let title = if c.stage == Stage::Yes { "confirm" } else { "confirm on production" };
-            let style = if c.stage == Stage::Yes { Default::default() } else { theme.error() };
+            // Red and named so only on a production context.
+            let title = if c.production { "confirm on production" } else { "confirm" };
+            let style = if c.production { theme.error() } else { Default::default() };
             let lines: Vec<Line> = c.prompt().into_iter().map(|l| Line::styled(l, style)).collect();
             fitted(f, area, 110, title, lines)
         }
