@@ -209,3 +209,29 @@ fn at_80x24_the_clock_ticks_the_filter_reads_errors_and_no_prompt_claims_product
     c.wait_until("the prompt to close", |s| !s.contains("skip step write"));
     assert_eq!(c.quit(), 0);
 }
+
+#[test]
+fn the_run_form_takes_an_empty_optional_value_and_names_a_required_one() {
+    let task = "task: notes\nparams:\n  owner: {required: true, description: who is on call}\n  \
+                title: {default: Release notes, description: page title}\nsteps:\n  - plugin: shell\n    params:\n      \
+                command: echo \"[{{ params.title }}] {{ params.owner }}\"\n";
+    let agent = Agent::builder().task("notes.yaml", task).start();
+    let mut c = started(&agent, (24, 80));
+    c.keys(":defs\r");
+    c.wait_for(&["<defs>", "notes"]);
+    c.keys("r");
+    c.wait_for(&["run notes", "owner", "Release notes"]);
+    // The title emptied, the owner left empty: the owner is named, with its description.
+    c.keys("\t");
+    c.keys(&"\x7f".repeat("Release notes".len()));
+    c.wait_until("the title to be empty", |s| !s.contains("Release notes"));
+    c.keys("\r");
+    c.wait_for(&["owner: required (who is on call): give it a value"]);
+    c.keys("\x1b[A");
+    c.keys("alice\r");
+    c.wait_for(&["<timeline>", "notes", "SUCCESS"]);
+    let (_, list) = agent.cli_json(&["ls"]);
+    let params = &list[0]["params"];
+    assert_eq!((params["title"].as_str(), params["owner"].as_str()), (Some(""), Some("alice")), "{list:#}");
+    assert_eq!(c.quit(), 0);
+}

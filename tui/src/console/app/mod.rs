@@ -324,31 +324,39 @@ impl App {
     }
 
     fn form_for(&self, task: &str) -> RunForm {
-        let fields = self
-            .defs
+        let specs = self.defs.iter().find(|d| d.task == task).and_then(|d| d.params.as_object().cloned());
+        let specs = specs.unwrap_or_default();
+        let fields = specs
             .iter()
-            .find(|d| d.task == task)
-            .and_then(|d| d.params.as_object().cloned())
-            .unwrap_or_default()
-            .into_iter()
             .map(|(name, spec)| {
                 let default = match &spec["default"] {
                     Value::Null => String::new(),
                     Value::String(s) => s.clone(),
                     other => other.to_string(),
                 };
-                (name, default, spec["description"].as_str().unwrap_or("").to_string())
+                (name.clone(), default, spec["description"].as_str().unwrap_or("").to_string())
             })
             .collect();
-        RunForm { task: task.to_string(), fields, focus: 0, error: None }
+        RunForm { task: task.to_string(), fields, focus: 0, error: None, specs }
     }
 
-    /// The form's params; a value that parses as JSON is taken as JSON.
+    /// The form's params; a value that parses as JSON is taken as JSON. An
+    /// empty field is the empty text for a param with a default (as `-p
+    /// title=` is), left out for an optional one without (the definition
+    /// decides), and refused for a required one, with its description.
     pub fn form_params(form: &RunForm) -> Result<Map<String, Value>, String> {
         let mut out = Map::new();
-        for (name, text, _) in &form.fields {
+        for (name, text, desc) in &form.fields {
             if text.trim().is_empty() {
-                return Err(format!("{name}: needs a value"));
+                let spec = form.specs.get(name).cloned().unwrap_or_default();
+                if spec["required"] == Value::Bool(true) && spec["default"].is_null() {
+                    let what = if desc.is_empty() { String::new() } else { format!(" ({desc})") };
+                    return Err(format!("{name}: required{what}: give it a value"));
+                }
+                if !spec["default"].is_null() {
+                    out.insert(name.clone(), Value::String(String::new()));
+                }
+                continue;
             }
             let v = serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.clone()));
             out.insert(name.clone(), v);

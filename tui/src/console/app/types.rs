@@ -196,6 +196,8 @@ pub struct RunForm {
     pub fields: Vec<(String, String, String)>,
     pub focus: usize,
     pub error: Option<String>,
+    /// The declared params (`default`, `required`, `description` each).
+    pub specs: serde_json::Map<String, serde_json::Value>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
