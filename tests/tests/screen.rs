@@ -186,11 +186,17 @@ fn uptime_on(screen: &str) -> Option<u64> {
 
 #[test]
 fn at_80x24_the_clock_ticks_the_filter_reads_errors_and_no_prompt_claims_production() {
-    let agent =
-        Agent::builder().task("long.yaml", LONG).task("ok.yaml", "task: ok\nsteps:\n  - plugin: sleep\n").start();
+    let agent = Agent::builder()
+        .task("long.yaml", LONG)
+        .task("ok.yaml", "task: ok\nsteps:\n  - plugin: sleep\n")
+        .task("named.yaml", "task: restart_web_fleet_eu_west\nsteps:\n  - plugin: sleep\n")
+        .start();
     agent.cli(&["run", "long", "--wait"]);
     agent.cli(&["run", "ok", "--wait"]);
-    let mut c = started(&agent, (24, 80));
+    let sock = agent.socket.display().to_string();
+    let env = [("APOLLO_TUI_FLASH_SECS", "1")];
+    let mut c = Console::start_sized(agent.path(), &["--socket", &sock], None, &env, (24, 80));
+    c.wait_for(&["connected"]);
     let first = c.wait_until("the header's uptime", |s| uptime_on(s).is_some());
     let up = uptime_on(&first).unwrap();
     // No event arrives; the header's clock goes on by itself.
@@ -206,7 +212,28 @@ fn at_80x24_the_clock_ticks_the_filter_reads_errors_and_no_prompt_claims_product
     let prompt = c.wait_for(&["skip step write (#0) of long", "reason"]);
     assert!(!prompt.contains("production") && !prompt.contains("PRODUCTION"), "{prompt}");
     c.keys("\x1b");
-    c.wait_until("the prompt to close", |s| !s.contains("skip step write"));
+    c.wait_for(&["cancelled; nothing was sent"]);
+    // News goes from the status line once the moment has passed.
+    c.wait_until("the news to go", |s| !s.contains("cancelled; nothing was sent"));
+    c.keys("\x1b");
+    c.wait_for(&["<timeline>"]);
+    c.keys("\x1b");
+    c.wait_for(&["<tasks>"]);
+    // A name longer than its column is cut with `…`, never silently.
+    c.keys(":defs\r");
+    let defs = c.wait_for(&["<defs>", "restart_web_fle…"]);
+    assert!(!defs.contains("restart_web_flee "), "{defs}");
+    // A refused filter's message is read whole, over two lines if need be.
+    c.keys(":tasks\r");
+    c.wait_for(&["<tasks>"]);
+    c.keys("/\x15state:nope\r");
+    let refusal = c.wait_for(&["state:nope is not a state"]);
+    let tail: Vec<&str> = refusal.lines().rev().take(3).collect();
+    let joined: String = tail.into_iter().rev().collect::<Vec<_>>().join("");
+    assert!(joined.contains("rolled_back)"), "{refusal}");
+    // The refused filter is still being typed: Esc leaves it.
+    c.keys("\x1b");
+    c.wait_until("the filter prompt to close", |s| !s.contains("/state:nope"));
     assert_eq!(c.quit(), 0);
 }
 

@@ -62,6 +62,11 @@ pub struct App {
     /// Folded JSON paths in the step view.
     pub folds: BTreeSet<String>,
     pub message: Option<(String, bool)>,
+    /// When `message` was said: a message that is not an error goes after
+    /// `flash` (the state it spoke of has moved on); an error stays until
+    /// the next key.
+    pub message_at: Option<std::time::Instant>,
+    pub flash: std::time::Duration,
     /// Instances that ended, per minute, oldest first, over the last hour
     /// (the sparkline and the header's count): `agent.stats` as last read
     /// (the worker reads it again as instances end and as minutes pass).
@@ -118,6 +123,11 @@ impl App {
             logs: String::new(),
             folds: BTreeSet::new(),
             message: None,
+            message_at: None,
+            // APOLLO_TUI_FLASH_SECS: how long news stays on the status line.
+            flash: std::time::Duration::from_secs_f64(
+                std::env::var("APOLLO_TUI_FLASH_SECS").ok().and_then(|v| v.parse().ok()).unwrap_or(8.0),
+            ),
             throughput: VecDeque::from(vec![0; THROUGHPUT_MINUTES]),
             rates: Vec::new(),
             overlay_scroll: 0,
@@ -267,6 +277,14 @@ impl App {
 
     pub fn say(&mut self, text: impl Into<String>, error: bool) {
         self.message = Some((text.into(), error));
+        self.message_at = Some(std::time::Instant::now());
+    }
+
+    /// The status line's message, while it holds: an error, or news younger
+    /// than `flash`.
+    pub fn shown_message(&self) -> Option<&(String, bool)> {
+        let fresh = self.message_at.is_none_or(|t| t.elapsed() < self.flash);
+        self.message.as_ref().filter(|(_, error)| *error || fresh)
     }
 
     fn go(&mut self, v: View) -> Vec<Cmd> {

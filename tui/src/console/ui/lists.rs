@@ -96,6 +96,11 @@ pub(super) fn table(
     f.render_widget(t, area);
 }
 
+/// `text` in a column of `width`: cut with `…` when longer, never silently.
+pub(super) fn fit(text: &str, width: usize) -> String {
+    apollo_shared::text::one_line(text, width)
+}
+
 pub(super) fn ago(secs: Option<f64>) -> String {
     match secs {
         None => "-".into(),
@@ -176,7 +181,7 @@ pub fn tasks(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
             };
             let mut cells = vec![
                 Cell::from(id),
-                Cell::from(i.task.clone()),
+                Cell::from(fit(&i.task, if wide { 16 } else { 14 })),
                 Cell::from(Span::styled(i.state.as_str(), theme.tone(i.state.tone()))),
             ];
             if wide {
@@ -248,10 +253,10 @@ pub fn defs(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
                 .map(|t| t.format("%m-%d %H:%M").to_string())
                 .or(d.on_event.as_ref().map(|e| format!("on {e}")));
             vec![
-                Cell::from(d.task.clone()),
-                Cell::from(d.queue.clone().unwrap_or_default()),
+                Cell::from(fit(&d.task, 16)),
+                Cell::from(fit(d.queue.as_deref().unwrap_or_default(), 8)),
                 Cell::from(d.hash.as_deref().map(|h| h[..8.min(h.len())].to_string()).unwrap_or_else(|| "-".into())),
-                Cell::from(d.schedule.clone().unwrap_or_default()),
+                Cell::from(fit(d.schedule.as_deref().unwrap_or_default(), 12)),
                 Cell::from(next.unwrap_or_default()),
                 detail,
             ]
@@ -262,8 +267,9 @@ pub fn defs(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         Constraint::Length(8),
         Constraint::Length(9),
         Constraint::Length(12),
-        Constraint::Length(14),
-        Constraint::Min(20),
+        // "%m-%d %H:%M"; the fixed columns leave the last its least at 80.
+        Constraint::Length(11),
+        Constraint::Min(10),
     ];
     table(
         f,

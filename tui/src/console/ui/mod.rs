@@ -21,8 +21,9 @@ use ratatui::Frame;
 pub use theme::Theme;
 
 pub fn draw(f: &mut Frame, app: &App, theme: &Theme) {
+    let status_h = status_height(app, f.area().width);
     let [header, body, status] =
-        Layout::vertical([Constraint::Length(3), Constraint::Min(3), Constraint::Length(1)]).areas(f.area());
+        Layout::vertical([Constraint::Length(3), Constraint::Min(3), Constraint::Length(status_h)]).areas(f.area());
     draw_header(f, header, app, theme);
     match app.view {
         View::Queues => lists::queues(f, body, app, theme),
@@ -129,18 +130,31 @@ fn draw_header(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
 
 fn draw_status(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
     // A line being typed shows with the refusal of the last Enter, if any.
-    let typing = |prompt: String| match &app.message {
+    let message = app.shown_message();
+    let typing = |prompt: String| match message {
         Some((m, true)) => {
             Line::from(vec![Span::raw(prompt), Span::raw("   "), Span::styled(m.clone(), theme.error())])
         }
         _ => Line::from(prompt),
     };
-    let line = match (&app.mode, &app.message) {
+    let line = match (&app.mode, message) {
         (Mode::Command(t), _) => typing(format!(":{t}")),
         (Mode::Filter(t), _) => typing(format!("/{t}")),
         (_, Some((m, true))) => Line::styled(m.clone(), theme.error()),
         (_, Some((m, false))) => Line::from(m.clone()),
         _ => Line::styled("? keys  : views  / filter  Enter open  Esc back  q quit", theme.dim()),
     };
-    f.render_widget(Paragraph::new(line), area);
+    // A long message wraps onto the lines `status_height` gave it.
+    f.render_widget(Paragraph::new(line).wrap(ratatui::widgets::Wrap { trim: false }), area);
+}
+
+/// The status line's height at `width`: a message longer than the line
+/// gets up to three, so a refusal is read whole.
+fn status_height(app: &App, width: u16) -> u16 {
+    let typed = match &app.mode {
+        Mode::Command(t) | Mode::Filter(t) => t.chars().count() + 4,
+        _ => 0,
+    };
+    let said = app.shown_message().map_or(0, |(m, _)| m.chars().count());
+    ((typed + said).div_ceil(width.max(1) as usize)).clamp(1, 3) as u16
 }
