@@ -70,6 +70,23 @@ pub async fn run(
             problems += 1;
         }
     }
+    // A secret this environment cannot read: a warning, not a problem (the
+    // agent's environment may hold it), but `apollo run` would be refused.
+    let mut warnings = 0;
+    for l in cat.defs.values() {
+        for (name, said) in l.def.secrets.keys().zip(crate::secrets::each_missing(&l.def)) {
+            let Some(said) = said else { continue };
+            let line = secret_line(&l.source, name).map(|n| format!(" line {n}:")).unwrap_or_default();
+            writeln!(
+                out,
+                "{}:{line} secrets.{name}: warning: {said}: `apollo run {}` is refused until the agent can read it",
+                l.file.display(),
+                l.def.task
+            )?;
+            warnings += 1;
+        }
+    }
+    let warned = if warnings > 0 { format!(", {warnings} warning(s)") } else { String::new() };
     let source =
         config.source.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "defaults (no config file)".into());
     let checked = if paths.is_empty() {
@@ -79,11 +96,23 @@ pub async fn run(
     };
     writeln!(
         out,
-        "config: {source}; tasks: {checked} — {} definition(s) valid, {} problem(s)",
+        "config: {source}; tasks: {checked} — {} definition(s) valid, {} problem(s){warned}",
         cat.defs.len() - invalid,
         problems
     )?;
     Ok(problems)
+}
+
+/// The line of secret `name` under `secrets:` in `source` (1-based).
+fn secret_line(source: &str, name: &str) -> Option<usize> {
+    let lines: Vec<&str> = source.lines().collect();
+    let start = lines.iter().position(|l| l.starts_with("secrets:"))?;
+    let key = format!("{name}:");
+    lines[start + 1..]
+        .iter()
+        .take_while(|l| l.is_empty() || l.starts_with([' ', '#']))
+        .position(|l| l.trim_start().starts_with(&key))
+        .map(|i| start + i + 2)
 }
 
 /// The definitions given are checked against the plugins they would run

@@ -55,6 +55,12 @@ pub fn missing(def: &TaskDef) -> Vec<String> {
     def.secrets.iter().filter_map(|(name, source)| read(name, source).err()).collect()
 }
 
+/// For each secret of `def` in name order, why it cannot be read now
+/// (`None`: it can).
+pub fn each_missing(def: &TaskDef) -> Vec<Option<String>> {
+    def.secrets.iter().map(|(name, source)| read(name, source).err()).collect()
+}
+
 /// The masker of whatever values of `def`'s secrets can be read now.
 pub fn masker(def: &TaskDef) -> Masker {
     if def.secrets.is_empty() {

@@ -144,12 +144,17 @@ impl TaskState {
             Running => &[Success, Failed, Pending],
             Failed => &[Retrying, RolledBack],
             Retrying => &[Running],
-            Success | RolledBack => &[],
+            // An operator's rollback of a SUCCESS instance (every step undone
+            // in reverse): ROLLED_BACK, or FAILED when an undo fails.
+            Success => &[RolledBack, Failed],
+            RolledBack => &[],
         }
     }
 
+    /// Ended: SUCCESS (which only an operator's rollback moves on) or
+    /// ROLLED_BACK.
     pub fn is_terminal(self) -> bool {
-        self.next().is_empty()
+        matches!(self, TaskState::Success | TaskState::RolledBack)
     }
 
     /// Runnable, not yet claimed: PENDING or RETRYING.
@@ -276,7 +281,12 @@ impl OperatorAction {
 
 /// Refuses any task transition that is not in the table.
 pub fn check_task(from: TaskState, to: TaskState) -> Result<(), IllegalTransition> {
-    check("task instance", from, to, from.next())
+    check("task instance", from, to, from.next()).map_err(|mut e| {
+        if from == TaskState::Success {
+            e.allowed = "only an operator's rollback (to ROLLED_BACK; FAILED if an undo fails), it has ended".into();
+        }
+        e
+    })
 }
 
 /// Refuses any step transition that is not in the table.
@@ -337,7 +347,8 @@ mod tests {
         use OperatorAction::*;
         assert_eq!(Retry.plan(TaskState::Failed).unwrap(), "FAILED → RETRYING");
         let e = Retry.plan(TaskState::Success).unwrap_err();
-        assert!(e.contains("illegal transition SUCCESS -> RETRYING") && e.contains("terminal"), "{e}");
+        assert!(e.contains("illegal transition SUCCESS -> RETRYING") && e.contains("it has ended"), "{e}");
+        assert_eq!(Rollback.plan(TaskState::Success).unwrap(), "SUCCESS → ROLLED_BACK");
         assert!(Rollback.plan(TaskState::Running).is_err());
         assert!(Cancel.plan(TaskState::Pending).is_ok() && Cancel.plan(TaskState::Failed).is_err());
         assert!(Rollback.destructive() && Cancel.destructive() && !Retry.destructive());
@@ -354,6 +365,9 @@ mod tests {
             (Failed, Retrying),
             (Failed, RolledBack),
             (Retrying, Running),
+            // An operator's rollback of a success, and an undo of it that failed.
+            (Success, RolledBack),
+            (Success, Failed),
         ];
         for from in TaskState::ALL {
             for to in TaskState::ALL {
@@ -400,7 +414,8 @@ mod tests {
         let e = check_task(TaskState::Success, TaskState::Retrying).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "illegal transition SUCCESS -> RETRYING for task instance (allowed from SUCCESS: nothing, it is terminal)"
+            "illegal transition SUCCESS -> RETRYING for task instance (allowed from SUCCESS: only an operator's \
+             rollback (to ROLLED_BACK; FAILED if an undo fails), it has ended)"
         );
         let e = check_task(TaskState::Pending, TaskState::Success).unwrap_err();
         assert!(e.to_string().contains("allowed from PENDING: RUNNING"));

@@ -43,6 +43,7 @@ pub fn from_str<T: DeserializeOwned>(src: &str) -> Result<T, YamlError> {
     }
     serde_yaml::from_str(src).map_err(|e| {
         let mut line = e.location().map(|l| l.line());
+        let column = e.location().map(|l| l.column());
         // serde_yaml appends " at line N column M"; the caller prints the line itself.
         let mut message = e.to_string();
         if let Some(i) = message.find(" at line ") {
@@ -74,6 +75,17 @@ pub fn from_str<T: DeserializeOwned>(src: &str) -> Result<T, YamlError> {
         if let Some(hint) = line.and_then(|n| src.lines().nth(n.saturating_sub(1))).and_then(reserved_start) {
             message.push_str(&hint);
         }
+        // The parser's words for a key out of line say nothing of indents.
+        let misplaced = ["mapping values are not allowed", "did not find expected key", "did not find expected '-'"];
+        if misplaced.iter().any(|m| message.contains(m)) {
+            message.push_str(
+                ": likely a key indented more or less than the keys beside it, or a value holding \": \" that \
+                 needs quotes",
+            );
+            if let Some((n, text)) = line.and_then(|n| src.lines().nth(n.saturating_sub(1)).map(|t| (n, t))) {
+                message.push_str(&pointed(n, text, column.unwrap_or(1)));
+            }
+        }
         // A tab where YAML wants spaces: said in those words, on its line.
         let indented_by_tab = |l: &str| l[..l.len() - l.trim_start().len()].contains('\t');
         if let Some(n) = first_line(src, indented_by_tab).filter(|n| line.is_none_or(|at| *n <= at)) {
@@ -82,6 +94,16 @@ pub fn from_str<T: DeserializeOwned>(src: &str) -> Result<T, YamlError> {
         }
         YamlError { line: line.or(Some(1)), message: humane(&message) }
     })
+}
+
+/// Line `n` of a document (`text`) under its number, and a caret under
+/// `column` (1-based), as compilers show a place.
+fn pointed(n: usize, text: &str, column: usize) -> String {
+    let number = n.to_string();
+    let pad = " ".repeat(number.len());
+    let before: String =
+        text.chars().take(column.saturating_sub(1)).map(|c| if c == '\t' { '\t' } else { ' ' }).collect();
+    format!("\n  {number} | {text}\n  {pad} | {before}^")
 }
 
 /// serde's wording, in a colleague's: `invalid type: string "four",
@@ -187,6 +209,15 @@ mod tests {
         );
         let u = humane("scheduler: unknown field `concurency`, expected one of `concurrency`, `lease`");
         assert!(u.ends_with("(did you mean `concurrency`?)"), "{u}");
+    }
+
+    #[test]
+    fn a_key_out_of_line_is_shown_with_a_caret_and_the_likely_mistake() {
+        let src = "task: t\nsteps:\n  - plugin: shell\n    params:\n      command: echo a\n     retry: 2\n";
+        let e = from_str::<Value>(src).unwrap_err();
+        assert_eq!(e.line, Some(6), "{e:?}");
+        assert!(e.message.contains("likely a key indented more or less than the keys beside it"), "{}", e.message);
+        assert!(e.message.contains("\n  6 |      retry: 2\n    |      ^"), "{}", e.message);
     }
 
     #[test]

@@ -109,9 +109,9 @@ async fn an_illegal_transition_is_refused_and_leaves_the_instance_as_it_was() {
     let alerts = alerts_text(&c).await;
     assert!(alerts.contains(r#""kind":"illegal_transition""#), "{alerts}");
     // And through the CLI: exit 1 with the agent's words.
-    let out = agent.cli(&["rollback", &id]);
+    let out = agent.cli(&["retry", &id]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("illegal transition SUCCESS -> ROLLED_BACK"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("illegal transition SUCCESS -> RETRYING"));
 }
 
 #[test]

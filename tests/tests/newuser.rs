@@ -146,3 +146,83 @@ fn a_failed_http_step_writes_its_request_status_headers_and_body_to_its_log() {
         assert!(log.contains(line), "{line:?} not in the step log:\n{log}");
     }
 }
+
+/// Three steps that each append to the witness, and undo by appending too.
+fn undoable(w: &std::path::Path, last_undo: bool) -> String {
+    let mut t = String::from("task: restart\nsteps:\n");
+    for (n, name) in ["drain", "restart", "undrain"].iter().enumerate() {
+        t.push_str(&format!(
+            "  - name: {name}\n    plugin: shell\n    params:\n      command: echo do-{name} >> {w}\n",
+            w = w.display()
+        ));
+        if n < 2 || last_undo {
+            t.push_str(&format!("      rollback_command: echo undo-{name} >> {w}\n", w = w.display()));
+        }
+    }
+    t
+}
+
+#[test]
+fn a_success_is_rolled_back_step_by_step_in_reverse_with_a_reason_when_every_step_can_be_undone() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = dir.path().join("witness");
+    let agent = Agent::builder()
+        .task("restart.yaml", &undoable(&w, true))
+        .task("partial.yaml", &undoable(&dir.path().join("other"), false).replace("task: restart", "task: partial"))
+        .start();
+    let (_, inst) = agent.cli_json(&["run", "restart", "--wait"]);
+    assert_eq!(inst["state"], "SUCCESS", "{inst}");
+    let id = inst["id"].as_str().unwrap().to_string();
+
+    // Undoing a success says why.
+    let out = agent.cli(&["rollback", &id, "--yes"]);
+    assert_eq!(out.status.code(), Some(1));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("succeeded: undoing it needs a reason"), "{said}");
+
+    let (code, done) = agent.cli_json(&["rollback", &id, "--yes", "--wait", "--reason", "the restart proved bad"]);
+    assert_eq!((code, done["state"].as_str()), (0, Some("ROLLED_BACK")), "{done:#}");
+    let lines: Vec<String> = std::fs::read_to_string(&w).unwrap().lines().map(String::from).collect();
+    let undo: Vec<&str> = lines.iter().skip(3).map(String::as_str).collect();
+    assert_eq!(undo, ["undo-undrain", "undo-restart", "undo-drain"], "in reverse: {lines:?}");
+    let (_, shown) = agent.cli_json(&["show", &id]);
+    let history = shown["transitions"].to_string();
+    assert!(history.contains("rollback requested: the restart proved bad"), "{history}");
+    assert!(shown["steps"].as_array().unwrap().iter().all(|s| s["state"] == "ROLLED_BACK"), "{shown:#}");
+
+    // A success one of whose steps cannot be undone is refused, naming it, and left as it was.
+    let (_, inst) = agent.cli_json(&["run", "partial", "--wait"]);
+    let id = inst["id"].as_str().unwrap().to_string();
+    let out = agent.cli(&["rollback", &id, "--yes", "--reason", "bad"]);
+    assert_eq!(out.status.code(), Some(1));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("undrain (#2, shell: no rollback_command) cannot be rolled back"), "{said}");
+    assert_eq!(agent.cli_json(&["show", &id]).1["state"], "SUCCESS");
+    assert!(!std::fs::read_to_string(dir.path().join("other")).unwrap().contains("undo"));
+}
+
+#[test]
+fn check_shows_a_misindented_key_with_a_caret_and_warns_of_an_unset_secret() {
+    let bad = "task: heal\nsteps:\n  - plugin: shell\n    params:\n      command: echo a\n     retry: 2\n";
+    let secret = "task: deploy\nsecrets:\n  token: {env: APOLLO_TEST_UNSET_TOKEN}\nsteps:\n  - plugin: shell\n    \
+                  params:\n      command: \"echo {{ secrets.token }}\"\n";
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("tasks")).unwrap();
+    std::fs::write(dir.path().join("tasks/heal.yaml"), bad).unwrap();
+    std::fs::write(dir.path().join("tasks/deploy.yaml"), secret).unwrap();
+    let out = std::process::Command::new(agent_bin())
+        .current_dir(dir.path())
+        .arg("check")
+        .env_remove("APOLLO_CONFIG")
+        .env_remove("APOLLO_TEST_UNSET_TOKEN")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("heal.yaml: line 6:") && text.contains("likely a key indented more or less"), "{text}");
+    assert!(text.contains("\n  6 |      retry: 2\n    |      ^"), "the line and a caret under the key: {text}");
+    let warning = "deploy.yaml: line 3: secrets.token: warning: secret token: environment variable \
+                   APOLLO_TEST_UNSET_TOKEN is not set in the agent's environment: `apollo run deploy` is refused";
+    assert!(text.contains(warning), "{text}");
+    assert!(text.contains("1 problem(s), 1 warning(s)"), "a warning is not a problem: {text}");
+}

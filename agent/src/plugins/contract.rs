@@ -117,6 +117,13 @@ pub trait Plugin: Send + Sync {
     fn uses_work_dir(&self) -> bool {
         true
     }
+    /// What a rollback of a step with these params undoes: `None` when it
+    /// undoes its effects (or it had none to undo), else what it lacks
+    /// (`rollback_command`). An operator's rollback of a SUCCESS instance
+    /// is refused while a step's plugin says it cannot undo it.
+    fn cannot_undo(&self, _params: &Map<String, Value>) -> Option<String> {
+        None
+    }
     /// The synchronous parameter check of a built-in.
     fn check_params(&self, _params: &Map<String, Value>) -> Result<(), String> {
         Ok(())

@@ -202,6 +202,9 @@ impl Plugin for HttpRequest {
             self.send(&p, call.log).await
         })
     }
+    fn cannot_undo(&self, p: &Map<String, Value>) -> Option<String> {
+        (!matches!(p.get("rollback"), Some(Value::Object(_)))).then(|| "no rollback request".to_string())
+    }
     fn rollback<'a>(&'a self, _call: Call<'a>, _output: Option<&'a Value>) -> BoxFuture<'a, Result<(), PluginError>> {
         Box::pin(async move {
             match _call.params.get("rollback") {

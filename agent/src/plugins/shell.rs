@@ -206,6 +206,9 @@ impl Plugin for Shell {
             self.run(&call, &command, "command", false).await
         })
     }
+    fn cannot_undo(&self, p: &Map<String, Value>) -> Option<String> {
+        p.get("rollback_command").is_none_or(Value::is_null).then(|| "no rollback_command".to_string())
+    }
     fn rollback<'a>(&'a self, call: Call<'a>, _output: Option<&'a Value>) -> BoxFuture<'a, Result<(), PluginError>> {
         Box::pin(async move {
             match call.params.get("rollback_command").filter(|v| !v.is_null()).cloned() {

@@ -94,7 +94,8 @@ async fn run_inner(
     ctx.attempt = inst.attempt;
     let work_dir = PathBuf::from(&ctx.work_dir);
     let steps = inst.steps.clone().unwrap_or_default();
-    let rolling_back = inst.state == TaskState::Failed;
+    // Adopted FAILED or SUCCESS: its rollback is under way.
+    let rolling_back = matches!(inst.state, TaskState::Failed | TaskState::Success);
     if rolling_back {
         return rollback(s, &inst.id, &def, &ctx, &work_dir).await;
     }

@@ -280,7 +280,7 @@ impl Scheduler {
         let keys: std::collections::HashSet<String> = found
             .iter()
             .flat_map(|i| {
-                let rolling_back = i.state == TaskState::Failed;
+                let rolling_back = matches!(i.state, TaskState::Failed | TaskState::Success);
                 i.steps
                     .iter()
                     .flatten()

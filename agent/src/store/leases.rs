@@ -337,7 +337,7 @@ fn running_counts<'a>(c: &dyn Db, running: &'a mut Option<Running>) -> Result<&'
             "SELECT queue, task, COUNT(*) FROM task_instances WHERE state = 'RUNNING' GROUP BY queue, task \
              UNION ALL \
              SELECT queue, task, COUNT(*) FROM task_instances INDEXED BY task_instances_rolling_back \
-             WHERE state = 'FAILED' AND rollback_pending = 1 GROUP BY queue, task",
+             WHERE rollback_pending = 1 GROUP BY queue, task",
             &[],
         )? {
             let count: u32 = r.get(2)?;
@@ -372,7 +372,7 @@ pub fn renew_leases(c: &dyn Db, agent: &str, ids: &[String], lease_secs: f64) ->
     for id in ids {
         c.execute(
             "UPDATE task_instances SET lease_expires_at = apollo_now_plus(?2) WHERE id = ?1 AND lease_owner = ?3 \
-             AND (state = 'RUNNING' OR (state = 'FAILED' AND rollback_pending = 1))",
+             AND (state = 'RUNNING' OR rollback_pending = 1)",
             p![id, lease_secs, agent],
         )?;
     }
@@ -418,7 +418,7 @@ pub fn recover(c: &dyn Db, agent: &str, lease_secs: f64, which: &Recover) -> Res
            SELECT id, priority, lease_owner, lease_expires_at, def_hash, pins FROM task_instances WHERE state = 'RUNNING' \
            UNION ALL \
            SELECT id, priority, lease_owner, lease_expires_at, def_hash, pins FROM task_instances INDEXED BY task_instances_rolling_back \
-           WHERE state = 'FAILED' AND rollback_pending = 1) AS held \
+           WHERE rollback_pending = 1) AS held \
          WHERE ?1 = 0 OR lease_expires_at IS NULL OR lease_expires_at < apollo_now() ORDER BY priority DESC, id",
         p![only_expired],
     )?;

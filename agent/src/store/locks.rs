@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, HashSet};
 
 /// The rows that hold their locks (see the module): each branch the
 /// `task_instances_locked` index's, read in one pass.
-const HOLDING: &str = "locks IS NOT NULL AND (state = 'RUNNING' OR (state = 'FAILED' AND rollback_pending = 1) \
+const HOLDING: &str = "locks IS NOT NULL AND (state = 'RUNNING' OR rollback_pending = 1 \
      OR (state = 'PENDING' AND approval IS NOT NULL) OR (state = 'RETRYING' AND next_run_at IS NOT NULL))";
 
 /// Every lock held now, with its holder.

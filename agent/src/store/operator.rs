@@ -99,8 +99,9 @@ fn skippable(c: &dyn Db, id: &str, seq: u32) -> Result<()> {
     }
 }
 
-/// An operator's rollback of a FAILED instance: held by this agent with the
-/// rollback pending; the scheduler runs it.
+/// An operator's rollback of a FAILED instance, or of a SUCCESS one (the
+/// server has checked that each of its steps can be undone): held by this
+/// agent with the rollback pending; the scheduler runs it.
 /// `owner` is the agent that will run the rollback; `actor` the operator who asked.
 pub fn manual_rollback(c: &dyn Db, id: &str, lease_secs: f64, reason: &str, owner: &str, actor: &str) -> Result<()> {
     refuse_while_rolling_back(c, id)?;
@@ -112,15 +113,7 @@ pub fn manual_rollback(c: &dyn Db, id: &str, lease_secs: f64, reason: &str, owne
          lease_expires_at = apollo_now_plus(?3) WHERE id = ?1",
         p![id, owner, lease_secs],
     )?;
-    history(
-        c,
-        id,
-        None,
-        Some(TaskState::Failed.as_str()),
-        TaskState::Failed.as_str(),
-        &format!("rollback requested: {reason}"),
-        actor,
-    )
+    history(c, id, None, Some(from.as_str()), from.as_str(), &format!("rollback requested: {reason}"), actor)
 }
 
 fn refuse_while_rolling_back(c: &dyn Db, id: &str) -> Result<()> {

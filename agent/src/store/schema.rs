@@ -172,6 +172,8 @@ CREATE INDEX step_runs_plugin ON step_runs(plugin, finished_at) WHERE finished_a
     LOCKS,
     // 17: approval steps' requests and decisions.
     APPROVALS,
+    // 18: an operator's rollback of a SUCCESS instance.
+    ROLLBACK_OF_SUCCESS,
 ];
 
 /// Canary rollouts of plugin versions (both backends; their starts and ends
@@ -196,6 +198,12 @@ const APPROVALS: &str = "CREATE TABLE approvals (\
     CREATE UNIQUE INDEX approvals_once ON approvals(instance_id, seq, attempt); \
     CREATE INDEX approvals_open ON approvals(deadline) WHERE decision IS NULL; \
     ALTER TABLE task_instances ADD COLUMN approval TEXT;";
+
+/// An operator may roll back a SUCCESS instance: an instance whose
+/// rollback is under way is FAILED or SUCCESS with `rollback_pending`, and
+/// is found by that flag alone (both backends).
+const ROLLBACK_OF_SUCCESS: &str = "DROP INDEX task_instances_rolling_back; \
+    CREATE INDEX task_instances_rolling_back ON task_instances(queue, task) WHERE rollback_pending = 1;";
 
 /// The locks an instance holds while it is under way (JSON, rendered from
 /// its definition's `locks:` when it was created; `NULL`: none), and the
@@ -444,6 +452,7 @@ $$;
     PAUSES,
     LOCKS,
     APPROVALS,
+    ROLLBACK_OF_SUCCESS,
 ];
 
 /// The newest PostgreSQL schema this build knows.

@@ -336,7 +336,13 @@ pub fn finish_rolled_back(c: &dyn Db, id: &str, actor: &str) -> Result<()> {
 pub fn rollback_failed(c: &dyn Db, id: &str, error: &str, actor: &str) -> Result<()> {
     release(c, id)?;
     c.execute("UPDATE task_instances SET error = ?2 WHERE id = ?1", p![id, error])?;
-    history(c, id, None, Some(TaskState::Failed.as_str()), TaskState::Failed.as_str(), error, actor)?;
+    // A SUCCESS instance partly undone is not a success any more.
+    match task_state(c, id)? {
+        TaskState::Success => {
+            move_task(c, id, TaskState::Failed, error, actor)?;
+        }
+        _ => history(c, id, None, Some(TaskState::Failed.as_str()), TaskState::Failed.as_str(), error, actor)?,
+    }
     super::records::insert_alert(c, apollo_shared::protocol::AlertKind::RollbackFailed, error, Some(id))
 }
 

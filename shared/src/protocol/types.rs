@@ -205,8 +205,9 @@ impl Instance {
     /// Whether it has ended: nothing will move it without an operator
     /// (SUCCESS, ROLLED_BACK, or FAILED with no retry or rollback coming).
     pub fn ended(&self) -> bool {
-        matches!(self.state, TaskState::Success | TaskState::RolledBack)
-            || (self.state == TaskState::Failed && self.finished_at.is_some())
+        // FAILED or SUCCESS without an end time: its rollback is under way.
+        self.state == TaskState::RolledBack
+            || (matches!(self.state, TaskState::Success | TaskState::Failed) && self.finished_at.is_some())
     }
 }
 

@@ -164,7 +164,7 @@ impl Driver for Sqlite {
             "SELECT id, next_run_at, lease_expires_at FROM task_instances WHERE state = 'RETRYING' \
              UNION ALL SELECT id, NULL, lease_expires_at FROM task_instances WHERE state = 'RUNNING' \
              UNION ALL SELECT id, NULL, lease_expires_at FROM task_instances INDEXED BY task_instances_rolling_back \
-             WHERE state = 'FAILED' AND rollback_pending = 1",
+             WHERE rollback_pending = 1",
             &[],
         )?;
         let shift = |t: Option<String>| parse_ts(t).map(|t| ts(t + delta));

@@ -180,7 +180,7 @@ impl Confirm {
                 lines.push(format!("reason, recorded {kept}, then Enter (Esc cancels): {}▏", self.input));
             }
             Stage::Reason => {
-                lines.push(format!("PRODUCTION: {what}"));
+                lines.push(if self.production { format!("PRODUCTION: {what}") } else { format!("{what}?") });
                 lines.push(format!("reason, recorded with the action, then Enter: {}▏", self.input));
             }
         }

@@ -331,18 +331,25 @@ impl App {
                 None => Vec::new(),
             },
             Action::Rollback | Action::Cancel => {
-                match self.focused_instance().map(|i| (i.id.clone(), i.task.clone())) {
-                    Some((id, task)) => {
+                match self.focused_instance().map(|i| (i.id.clone(), i.task.clone(), i.state)) {
+                    Some((id, task, state)) => {
                         let action =
                             if a == Action::Rollback { OperatorAction::Rollback } else { OperatorAction::Cancel };
                         let production = self.context.as_ref().is_some_and(|c| c.production);
+                        // Undoing a success always says why (the agent requires it).
+                        let why =
+                            action == OperatorAction::Rollback && state == apollo_shared::state::TaskState::Success;
                         self.mode = Mode::Confirm(Confirm {
                             action,
                             ids: vec![id],
                             task,
                             verb: action.verb(),
                             plan: Vec::new(),
-                            stage: if production { Stage::TaskName } else { Stage::Yes },
+                            stage: match (production, why) {
+                                (true, _) => Stage::TaskName,
+                                (false, true) => Stage::Reason,
+                                (false, false) => Stage::Yes,
+                            },
                             input: String::new(),
                             reason: None,
                             other: None,
