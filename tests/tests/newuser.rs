@@ -226,3 +226,74 @@ fn check_shows_a_misindented_key_with_a_caret_and_warns_of_an_unset_secret() {
     assert!(text.contains(warning), "{text}");
     assert!(text.contains("1 problem(s), 1 warning(s)"), "a warning is not a problem: {text}");
 }
+
+#[test]
+fn usage_errors_under_json_are_json_on_stdout() {
+    let agent = Agent::builder().start();
+    for args in [&["--json", "ls", "--state", "nope"][..], &["--json", "run"][..]] {
+        let out = agent.cli(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let said: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)));
+        assert!(said["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{said:#}");
+    }
+}
+
+#[test]
+fn run_wait_says_who_decides_an_approval_and_how() {
+    let task =
+        "task: gated\nsteps:\n  - name: gate\n    plugin: approval\n    params: {message: go?}\n  - plugin: sleep\n";
+    let agent = Agent::builder().task("gated.yaml", task).start();
+    let mut child = std::process::Command::new(cli_bin())
+        .current_dir(agent.path())
+        .args(["--socket", &agent.socket.display().to_string(), "run", "gated", "--wait"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut said = Vec::new();
+    for line in std::io::BufRead::lines(stderr) {
+        let line = line.unwrap();
+        said.push(line.clone());
+        if line.contains("decide with: apollo approve") {
+            let id = line.split_whitespace().nth(4).unwrap().to_string();
+            assert_eq!(agent.cli(&["approve", &id, "--reason", "go"]).status.code(), Some(0));
+        }
+    }
+    assert!(child.wait().unwrap().success(), "{said:#?}");
+    let text = said.join("\n");
+    assert!(text.contains("waiting for approval of step gate"), "{text}");
+    assert!(text.contains("decide with: apollo approve ") && text.contains("--reason TEXT"), "{text}");
+}
+
+#[test]
+fn retry_and_rollback_wait_print_only_what_happens_now_and_every_attempt_has_its_heading() {
+    let task = "task: flaky\non_failure: stop\nsteps:\n  - name: a\n    plugin: shell\n    params:\n      \
+                command: echo a\n      rollback_command: echo undo-a\n  - name: b\n    plugin: shell\n    retry: 0\n    \
+                params:\n      command: test -f ../../ok\n";
+    let agent = Agent::builder().task("flaky.yaml", task).start();
+    let (_, failed) = agent.cli_json(&["run", "flaky", "--wait"]);
+    assert_eq!(failed["state"], "FAILED", "{failed}");
+    let id = failed["id"].as_str().unwrap().to_string();
+    std::fs::write(agent.path().join("data/ok"), "").unwrap();
+    let out = agent.cli(&["retry", &id, "--wait"]);
+    let said = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    assert!(!said.contains("FAILED"), "the old results are not replayed: {said}");
+    let both = said.clone() + &String::from_utf8_lossy(&out.stdout);
+    let ends = both.lines().filter(|l| l.starts_with("SUCCESS flaky")).count();
+    assert_eq!(ends, 1, "the final state once: {both}");
+    // The retried step printed nothing, and its attempt still has its heading.
+    let logs = String::from_utf8_lossy(&agent.cli(&["logs", &id]).stdout).to_string();
+    assert!(logs.contains("[apollo: step b, attempt 2]"), "{logs}");
+
+    // A rollback's log names the step it undoes.
+    std::fs::remove_file(agent.path().join("data/ok")).unwrap();
+    let (_, failed) = agent.cli_json(&["run", "flaky", "--wait"]);
+    let id = failed["id"].as_str().unwrap().to_string();
+    let out = agent.cli(&["rollback", &id, "--wait", "--yes", "--reason", "undo"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let logs = String::from_utf8_lossy(&agent.cli(&["logs", &id, "--step", "a"]).stdout).to_string();
+    assert!(logs.contains("[apollo: rollback of step a]") && logs.contains("undo-a"), "{logs}");
+}

@@ -63,7 +63,12 @@ impl Seen {
         }
         let waiting = inst.waiting.clone().filter(|_| inst.state.is_waiting());
         if waiting.is_some() && waiting != self.waiting && !json {
-            eprintln!("  {}", waiting.as_deref().unwrap_or_default());
+            let why = waiting.as_deref().unwrap_or_default();
+            eprintln!("  {why}");
+            // An approval's wait says how to end it, as `apollo approvals` does.
+            if why.starts_with("waiting for approval") {
+                eprintln!("  decide with: apollo approve {} --reason TEXT (--deny to refuse)", inst.id);
+            }
         }
         self.waiting = waiting;
         if self.state != Some(inst.state) && !(self.end_printed_after && inst.ended()) {
