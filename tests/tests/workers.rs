@@ -24,6 +24,11 @@ def execute(req):
         if not os.path.exists(marker):
             open(marker, "w").close()
             os.kill(os.getpid(), signal.SIGKILL)
+    elif act == "leak":
+        sys.stderr.write("x" * 295 + p["token"] + "\n")
+        sys.stderr.flush()
+        time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGKILL)
     elif act == "big":
         return {"blob": "x" * int(p["bytes"])}
     elif act == "fail":
@@ -312,4 +317,17 @@ fn apollo_plugins_shows_the_pool_and_a_bad_pool_config_is_refused() {
     let err = String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("plugins[0] (pw).workers.min: 4 is more than max (2)"), "{err}");
+}
+
+#[test]
+fn a_secret_a_dying_worker_printed_across_the_cut_of_its_stderr_is_masked_whole() {
+    let leak = "task: leak\non_failure: stop\nsecrets:\n  token: {env: PW_SECRET}\nsteps:\n  - name: s\n    \
+                plugin: pw\n    retry: 0\n    params: {act: leak, token: \"{{ secrets.token }}\"}\n";
+    let agent = agent("{min: 1, max: 1}", &[("leak", leak.to_string())]);
+    let inst = run(&agent, "leak");
+    let error = inst["steps"][0]["error"].as_str().unwrap_or_default().to_string();
+    assert!(error.contains("was killed by signal SIGKILL") && error.contains("x***"), "{inst:#}");
+    assert!(!error.contains("hunt"), "no part of the secret: {error}");
+    let logs = String::from_utf8_lossy(&agent.cli(&["logs", inst["id"].as_str().unwrap()]).stdout).to_string();
+    assert!(!logs.contains("hunt") && logs.contains("x***"), "{logs}");
 }

@@ -36,6 +36,9 @@ pub struct Worker {
     stderr: mpsc::Receiver<String>,
     /// Its last stderr lines, for the message when it dies.
     tail: VecDeque<String>,
+    /// The masker of the last call that logged (its secrets' values): the
+    /// tail is masked with it before it is cut.
+    masker: apollo_shared::def::Masker,
     pub calls: u64,
     pub last_used: Instant,
     /// When its memory was last read.
@@ -67,14 +70,19 @@ impl Worker {
     }
 
     fn note(&mut self, line: &str, log: Option<&StepLog>) {
+        if let Some(log) = log {
+            self.masker = log.masker();
+        }
+        // Masked whole, then cut (never inside a `***`).
+        let masked = self.masker.text(line);
         match log {
-            Some(log) => log.line(line),
-            None => tracing::debug!(pid = self.pid, "plugin worker stderr: {line}"),
+            Some(log) => log.line(&masked),
+            None => tracing::debug!(pid = self.pid, "plugin worker stderr: {masked}"),
         }
         if self.tail.len() == 3 {
             self.tail.pop_front();
         }
-        self.tail.push_back(line.chars().take(300).collect());
+        self.tail.push_back(apollo_shared::text::until(&masked, 300).to_string());
     }
 
     /// Sends one request and reads up to its reply, logging what the worker
@@ -274,6 +282,7 @@ pub fn spawn(path: &Path, pass_env: &[String], line_max: usize) -> Result<Worker
         stdout: FramedRead::new(stdout, LinesCodec::new_with_max_length(line_max)),
         stderr: rx,
         tail: VecDeque::new(),
+        masker: Default::default(),
         calls: 0,
         last_used: Instant::now(),
         memory_read: Instant::now(),
