@@ -123,7 +123,45 @@ conformance!(
     a_claim_starts_the_first_steps_it_is_handed_in_the_same_write,
     a_claim_takes_all_of_an_instances_locks_or_none_and_an_end_releases_them,
     a_lock_is_kept_through_a_backoff_and_waited_for_after_a_manual_retry,
+    every_listing_shape_reads_an_index_and_none_scans,
 );
+
+/// Every combination of the listing's filters, hot and archived: the
+/// backend's plan reads an index for each and scans no table (nor sorts
+/// what it read). `IS NULL OR` filters, as the listing once had, fail this.
+async fn every_listing_shape_reads_an_index_and_none_scans(db: TestDb) {
+    let store = db.open();
+    let since = chrono::Utc::now() - chrono::TimeDelta::hours(1);
+    let mut shapes = 0;
+    for bits in 0..32u32 {
+        let on = |b: u32| bits & (1 << b) != 0;
+        let f = || apollo_agent::store::ListFilter {
+            state: on(0).then_some(TaskState::Failed),
+            task: on(1).then(|| "probe".to_string()),
+            queue: on(2).then(|| "q1".to_string()),
+            limit: 50,
+            before: on(3).then(|| "01M9000000000000000000000Z".to_string()),
+            since: on(4).then_some(since),
+        };
+        for archived in [false, true] {
+            let plan = store.list_plan(f(), archived).await.unwrap();
+            let text = plan.join(" / ");
+            let table = if archived { "archive" } else { "task_instances" };
+            let filtered = bits & 0b111 != 0;
+            let bad = match &db.schema {
+                None => {
+                    plan.iter().any(|l| l.starts_with(&format!("SCAN {table}")) && (filtered || !l.contains("INDEX")))
+                        || text.contains("TEMP B-TREE")
+                }
+                Some(_) => text.contains("Seq Scan") || text.contains("Sort"),
+            };
+            assert!(!bad, "listing {:?} (archived: {archived}) scans: {text}", f());
+            shapes += 1;
+        }
+    }
+    assert_eq!(shapes, 64);
+    store.close();
+}
 
 fn new(id: &str, task: &str, queue: &str, priority: u8, max_active: Option<u32>, dedup: Option<&str>) -> NewInstance {
     NewInstance {

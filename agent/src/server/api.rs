@@ -348,7 +348,8 @@ impl Api {
                 format!("tasks.list: cursor {c:?} is not an instance id (pass the next_cursor of the previous page)"),
             ));
         }
-        let filter = ListFilter { state: p.state, task: p.task, queue: p.queue, limit, before: p.cursor };
+        let filter =
+            ListFilter { state: p.state, task: p.task, queue: p.queue, limit, before: p.cursor, since: p.since };
         let store = &self.listing;
         let mut items =
             if p.archived { store.list_archived(filter).await } else { store.list(filter).await }.map_err(store_err)?;

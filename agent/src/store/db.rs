@@ -99,6 +99,11 @@ pub trait Driver: Sync {
     /// others are told of changes, and each agent recovers only its own.
     fn shared(&self) -> bool;
 
+    /// The plan of `sql` as the backend would run it, a line per step
+    /// (SQLite's `EXPLAIN QUERY PLAN`; PostgreSQL's `EXPLAIN`, with
+    /// sequential scans priced out so an index that can serve is shown).
+    fn explain(&self, c: &dyn Db, sql: &str, params: &[V]) -> Result<Vec<String>>;
+
     /// An instance's state, locked for the move about to be made.
     fn task_state(&self, c: &dyn Db, id: &str) -> Result<TaskState>;
     /// The state a move starts from: `known`, read by this transaction

@@ -174,6 +174,8 @@ CREATE INDEX step_runs_plugin ON step_runs(plugin, finished_at) WHERE finished_a
     APPROVALS,
     // 18: an operator's rollback of a SUCCESS instance.
     ROLLBACK_OF_SUCCESS,
+    // 19: every listing filter has its index.
+    LISTING_INDEXES,
 ];
 
 /// Canary rollouts of plugin versions (both backends; their starts and ends
@@ -204,6 +206,12 @@ const APPROVALS: &str = "CREATE TABLE approvals (\
 /// is found by that flag alone (both backends).
 const ROLLBACK_OF_SUCCESS: &str = "DROP INDEX task_instances_rolling_back; \
     CREATE INDEX task_instances_rolling_back ON task_instances(queue, task) WHERE rollback_pending = 1;";
+
+/// A listing by queue, and the archive's by state or queue, read an index
+/// as those by state and task do (both backends).
+const LISTING_INDEXES: &str = "CREATE INDEX task_instances_queue ON task_instances(queue, id); \
+    CREATE INDEX archive_state ON archive(state, id); \
+    CREATE INDEX archive_queue ON archive(queue, id);";
 
 /// The locks an instance holds while it is under way (JSON, rendered from
 /// its definition's `locks:` when it was created; `NULL`: none), and the
@@ -453,6 +461,7 @@ $$;
     LOCKS,
     APPROVALS,
     ROLLBACK_OF_SUCCESS,
+    LISTING_INDEXES,
 ];
 
 /// The newest PostgreSQL schema this build knows.

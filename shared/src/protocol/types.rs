@@ -98,6 +98,9 @@ pub struct ListParams {
     /// List the archive (instances past the retention window) instead.
     #[serde(default)]
     pub archived: bool,
+    /// Only instances created at or after this time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -81,6 +81,9 @@ pub async fn select(client: &Client, sel: &Selector) -> Result<Vec<Instance>, Fa
             limit: Some(500),
             cursor: cursor.take(),
             archived: false,
+            // The agent bounds the listing by it (an index range), and the
+            // page is still checked below.
+            since: sel.since,
         };
         let page = client.request::<m::TasksList>(query).await?;
         let mut older = false;

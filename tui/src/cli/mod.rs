@@ -232,6 +232,7 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
                 limit: Some(*limit),
                 cursor: None,
                 archived: *archived,
+                since: None,
             };
             let r = client.request::<m::TasksList>(p).await?;
             if json {

@@ -18,6 +18,10 @@ pub struct Sqlite;
 pub static DRIVER: Sqlite = Sqlite;
 
 impl Driver for Sqlite {
+    fn explain(&self, c: &dyn Db, sql: &str, params: &[V]) -> Result<Vec<String>> {
+        c.query(&format!("EXPLAIN QUERY PLAN {sql}"), params)?.iter().map(|r| r.get::<String>(3)).collect()
+    }
+
     fn shared(&self) -> bool {
         false
     }
