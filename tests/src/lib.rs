@@ -107,6 +107,8 @@ pub struct Agent {
     pub socket: PathBuf,
     /// Environment every start of the agent gets.
     pub env: Vec<(String, String)>,
+    /// The agent run under another program (valgrind), and which binary.
+    pub under: Option<(String, PathBuf)>,
 }
 
 pub struct AgentBuilder {
@@ -115,12 +117,20 @@ pub struct AgentBuilder {
     bundled: bool,
     socket: Option<PathBuf>,
     env: Vec<(String, String)>,
+    under: Option<(String, PathBuf)>,
 }
 
 impl AgentBuilder {
     /// The agent's directory (its config, tasks/ and data/ live here).
     pub fn path(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// Runs `binary` under `wrap` (`valgrind --tool=callgrind …`, its words)
+    /// instead of the tests' agent, for this agent only.
+    pub fn under(mut self, wrap: &str, binary: PathBuf) -> Self {
+        self.under = Some((wrap.to_string(), binary));
+        self
     }
 
     /// Copies the repository's tasks/ into the agent's dir.
@@ -176,7 +186,7 @@ impl AgentBuilder {
             std::fs::write(self.dir.path().join("apollo.yaml"), c).unwrap();
         }
         let socket = self.socket.clone().unwrap_or_else(|| self.dir.path().join("agent.sock"));
-        let mut agent = Agent { dir: self.dir, child: None, socket, env: self.env };
+        let mut agent = Agent { dir: self.dir, child: None, socket, env: self.env, under: self.under };
         agent.spawn();
         agent
     }
@@ -184,7 +194,14 @@ impl AgentBuilder {
 
 impl Agent {
     pub fn builder() -> AgentBuilder {
-        AgentBuilder { dir: tempfile::tempdir().unwrap(), config: None, bundled: false, socket: None, env: Vec::new() }
+        AgentBuilder {
+            dir: tempfile::tempdir().unwrap(),
+            config: None,
+            bundled: false,
+            socket: None,
+            env: Vec::new(),
+            under: None,
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -213,15 +230,18 @@ impl Agent {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(self.path().join("agent.log")).unwrap();
         // APOLLO_AGENT_WRAP runs the agent under another program (valgrind,
         // for the instruction-count benchmark).
-        let wrap = std::env::var("APOLLO_AGENT_WRAP").unwrap_or_default();
+        let (wrap, binary) = match &self.under {
+            Some((wrap, binary)) => (wrap.clone(), binary.clone()),
+            None => (std::env::var("APOLLO_AGENT_WRAP").unwrap_or_default(), agent_bin()),
+        };
         let mut words = wrap.split_whitespace();
         let mut cmd = match words.next() {
             Some(program) => {
                 let mut c = Command::new(program);
-                c.args(words).arg(agent_bin());
+                c.args(words).arg(binary);
                 c
             }
-            None => Command::new(agent_bin()),
+            None => Command::new(binary),
         };
         cmd.current_dir(self.path())
             .arg("--socket")

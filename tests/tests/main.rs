@@ -27,6 +27,7 @@ mod fleet;
 mod follow;
 mod hooks;
 mod hostile;
+mod instructions;
 mod layers;
 mod locks;
 mod metrics;

@@ -1,0 +1,216 @@
+//! The instruction guard: the release agent under `valgrind --tool=callgrind`
+//! runs N and then 4N instances through its socket, and what one more
+//! instance costs (the difference of the two totals over the difference of
+//! the counts: start-up and shut-down cancel out) must stay under a ceiling
+//! written here with the measurement that set it. Instruction counts do not
+//! move with the machine's load, so this can fail honestly where a timing
+//! could not: a rail paid for on every instance shows here the day it lands.
+//!
+//! Three shapes: three no-op steps; the same with a lock taken and a pause in
+//! force on another queue (the claim's rails); an approval step decided over
+//! the socket, then a no-op step. One agent runs them all, measured a phase
+//! at a time (`callgrind_control --zero`, then `--dump`), after ten
+//! instances that warm it up; about 15 s under callgrind, once the release
+//! build exists (the test makes it: some minutes the first time).
+
+use apollo_shared::protocol::{ApprovalDecide, PauseScope, PauseStart};
+use apollo_tests::*;
+use serde_json::json;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+const NOOP: &str =
+    "task: noop\nsteps:\n  - {name: a, plugin: sleep}\n  - {name: b, plugin: sleep}\n  - {name: c, plugin: sleep}\n";
+const LOCKED: &str =
+    "task: locked\nlocks: [\"db:eu\"]\nsteps:\n  - {name: a, plugin: sleep}\n  - {name: b, plugin: sleep}\n  \
+                      - {name: c, plugin: sleep}\n";
+const OTHER: &str = "task: other\nqueue: other\nsteps:\n  - plugin: sleep\n";
+const GATED: &str =
+    "task: gated\nsteps:\n  - {name: gate, plugin: approval, params: {message: go?}}\n  - {name: b, plugin: sleep}\n";
+
+/// Instructions per instance, and the ceilings. Set from the release build
+/// at the commit that added this test (2026-12-04, valgrind 3.19, one agent,
+/// phases of 10 and 40 instances after 10 unmeasured), three runs: noop
+/// 1,089,204 · 1,113,159 · 1,088,289; a lock and a pause 1,539,322 ·
+/// 1,535,228 · 1,511,461; an approval 2,039,787 · 1,919,536 · 1,948,057.
+/// Each ceiling is the highest of its three plus 5 %. Lowered below its
+/// figure (1,070,000 for noop was tried) the test fails. Issue 36's goal is
+/// 600,000 for noop: these hold the line until the work gets there, and
+/// are lowered with it.
+const CEILING_NOOP: f64 = 1_169_000.0;
+const CEILING_RAILS: f64 = 1_617_000.0;
+const CEILING_APPROVAL: f64 = 2_142_000.0;
+
+#[derive(Clone, Copy, Debug)]
+enum Shape {
+    Noop,
+    Rails,
+    Approval,
+}
+
+/// The plain release agent (no fail points), as the package and the
+/// benchmarks run it, built once for this test binary.
+fn release_agent() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let target = bin_dir().parent().expect("target dir").to_path_buf();
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let status = std::process::Command::new(cargo)
+                .current_dir(repo())
+                .args(["build", "--quiet", "--release", "-p", "apollo-agent", "--bin", "apollo-agent"])
+                .status()
+                .expect("run cargo build --release");
+            assert!(status.success(), "cargo build --release -p apollo-agent failed");
+            target.join("release/apollo-agent")
+        })
+        .clone()
+}
+
+fn valgrind() {
+    let found = std::process::Command::new("valgrind").arg("--version").output();
+    assert!(
+        found.is_ok_and(|o| o.status.success()),
+        "valgrind is missing: install Debian's valgrind (`bash .ci/run` does)"
+    );
+}
+
+async fn wait_for_successes(c: &apollo_tui::client::Client, n: usize) {
+    // Polled twice a second, so the count is of the instances' work, not
+    // of answering a watcher.
+    loop {
+        let s = status(c).await.expect("status");
+        let of = |state: &str| s.counts.get(state).and_then(|v| v.as_u64()).unwrap_or(0);
+        let done = of("SUCCESS");
+        assert_eq!(of("FAILED"), 0, "{:?}", s.counts);
+        if done as usize >= n {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+}
+
+/// One agent under callgrind, measured a phase at a time: its counters
+/// zeroed at a phase's start and dumped at its end (`callgrind_control`),
+/// each dump a file of its own with the phase's total.
+struct Meter {
+    agent: Agent,
+    file: PathBuf,
+    dumps: usize,
+    _dir: tempfile::TempDir,
+}
+
+impl Meter {
+    fn start() -> Meter {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("callgrind.out");
+        let wrap = format!("valgrind --tool=callgrind --callgrind-out-file={} --dump-instr=no", file.display());
+        let agent = Agent::builder()
+            .config("logging:\n  level: warn\n")
+            .task("noop.yaml", NOOP)
+            .task("locked.yaml", LOCKED)
+            .task("other.yaml", OTHER)
+            .task("gated.yaml", GATED)
+            .under(&wrap, release_agent())
+            .start();
+        Meter { agent, file, dumps: 0, _dir: dir }
+    }
+
+    fn control(&self, arg: &str) {
+        let out = std::process::Command::new("callgrind_control")
+            .arg(arg)
+            .arg(self.agent.pid().to_string())
+            .output()
+            .expect("run callgrind_control (valgrind's)");
+        assert!(out.status.success(), "callgrind_control {arg}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// The instructions `work` made the agent run.
+    async fn phase(&mut self, work: impl std::future::Future<Output = ()>) -> u64 {
+        self.control("--zero");
+        work.await;
+        self.dumps += 1;
+        self.control(&format!("--dump=phase{}", self.dumps));
+        let file = PathBuf::from(format!("{}.{}", self.file.display(), self.dumps));
+        // The dump is written by the agent's process as it answers.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let text = std::fs::read_to_string(&file).unwrap_or_default();
+            let total = text.lines().find_map(|l| l.strip_prefix("totals: ")).and_then(|v| v.trim().parse().ok());
+            if let Some(total) = total {
+                return total;
+            }
+            assert!(std::time::Instant::now() < deadline, "no dump {} in 60s:\n{}", file.display(), self.agent.log());
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// `n` instances of `shape`, run to their end.
+async fn work(c: &apollo_tui::client::Client, shape: Shape, n: usize, done_before: usize) {
+    match shape {
+        Shape::Noop | Shape::Rails => {
+            let task = if matches!(shape, Shape::Noop) { "noop" } else { "locked" };
+            for _ in 0..n {
+                trigger(c, task, json!({})).await;
+            }
+        }
+        Shape::Approval => {
+            let mut ids = Vec::new();
+            for _ in 0..n {
+                ids.push(trigger(c, "gated", json!({})).await);
+            }
+            loop {
+                let asked = c.request::<m::ApprovalsList>(NoParams {}).await.expect("approvals");
+                if asked.iter().filter(|a| a.decision.is_none()).count() == n {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+            for id in ids {
+                let decide = ApprovalDecide { id, deny: false, reason: "go".into() };
+                c.request::<m::ApprovalsDecide>(decide).await.expect("approve");
+            }
+        }
+    }
+    wait_for_successes(c, done_before + n).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_instance_costs_more_instructions_than_its_ceiling_plain_with_the_claims_rails_or_an_approval() {
+    valgrind();
+    let mut meter = Meter::start();
+    let c = meter.agent.client().await;
+    let (small, big) = (10, 40);
+    // The first instances pay for what is made once (lazy statics, the
+    // statement cache, the runtime's threads): run, not measured.
+    work(&c, Shape::Noop, small, 0).await;
+    let mut done = small;
+    let mut figures = Vec::new();
+    for (shape, ceiling) in
+        [(Shape::Noop, CEILING_NOOP), (Shape::Rails, CEILING_RAILS), (Shape::Approval, CEILING_APPROVAL)]
+    {
+        if matches!(shape, Shape::Rails) {
+            let pause = PauseStart {
+                scope: PauseScope::Queue,
+                target: Some("other".into()),
+                until: None,
+                reason: "guard".into(),
+            };
+            c.request::<m::SchedulerPause>(pause).await.expect("pause");
+        }
+        let a = meter.phase(work(&c, shape, small, done)).await;
+        done += small;
+        let b = meter.phase(work(&c, shape, big, done)).await;
+        done += big;
+        let per = b.saturating_sub(a) as f64 / (big - small) as f64;
+        println!("{shape:?}: {a} instructions for {small} instances, {b} for {big}: {per:.0} per instance");
+        figures.push((shape, per, ceiling));
+    }
+    drop(c);
+    let ended = meter.agent.stop();
+    assert!(ended.success(), "agent under valgrind ended with {ended}:\n{}", meter.agent.log());
+    for (shape, per, ceiling) in figures {
+        assert!(per <= ceiling, "{shape:?}: {per:.0} instructions per instance, over its ceiling {ceiling:.0}");
+    }
+}
