@@ -96,8 +96,8 @@ pub fn ready_first(plugins: &Plugins, catalog: &RwLock<Catalog>, i: &Claimed) ->
         return None;
     }
     let def = catalog.read().ok()?.defs.get(&i.task).filter(|l| l.hash == i.def_hash)?.def.clone();
-    // An approval step's decision is looked up before it starts.
-    if def.steps.is_empty() || is_approval(&def, 0) {
+    // An approval step's decision, a condition, is looked at before it starts.
+    if def.steps.is_empty() || starts_alone(&def, 0) {
         return None;
     }
     let mut ctx: Context = serde_json::from_value(i.context.clone()).ok()?;
@@ -112,6 +112,36 @@ pub fn ready_first(plugins: &Plugins, catalog: &RwLock<Catalog>, i: &Claimed) ->
 /// looked up first (`scheduler::approvals`).
 pub fn is_approval(def: &TaskDef, seq: u32) -> bool {
     def.steps.get(seq as usize).is_some_and(|d| d.plugin == "approval")
+}
+
+/// Whether step `seq` is started only by the executor, never in another
+/// write (the claim's, the trigger's, the step before's SUCCESS): an
+/// approval step (its decision is looked up first) and a step with `when:`
+/// (its condition is rendered first, over the context as it is then).
+pub fn starts_alone(def: &TaskDef, seq: u32) -> bool {
+    is_approval(def, seq) || def.steps.get(seq as usize).is_some_and(|d| d.when.is_some())
+}
+
+/// A step's `when:` rendered over `ctx`: `Ok(None)` when it holds (or the
+/// step has none), `Ok(Some(reason))` when it is false (the reason the
+/// step is skipped, naming the condition as rendered), `Err` when it
+/// cannot be rendered or is neither true nor false.
+pub fn condition(def: &TaskDef, seq: u32, ctx: &Context) -> Result<Option<String>, String> {
+    let Some(when) = def.steps.get(seq as usize).and_then(|d| d.when.as_ref()) else { return Ok(None) };
+    let mut map = Map::new();
+    map.insert("when".into(), Value::String(when.clone()));
+    let (rendered, _) = apollo_shared::template::render(&map, &ctx.to_value(), true)?;
+    let value = rendered.get("when").cloned().unwrap_or(Value::Null);
+    let holds = match &value {
+        Value::Bool(b) => *b,
+        Value::String(s) if s.trim().eq_ignore_ascii_case("true") => true,
+        Value::String(s) if s.trim().eq_ignore_ascii_case("false") => false,
+        other => {
+            let shown = apollo_shared::text::one_line(&other.to_string(), 80);
+            return Err(format!("when: {when:?} rendered {shown}, expected true or false"));
+        }
+    };
+    Ok((!holds).then(|| format!("when: {when} was false")))
 }
 
 impl Ready {

@@ -297,3 +297,38 @@ fn retry_and_rollback_wait_print_only_what_happens_now_and_every_attempt_has_its
     let logs = String::from_utf8_lossy(&agent.cli(&["logs", &id, "--step", "a"]).stdout).to_string();
     assert!(logs.contains("[apollo: rollback of step a]") && logs.contains("undo-a"), "{logs}");
 }
+
+#[test]
+fn a_step_whose_condition_is_false_is_skipped_with_it_and_a_true_one_runs() {
+    let task = "task: heal\nparams:\n  force: {default: false}\nsteps:\n  - name: check\n    plugin: shell\n    \
+                params: {command: 'echo healthy'}\n  - name: restart\n    plugin: shell\n    \
+                when: \"{{ params.force or (steps.check.stdout_tail | trim) != 'healthy' }}\"\n    \
+                params: {command: 'echo restarted >> ../../witness'}\n  - name: report\n    plugin: shell\n    \
+                when: \"{{ steps.check.exit_code == 0 }}\"\n    params: {command: 'echo reported >> ../../witness'}\n";
+    let agent = Agent::builder().task("heal.yaml", task).start();
+    let (code, inst) = agent.cli_json(&["run", "heal", "--wait"]);
+    assert_eq!((code, inst["state"].as_str()), (0, Some("SUCCESS")), "{inst:#}");
+    let steps = inst["steps"].as_array().unwrap();
+    assert_eq!(steps[1]["state"], "SKIPPED", "{inst:#}");
+    assert_eq!(steps[2]["state"], "SUCCESS", "{inst:#}");
+    let history = inst["transitions"].to_string();
+    assert!(
+        history.contains("when: {{ params.force or (steps.check.stdout_tail | trim) != 'healthy' }} was false"),
+        "{history}"
+    );
+    let witness = std::fs::read_to_string(agent.path().join("data/witness")).unwrap();
+    assert_eq!(witness, "reported\n");
+
+    // With the param, the condition holds and the step runs.
+    let (_, inst) = agent.cli_json(&["run", "heal", "-p", "force=true", "--wait"]);
+    assert_eq!(inst["steps"][1]["state"], "SUCCESS", "{inst:#}");
+    assert_eq!(std::fs::read_to_string(agent.path().join("data/witness")).unwrap(), "reported\nrestarted\nreported\n");
+
+    // A condition that reads a step that does not come before is refused at load, on its line.
+    let bad = task.replace("steps.check.exit_code", "steps.later.exit_code");
+    std::fs::write(agent.path().join("tasks/bad.yaml"), bad.replace("task: heal", "task: bad")).unwrap();
+    let out = std::process::Command::new(agent_bin()).current_dir(agent.path()).arg("check").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("bad.yaml: line 14: steps[2].when:") && text.contains("later"), "{text}");
+}

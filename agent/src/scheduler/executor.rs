@@ -156,6 +156,21 @@ async fn run_inner(
                     tracing::info!(step = %step.name, "shutting down before this step; it resumes at the next start");
                     return Ok(());
                 }
+                // A false condition records the step SKIPPED; the instance goes on.
+                match crate::steps::condition(&def, step.seq, &ctx) {
+                    Ok(None) => {}
+                    Ok(Some(reason)) => {
+                        tracing::info!(step = %step.name, "{reason}; skipped");
+                        s.store.skip_by_condition(&inst.id, step.seq, &reason).await?;
+                        continue;
+                    }
+                    Err(e) => {
+                        let msg = format!("step {:?} (#{}): {e}", step.name, step.seq);
+                        tracing::warn!("{msg}");
+                        s.store.fail(&inst.id, &msg, FailurePlan::Stop, s.store.agent()).await?;
+                        return Ok(());
+                    }
+                }
                 let decision = match is_approval(&def, step.seq) {
                     true => match gate(s, (&inst.id, inst.attempt, inst.pins.as_ref()), &def, step, &ctx).await? {
                         Gate::Parked => return Ok(()),
@@ -310,7 +325,7 @@ async fn run_step(
                 // An approval step is not started here: its decision is
                 // looked up first (see `approvals::gate`).
                 let following = next
-                    .filter(|n| !s.is_shutting_down() && !is_approval(def, *n))
+                    .filter(|n| !s.is_shutting_down() && !crate::steps::starts_alone(def, *n))
                     .map(|n| (n, ready(&s.registry.view(pins), def, n, ctx)));
                 let then = match (&following, next) {
                     (Some((n, r)), _) => Then::Start { seq: *n, version: &r.version, params: &r.params_json },

@@ -308,6 +308,15 @@ impl Store {
     /// Holds an instance whose `on_interrupt: hold` step was interrupted:
     /// the step's error says so and the instance ends FAILED (no retry, no
     /// automatic rollback), in one transaction.
+    /// Step `seq`, whose `when:` was false, recorded SKIPPED with `reason`:
+    /// past, like a step skipped by hand (it never runs, not on a retry).
+    pub async fn skip_by_condition(&self, id: &str, seq: u32, reason: &str) -> Result<()> {
+        let (i, r, a) = (id.to_string(), reason.to_string(), self.agent().to_string());
+        self.write(move |c| write::skip_by_condition(c, &i, seq, &r, &a)).await?;
+        self.changed(id, TaskState::Running, None);
+        Ok(())
+    }
+
     pub async fn hold(&self, id: &str, seq: u32, why: &str) -> Result<()> {
         let (i, w, a) = (id.to_string(), why.to_string(), self.agent().to_string());
         self.write(move |c| {

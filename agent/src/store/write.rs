@@ -308,6 +308,12 @@ fn release(c: &dyn Db, id: &str) -> Result<()> {
     Ok(())
 }
 
+pub fn skip_by_condition(c: &dyn Db, id: &str, seq: u32, reason: &str, actor: &str) -> Result<()> {
+    move_step(c, id, seq, StepState::Skipped, reason, actor)?;
+    c.execute("UPDATE step_runs SET passed = 1 WHERE instance_id = ?1 AND seq = ?2", p![id, seq])?;
+    Ok(())
+}
+
 pub fn step_rolled_back(c: &dyn Db, id: &str, seq: u32, actor: &str) -> Result<()> {
     move_step(c, id, seq, StepState::RolledBack, "rolled back", actor)?;
     Ok(())

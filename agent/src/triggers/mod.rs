@@ -211,7 +211,7 @@ impl Triggers {
         let elsewhere = !self.h.control.serves(&def.queue);
         let (slot, terms) = if elsewhere { None } else { self.h.reserve_soon().await }.unzip();
         // (An approval step's decision is looked up before it starts.)
-        let startable = !def.steps.is_empty() && !crate::steps::is_approval(def, 0);
+        let startable = !def.steps.is_empty() && !crate::steps::starts_alone(def, 0);
         let first = (slot.is_some() && startable).then(|| crate::steps::ready(&plugins, def, 0, &ctx));
         let then = first.as_ref().map_or(Then::Nothing, |r| Then::Start {
             seq: 0,

@@ -163,6 +163,10 @@ pub struct StepDef {
     /// Environment variables for an external plugin's process (templates allowed).
     #[serde(default)]
     pub env: Map<String, Value>,
+    /// `when:` a condition (a template, or `true`/`false`): false records the
+    /// step SKIPPED, with the condition as rendered, and the instance goes on.
+    #[serde(default)]
+    pub when: Option<String>,
     /// Line of the step in its file, for messages about it.
     pub line: Option<usize>,
 }
@@ -221,7 +225,7 @@ const TOP_FIELDS: &[&str] = &[
     "steps",
 ];
 pub(crate) const STEP_FIELDS: &[&str] =
-    &["name", "plugin", "version", "timeout", "retry", "on_failure", "on_interrupt", "env", "params"];
+    &["name", "plugin", "version", "timeout", "retry", "on_failure", "on_interrupt", "env", "params", "when"];
 
 /// Parses and validates a definition. `file` is only used in messages.
 pub fn parse(src: &str, file: &str) -> Result<TaskDef, DefErrors> {

@@ -121,6 +121,27 @@ pub(super) fn parse_steps(items: &[Value], lines: &Lines, file: &str, errors: &m
                 Map::new()
             }
         };
+        let when = match m.get("when") {
+            None | Some(Value::Null) => None,
+            Some(Value::Bool(b)) => Some(b.to_string()),
+            Some(Value::String(s)) if !s.trim().is_empty() => {
+                if let Err(e) = template::compile_check(s) {
+                    at("when", format!("bad template: {e}"));
+                }
+                Some(s.clone())
+            }
+            Some(v) => {
+                at(
+                    "when",
+                    format!(
+                        "expected a condition: a template such as \"{{{{ steps.check.exit_code == 0 }}}}\", or true \
+                         or false; found {}",
+                        show(v)
+                    ),
+                );
+                None
+            }
+        };
         for (path, text) in template::strings(&Value::Object(params.clone()), "params") {
             if let Err(e) = template::compile_check(text) {
                 at(&path, format!("bad template: {e}"));
@@ -136,6 +157,7 @@ pub(super) fn parse_steps(items: &[Value], lines: &Lines, file: &str, errors: &m
             on_interrupt,
             params,
             env,
+            when,
             line: start,
         });
     }

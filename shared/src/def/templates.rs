@@ -27,6 +27,9 @@ fn templates(step: &StepDef) -> Vec<(String, String)> {
     let (params, env) = (Value::Object(step.params.clone()), Value::Object(step.env.clone()));
     let mut out = template::strings(&params, "params");
     out.extend(template::strings(&env, "env"));
+    if let Some(w) = &step.when {
+        out.push(("when".to_string(), w.as_str()));
+    }
     out.into_iter().filter(|(_, t)| t.contains("{{") || t.contains("{%")).map(|(f, t)| (f, t.to_string())).collect()
 }
 

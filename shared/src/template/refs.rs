@@ -113,6 +113,9 @@ pub struct Refs {
 
 /// The references of `text` (a string of a step's params or env), or the
 /// template's syntax error.
+/// The expression language's words that a parenthesis may follow.
+const OPERATORS: &[&str] = &["and", "or", "not", "in", "is", "if", "else"];
+
 pub fn refs(text: &str) -> Result<Refs, String> {
     let env = super::env();
     let template = env.template_from_str(text).map_err(|e| super::describe(&e))?;
@@ -138,8 +141,9 @@ pub fn refs(text: &str) -> Result<Refs, String> {
             (Some(Token::Ident("not")), _) if i >= 2 && matches!(tokens[i - 2], Token::Ident("is")) => {
                 out.tests.insert(name.to_string());
             }
-            // A call of a name (not of an attribute: `x.items()` is a method).
-            (before, Some(Token::ParenOpen)) if !matches!(before, Some(Token::Dot)) => {
+            // A call of a name (not of an attribute: `x.items()` is a method;
+            // nor an operator word before a parenthesis: `a or (b)`).
+            (before, Some(Token::ParenOpen)) if !matches!(before, Some(Token::Dot)) && !OPERATORS.contains(name) => {
                 out.functions.insert(name.to_string());
             }
             _ => {}
@@ -206,6 +210,13 @@ mod tests {
         let r = refs("{% for x in params.hosts %}{{ x.name }}{% endfor %}").unwrap();
         assert_eq!(r.vars, set(&["params.hosts"]), "a loop variable is the template's own");
         assert!(refs("{{ params.x ").is_err());
+    }
+
+    #[test]
+    fn an_operator_before_a_parenthesis_is_not_a_call() {
+        let r = refs("{{ a or (b | trim) != 'x' and not (c) }}").unwrap();
+        assert!(r.functions.is_empty(), "{:?}", r.functions);
+        assert!(unknown_callables(&r).is_empty());
     }
 
     #[test]
