@@ -130,3 +130,33 @@ fn the_agents_long_lived_tasks_are_spawned_into_the_shutdown_tracker() {
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
+
+/// The longest a source file of the agent, the console or the shared crate
+/// may grow (issue 39: what no longer fits in a head is split by
+/// responsibility, into child modules where it shares private items).
+const MAX_LINES: usize = 450;
+
+#[test]
+fn no_source_file_is_longer_than_fits_in_a_head() {
+    fn walk(dir: &std::path::Path, out: &mut Vec<(std::path::PathBuf, usize)>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                let n = std::fs::read_to_string(&p).unwrap().lines().count();
+                out.push((p, n));
+            }
+        }
+    }
+    let mut files = Vec::new();
+    for krate in ["agent/src", "tui/src", "shared/src"] {
+        walk(&repo().join(krate), &mut files);
+    }
+    let long: Vec<String> = files
+        .iter()
+        .filter(|(_, n)| *n > MAX_LINES)
+        .map(|(p, n)| format!("{}: {n} lines", p.strip_prefix(repo()).unwrap_or(p).display()))
+        .collect();
+    assert!(long.is_empty(), "over {MAX_LINES} lines, split by responsibility:\n{}", long.join("\n"));
+}

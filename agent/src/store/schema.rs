@@ -4,6 +4,9 @@
 
 use rusqlite::Connection;
 
+mod statements;
+use statements::*;
+
 const MIGRATIONS: &[&str] = &[
     // 1: the initial schema.
     r#"
@@ -177,112 +180,6 @@ CREATE INDEX step_runs_plugin ON step_runs(plugin, finished_at) WHERE finished_a
     // 19: every listing filter has its index.
     LISTING_INDEXES,
 ];
-
-/// Canary rollouts of plugin versions (both backends; their starts and ends
-/// are audited as history rows whose instance is the rollout's id), and the
-/// arms each instance was given when it was created (JSON, see `Pins`).
-const ROLLOUTS: &str = "CREATE TABLE rollouts (\
-        id TEXT PRIMARY KEY, plugin TEXT NOT NULL, version TEXT NOT NULL, base TEXT NOT NULL, \
-        share_pct DOUBLE PRECISION NOT NULL, agents TEXT NOT NULL, state TEXT NOT NULL, \
-        started_at TEXT NOT NULL, started_by TEXT NOT NULL, reason TEXT NOT NULL, \
-        ended_at TEXT, ended_by TEXT, end_reason TEXT, \
-        abort_margin_pct DOUBLE PRECISION NOT NULL, min_runs INTEGER NOT NULL); \
-    CREATE UNIQUE INDEX rollouts_running ON rollouts(plugin) WHERE state = 'running'; \
-    ALTER TABLE task_instances ADD COLUMN pins TEXT;";
-
-/// Approval steps' requests and decisions (both backends; one request per
-/// instance, step and attempt), and the request an instance is parked on.
-const APPROVALS: &str = "CREATE TABLE approvals (\
-        id TEXT PRIMARY KEY, instance_id TEXT NOT NULL, task TEXT NOT NULL, step TEXT NOT NULL, \
-        seq INTEGER NOT NULL, attempt INTEGER NOT NULL, message TEXT NOT NULL, approvers TEXT NOT NULL, \
-        requested_by TEXT NOT NULL, distinct_approver INTEGER NOT NULL, requested_at TEXT NOT NULL, \
-        deadline TEXT, on_timeout TEXT NOT NULL, decision TEXT, decided_by TEXT, decided_at TEXT, reason TEXT); \
-    CREATE UNIQUE INDEX approvals_once ON approvals(instance_id, seq, attempt); \
-    CREATE INDEX approvals_open ON approvals(deadline) WHERE decision IS NULL; \
-    ALTER TABLE task_instances ADD COLUMN approval TEXT;";
-
-/// An operator may roll back a SUCCESS instance: an instance whose
-/// rollback is under way is FAILED or SUCCESS with `rollback_pending`, and
-/// is found by that flag alone (both backends).
-const ROLLBACK_OF_SUCCESS: &str = "DROP INDEX task_instances_rolling_back; \
-    CREATE INDEX task_instances_rolling_back ON task_instances(queue, task) WHERE rollback_pending = 1;";
-
-/// A listing by queue, and the archive's by state or queue, read an index
-/// as those by state and task do (both backends).
-const LISTING_INDEXES: &str = "CREATE INDEX task_instances_queue ON task_instances(queue, id); \
-    CREATE INDEX archive_state ON archive(state, id); \
-    CREATE INDEX archive_queue ON archive(queue, id);";
-
-/// The locks an instance holds while it is under way (JSON, rendered from
-/// its definition's `locks:` when it was created; `NULL`: none), and the
-/// index claims read the holders by (both backends).
-const LOCKS: &str = "ALTER TABLE task_instances ADD COLUMN locks TEXT; \
-    CREATE INDEX task_instances_locked ON task_instances(state) WHERE locks IS NOT NULL;";
-
-/// Operators' pauses (both backends; begun and ended as history rows whose
-/// instance is the pause's id). Times are the store's clock, as text.
-const PAUSES: &str = "CREATE TABLE pauses (\
-        id TEXT PRIMARY KEY, scope TEXT NOT NULL, target TEXT, reason TEXT NOT NULL, \
-        paused_by TEXT NOT NULL, since TEXT NOT NULL, until_at TEXT, \
-        ended_at TEXT, ended_by TEXT, end_reason TEXT); \
-    CREATE INDEX pauses_in_force ON pauses(ended_at) WHERE ended_at IS NULL;";
-
-/// Steps that failed and were let through: the step's mark (it never runs
-/// again) and the instance's count (both backends).
-const LET_THROUGH: &str = "ALTER TABLE step_runs ADD COLUMN passed INTEGER NOT NULL DEFAULT 0; \
-    ALTER TABLE task_instances ADD COLUMN failed_steps INTEGER NOT NULL DEFAULT 0;";
-
-/// Each agent's plugin registrations as its heartbeat publishes them
-/// (JSON: name, version, digest), and why a runnable instance waits (no
-/// live agent can run it), both backends.
-const CAPABILITIES: &str = "ALTER TABLE agents ADD COLUMN plugins TEXT; \
-    ALTER TABLE task_instances ADD COLUMN waiting TEXT;";
-
-/// The timeout learned for a step's attempt and its basis (both backends;
-/// NULL for a fixed timeout, which the definition version says).
-const LEARNED_TIMEOUT: &str = "ALTER TABLE step_runs ADD COLUMN timeout_secs DOUBLE PRECISION; \
-    ALTER TABLE step_runs ADD COLUMN timeout_basis TEXT; \
-    ALTER TABLE step_attempts ADD COLUMN timeout_secs DOUBLE PRECISION; \
-    ALTER TABLE step_attempts ADD COLUMN timeout_basis TEXT;";
-
-/// How each attempt in `step_attempts` ended: `failed` (it counts against
-/// its plugin, in `apollo plugins`) or `interrupted` (a restart, a cancel:
-/// not the plugin's doing). Rows from before this column are read by their
-/// error's first word.
-const ATTEMPT_OUTCOME: &str = "ALTER TABLE step_attempts ADD COLUMN outcome TEXT;";
-
-/// Each failed or interrupted attempt of a step as it ended (both
-/// backends); the last attempt stays in `step_runs`. Written only when an
-/// attempt fails, so a step that succeeds at once costs nothing more.
-const STEP_ATTEMPTS: &str = r#"
-CREATE TABLE step_attempts (
-    instance_id    TEXT NOT NULL,
-    seq            INTEGER NOT NULL,
-    attempt        INTEGER NOT NULL,
-    plugin_version TEXT,
-    params         TEXT,
-    error          TEXT,
-    started_at     TEXT,
-    finished_at    TEXT NOT NULL,
-    PRIMARY KEY (instance_id, seq, attempt)
-);
-"#;
-
-/// The agents table (both backends).
-const AGENTS: &str = r#"
-CREATE TABLE agents (
-    name         TEXT PRIMARY KEY,
-    id           TEXT NOT NULL,
-    host         TEXT NOT NULL,
-    version      TEXT NOT NULL,
-    queues       TEXT NOT NULL,
-    running      INTEGER NOT NULL,
-    lease_secs   DOUBLE PRECISION NOT NULL,
-    started_at   TEXT NOT NULL,
-    heartbeat_at TEXT NOT NULL,
-    stopped_at   TEXT
-);
-"#;
 
 /// The newest SQLite schema this build knows.
 pub const VERSION: usize = MIGRATIONS.len();

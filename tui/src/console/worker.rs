@@ -8,13 +8,14 @@ use super::app::{Cmd, FleetState, News};
 
 use crate::client::{Client, ClientError, Target};
 use apollo_shared::protocol::methods as m;
-use apollo_shared::protocol::{
-    EventKind, IdParams, LimitParams, ListParams, LogsParams, NoParams, StatsParams, Topic, TriggerParams,
-};
+use apollo_shared::protocol::{EventKind, IdParams, LimitParams, ListParams, LogsParams, NoParams, StatsParams, Topic};
 use apollo_shared::state::StepState;
 use std::collections::HashMap;
 use std::time::Duration;
 use tokio::sync::mpsc;
+
+mod requests;
+use requests::{lost, Ended};
 
 /// Changes are coalesced for this long before the views are refreshed.
 const DEBOUNCE: Duration = Duration::from_millis(150);
@@ -148,15 +149,6 @@ async fn wait_backoff(
     }
 }
 
-enum Ended {
-    Quit,
-    Lost(String),
-}
-
-fn lost(e: ClientError) -> Ended {
-    Ended::Lost(e.to_string())
-}
-
 async fn session(
     client: &Client,
     cmds: &mut mpsc::Receiver<Cmd>,
@@ -275,7 +267,7 @@ async fn session(
                         }
                     }
                     other => {
-                        if let Err(Ended::Lost(r)) = act(client, other, news).await {
+                        if let Err(Ended::Lost(r)) = requests::act(client, other, news).await {
                             return Ended::Lost(r);
                         }
                     }
@@ -355,93 +347,6 @@ async fn refresh(
         }
         let _ = news.send(News::Alerts(client.request::<m::AlertsList>(LimitParams { limit: Some(200) }).await?)).await;
     }
-    Ok(())
-}
-
-/// An answer, or the agent's refusal as the agent worded it; a lost
-/// connection ends the session.
-fn answer<T>(r: Result<T, ClientError>) -> Result<Result<T, String>, Ended> {
-    match r {
-        Ok(v) => Ok(Ok(v)),
-        Err(ClientError::Rpc(e)) => Ok(Err(e.to_string())),
-        Err(e) => Err(lost(e)),
-    }
-}
-
-/// Runs one action; the agent's refusal is shown as the agent worded it.
-async fn act(client: &Client, cmd: Cmd, news: &mpsc::Sender<News>) -> Result<(), Ended> {
-    let out = match cmd {
-        Cmd::MoreTasks { query, cursor } => {
-            match answer(client.request::<m::TasksList>(ListParams { cursor: Some(cursor), ..query }).await)? {
-                Ok(page) => News::Tasks { items: page.items, next_cursor: page.next_cursor, append: true },
-                Err(e) => News::Done(Err(e)),
-            }
-        }
-        Cmd::Trigger { task, params } => {
-            let p = TriggerParams { task, params, dedup_key: None, reason: None };
-            match answer(client.request::<m::TasksTrigger>(p).await)? {
-                Ok(r) => News::Triggered(r.id),
-                Err(e) => News::Done(Err(e)),
-            }
-        }
-        Cmd::DryRun { task, params } => {
-            let p = TriggerParams { task, params, dedup_key: None, reason: None };
-            match answer(client.request::<m::TasksDryRun>(p).await)? {
-                Ok(r) => News::DryRun(r),
-                Err(e) => News::Done(Err(e)),
-            }
-        }
-        Cmd::Act { action, id, reason } => {
-            let reason = reason.unwrap_or_else(|| "from the console".into());
-            match answer(client.operate(action, &id, Some(&reason)).await)? {
-                Ok(i) => News::Done(Ok(format!("{} {}: now {}", action.name(), id, i.state))),
-                Err(e) => News::Done(Err(e)),
-            }
-        }
-        Cmd::Approve { id, deny, reason } => {
-            use apollo_shared::protocol::{methods::ApprovalsDecide, ApprovalDecide};
-            let p = ApprovalDecide { id: id.clone(), deny, reason };
-            News::Done(
-                answer(client.request::<ApprovalsDecide>(p).await)?
-                    .map(|a| format!("step {} of {id} {}", a.step, a.decision.unwrap_or_default())),
-            )
-        }
-        Cmd::Pause { queue, resume, reason } => {
-            use apollo_shared::protocol::{methods as m, PauseEnd, PauseScope, PauseStart};
-            let target = Some(queue.clone());
-            let done = match resume {
-                true => answer(
-                    client.request::<m::SchedulerResume>(PauseEnd { scope: PauseScope::Queue, target, reason }).await,
-                )?
-                .map(|_| format!("queue {queue} resumed")),
-                false => {
-                    let p = PauseStart { scope: PauseScope::Queue, target, until: None, reason };
-                    answer(client.request::<m::SchedulerPause>(p).await)?
-                        .map(|p| format!("queue {queue} paused ({})", p.id))
-                }
-            };
-            News::Done(done)
-        }
-        Cmd::Skip { id, seq, reason } => {
-            let p = apollo_shared::protocol::SkipParams { id: id.clone(), step: seq.to_string(), reason };
-            match answer(client.request::<apollo_shared::protocol::methods::StepsSkip>(p).await)? {
-                Ok(i) => News::Done(Ok(format!("step #{seq} of {id} skipped: now {}", i.state))),
-                Err(e) => News::Done(Err(e)),
-            }
-        }
-        Cmd::Batch { action, ids, reason } => {
-            let reason = reason.unwrap_or_else(|| "batch from the console".into());
-            let mut results = Vec::new();
-            for id in ids {
-                let r = answer(client.operate(action, &id, Some(&reason)).await)?.map(|i| i.state.to_string());
-                results.push((id, r));
-            }
-            News::BatchDone(action.name(), results)
-        }
-        // The console itself handles these.
-        Cmd::Watch { .. } | Cmd::Quit | Cmd::Switch(_) | Cmd::WatchFleet => return Ok(()),
-    };
-    let _ = news.send(out).await;
     Ok(())
 }
 
