@@ -138,6 +138,11 @@ impl Meter {
             let text = std::fs::read_to_string(&file).unwrap_or_default();
             let total = text.lines().find_map(|l| l.strip_prefix("totals: ")).and_then(|v| v.trim().parse().ok());
             if let Some(total) = total {
+                // INSTR_BENCH_OUT=DIR keeps each phase's file, for callgrind_annotate.
+                if let Some(dir) = std::env::var_os("INSTR_BENCH_OUT") {
+                    let _ = std::fs::create_dir_all(&dir);
+                    let _ = std::fs::copy(&file, PathBuf::from(dir).join(format!("phase{}.out", self.dumps)));
+                }
                 return total;
             }
             assert!(std::time::Instant::now() < deadline, "no dump {} in 60s:\n{}", file.display(), self.agent.log());
