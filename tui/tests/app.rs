@@ -141,8 +141,10 @@ fn the_run_form_lists_declared_params_with_defaults_and_validates() {
     for _ in 0..40 {
         key(&mut app, KeyCode::Backspace);
     }
-    assert!(key(&mut app, KeyCode::Enter).is_empty());
-    assert!(matches!(&app.mode, Mode::Form(f) if f.error.as_deref() == Some("source: needs a value")));
+    // Emptied, a param with a default is the empty text (as `-p source=`
+    // is); the agent's checks decide whether it will do.
+    let Mode::Form(f) = &app.mode else { panic!("{:?}", app.mode) };
+    assert_eq!(App::form_params(f).unwrap()["source"], serde_json::json!(""));
     typed(&mut app, "file://x.csv");
     let cmds = key(&mut app, KeyCode::Enter);
     let Cmd::Trigger { task, params } = &cmds[0] else { panic!("{cmds:?}") };
