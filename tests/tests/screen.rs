@@ -262,3 +262,25 @@ fn the_run_form_takes_an_empty_optional_value_and_names_a_required_one() {
     assert_eq!((params["title"].as_str(), params["owner"].as_str()), (Some(""), Some("alice")), "{list:#}");
     assert_eq!(c.quit(), 0);
 }
+
+#[test]
+fn every_cli_table_fits_an_80_column_terminal_and_a_pipe_gets_it_whole() {
+    let mut wide = String::from("task: a_task_with_a_long_name_and_many_steps\nsteps:\n");
+    for n in ["download", "verify", "unpack", "migrate", "restart", "check", "announce"] {
+        wide.push_str(&format!("  - {{name: {n}, plugin: sleep}}\n"));
+    }
+    let agent = Agent::builder().task("long.yaml", LONG).task("wide.yaml", &wide).start();
+    agent.cli(&["run", "long", "--wait"]);
+    let sock = agent.socket.display().to_string();
+    for table in ["defs", "plugins", "agents", "queues", "alerts", "audit", "locks", "approvals"] {
+        let lines = cli_on_terminal(agent.path(), &["--socket", &sock, table], (24, 80));
+        for l in &lines {
+            assert!(l.chars().count() <= 80, "apollo {table}: {} columns: {l}", l.chars().count());
+        }
+    }
+    // The plugins table is wider than 80: cut on a terminal, whole into a pipe.
+    let cut = cli_on_terminal(agent.path(), &["--socket", &sock, "plugins"], (24, 80));
+    assert!(cut.iter().any(|l| l.ends_with('…')), "{cut:#?}");
+    let piped = String::from_utf8_lossy(&agent.cli(&["plugins"]).stdout).to_string();
+    assert!(piped.lines().any(|l| l.chars().count() > 80), "{piped}");
+}

@@ -80,32 +80,38 @@ pub fn list(out: &Out, pauses: &[Pause]) {
     }
 }
 
-pub fn locks(_out: &Out, locks: &[LockInfo]) {
+pub fn locks(out: &Out, locks: &[LockInfo]) {
     if locks.is_empty() {
-        println!("no locks held or waited for");
+        out.row("no locks held or waited for".to_string());
         return;
     }
-    println!("{:<24} {:<28} {:<20} {:<28} {:>7}", "LOCK", "HELD BY", "TASK", "SINCE", "WAITING");
+    out.row(format!("{:<24} {:<28} {:<20} {:<28} {:>7}", "LOCK", "HELD BY", "TASK", "SINCE", "WAITING"));
     for l in locks {
         let (id, task, since) = match &l.holder {
             Some(h) => (h.id.as_str(), h.task.as_str(), h.since.as_deref().unwrap_or("-")),
             None => ("-", "-", "-"),
         };
-        println!("{:<24} {:<28} {:<20} {:<28} {:>7}", l.lock, id, task, since, l.waiting);
+        out.row(format!("{:<24} {:<28} {:<20} {:<28} {:>7}", l.lock, id, task, since, l.waiting));
     }
 }
 
 pub fn approvals(out: &Out, all: &[Approval]) {
     if all.is_empty() {
-        println!("no approvals");
+        out.row("no approvals".to_string());
     }
     for a in all {
         match &a.decision {
             None => {
-                println!("{}  {} {}  {}", out.paint("WAITING", Tone::Waiting), a.task, a.instance, a.waiting_line());
-                println!("         decide: {}", a.commands());
+                out.row(format!(
+                    "{}  {} {}  {}",
+                    out.paint("WAITING", Tone::Waiting),
+                    a.task,
+                    a.instance,
+                    a.waiting_line()
+                ));
+                out.row(format!("         decide: {}", a.commands()));
             }
-            Some(d) => println!(
+            Some(d) => out.row(format!(
                 "{:<8} {} {}  step {} by {} at {}: {}",
                 d.to_uppercase(),
                 a.task,
@@ -114,7 +120,7 @@ pub fn approvals(out: &Out, all: &[Approval]) {
                 a.decided_by.as_deref().unwrap_or("?"),
                 a.decided_at.as_deref().unwrap_or("?"),
                 a.reason.as_deref().unwrap_or("")
-            ),
+            )),
         }
     }
 }

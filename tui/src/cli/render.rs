@@ -42,9 +42,67 @@ impl Out {
         format!("\x1b[{code}m{text}\x1b[0m")
     }
 
+    /// A table's line: on a terminal, cut at its width with `…` (colour
+    /// codes take no room; the cut never splits one); whole into a pipe.
+    pub fn row(&self, line: String) {
+        match self.width {
+            Some(w) => println!("{}", fit(&line, w)),
+            None => println!("{line}"),
+        }
+    }
+
     fn state(&self, s: &str, tone: Tone, width: usize) -> String {
         self.paint(&format!("{s:<width$}"), tone)
     }
+}
+
+/// `line` in `width` visible characters: cut with `…` when longer, the
+/// colour reset after a cut inside a painted span.
+fn fit(line: &str, width: usize) -> String {
+    let mut out = String::with_capacity(line.len().min(width * 4));
+    let (mut seen, mut painted) = (0, false);
+    let mut chars = line.chars().peekable();
+    let visible = strip_ansi_len(line);
+    if visible <= width {
+        return line.to_string();
+    }
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            out.push(c);
+            for d in chars.by_ref() {
+                out.push(d);
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+            painted = true;
+            continue;
+        }
+        if seen + 1 == width {
+            out.push('…');
+            break;
+        }
+        out.push(c);
+        seen += 1;
+    }
+    if painted {
+        out.push_str("\x1b[0m");
+    }
+    out
+}
+
+/// The characters of `line` a terminal shows (colour codes left out).
+fn strip_ansi_len(line: &str) -> usize {
+    let (mut n, mut in_code) = (0, false);
+    for c in line.chars() {
+        match (in_code, c) {
+            (false, '\x1b') => in_code = true,
+            (true, c) if c.is_ascii_alphabetic() => in_code = false,
+            (true, _) => {}
+            (false, _) => n += 1,
+        }
+    }
+    n
 }
 
 fn when(t: Option<DateTime<Utc>>) -> String {
@@ -221,50 +279,50 @@ pub fn defs(out: &Out, defs: &[DefInfo]) {
     for d in defs {
         if d.hash.is_some() {
             let next = d.next_fire.map(|n| format!("   next fire {}", rfc3339(n))).unwrap_or_default();
-            println!(
+            out.row(format!(
                 "{:<20} {:<10} steps: {}   {}{next}",
                 d.task,
                 d.queue.as_deref().unwrap_or(""),
                 d.steps.join(" → "),
                 d.file
-            );
+            ));
         }
         for e in &d.errors {
-            println!("{} {e}", out.paint("error", Tone::Bad));
+            out.row(format!("{} {e}", out.paint("error", Tone::Bad)));
         }
     }
 }
 
-pub fn plugins(_out: &Out, plugins: &[PluginInfo]) {
-    println!(
+pub fn plugins(out: &Out, plugins: &[PluginInfo]) {
+    out.row(format!(
         "{:<18} {:<8} {:>8} {:>6} {:>6} {:>6} {:>8} {:>8} {:>9} {:>11} {:>12}  CLASS / COMMAND",
         "NAME", "VERSION", "TIMEOUT", "RETRY", "RUNS", "FAIL%", "P50", "P99", "SUGGESTED", "WORKERS", "WAIT p50/99"
-    );
+    ));
     for p in plugins {
         let [runs, fail, p50, p99, suggested] = PluginStats::columns(p.stats.as_ref());
         let [workers, wait] = PoolStats::columns(p.pool.as_ref());
         // `auto` shows what applies now; its basis is in `--json`.
         let timeout = p.timeout_column();
-        println!(
+        out.row(format!(
             "{:<18} {:<8} {:>8} {:>6} {runs:>6} {fail:>6} {p50:>8} {p99:>8} {suggested:>9} {workers:>11} {wait:>12}  {}",
             p.name,
             p.version,
             timeout,
             p.retry,
             p.class.as_deref().or(p.command.as_deref()).unwrap_or("")
-        );
+        ));
         // On a shared store: which live agents have this version.
         if !p.agents.is_empty() {
-            println!("{:<18} on {}", "", p.agents.join(", "));
+            out.row(format!("{:<18} on {}", "", p.agents.join(", ")));
         }
     }
 }
 
 pub fn agents(out: &Out, agents: &[AgentInfo]) {
-    println!(
+    out.row(format!(
         "{:<16} {:<22} {:<16} {:<8} {:>7} {:>10}  {:<10} QUEUES",
         "NAME", "ID", "HOST", "VERSION", "RUNNING", "HEARTBEAT", "STATE"
-    );
+    ));
     for a in agents {
         let state = if a.stopped {
             out.paint("stopped", Tone::Quiet)
@@ -273,7 +331,7 @@ pub fn agents(out: &Out, agents: &[AgentInfo]) {
         } else {
             out.paint("live", Tone::Good)
         };
-        println!(
+        out.row(format!(
             "{:<16} {:<22} {:<16} {:<8} {:>7} {:>9.1}s  {:<10} {}",
             a.name,
             a.id,
@@ -283,29 +341,35 @@ pub fn agents(out: &Out, agents: &[AgentInfo]) {
             a.heartbeat_age_secs,
             state,
             a.serves()
-        );
+        ));
         if !a.plugins.is_empty() {
-            println!("  plugins: {}", a.plugins_column());
+            out.row(format!("  plugins: {}", a.plugins_column()));
         }
     }
 }
 
-pub fn queues(_out: &Out, queues: &[QueueStats]) {
-    println!("{:<12} {:>8} {:>6} {:>8} {:>9}  OLDEST PENDING", "QUEUE", "RUNNING", "LIMIT", "PENDING", "RETRYING");
+pub fn queues(out: &Out, queues: &[QueueStats]) {
+    out.row(format!(
+        "{:<12} {:>8} {:>6} {:>8} {:>9}  OLDEST PENDING",
+        "QUEUE", "RUNNING", "LIMIT", "PENDING", "RETRYING"
+    ));
     for q in queues {
         let limit = q.limit.map(|l| l.to_string()).unwrap_or_else(|| "-".into());
         let oldest = q.oldest_pending_secs.map(|s| format!("{s:.0}s")).unwrap_or_else(|| "-".into());
         let paused = q.paused.as_deref().map(|p| format!("  PAUSED {p}")).unwrap_or_default();
-        println!("{:<12} {:>8} {:>6} {:>8} {:>9}  {oldest}{paused}", q.queue, q.running, limit, q.pending, q.retrying);
+        out.row(format!(
+            "{:<12} {:>8} {:>6} {:>8} {:>9}  {oldest}{paused}",
+            q.queue, q.running, limit, q.pending, q.retrying
+        ));
     }
 }
 
-pub fn alerts(_out: &Out, alerts: &[Alert]) {
+pub fn alerts(out: &Out, alerts: &[Alert]) {
     if alerts.is_empty() {
-        println!("no alerts");
+        out.row("no alerts".to_string());
     }
     for a in alerts {
-        println!("{}  {:<20} {}  {}", rfc3339(a.at), a.kind, a.instance.as_deref().unwrap_or("-"), a.message);
+        out.row(format!("{}  {:<20} {}  {}", rfc3339(a.at), a.kind, a.instance.as_deref().unwrap_or("-"), a.message));
     }
 }
 
@@ -324,21 +388,21 @@ pub fn status(out: &Out, s: &AgentStatus) {
     }
 }
 
-pub fn events(_out: &Out, events: &[EventRecord]) {
+pub fn events(out: &Out, events: &[EventRecord]) {
     if events.is_empty() {
-        println!("no events");
+        out.row("no events".to_string());
     }
     for e in events {
         let created = e.instances.as_array().map(|a| a.len()).unwrap_or(0);
         let data = e.data.clone().unwrap_or(Value::Null);
-        println!("{}  {:<24} created {created}  data {data}", e.received_at, e.name);
+        out.row(format!("{}  {:<24} created {created}  data {data}", e.received_at, e.name));
     }
 }
 
-pub fn audit(_out: &Out, entries: &[AuditEntry]) {
+pub fn audit(out: &Out, entries: &[AuditEntry]) {
     for r in entries {
         let step = r.step.map(|s| format!(" step {s}")).unwrap_or_default();
-        println!(
+        out.row(format!(
             "{}  {}  {} {}{}  {} -> {}  {}",
             r.at,
             r.actor,
@@ -348,7 +412,7 @@ pub fn audit(_out: &Out, entries: &[AuditEntry]) {
             r.from.as_deref().unwrap_or("-"),
             r.to,
             r.reason
-        );
+        ));
     }
 }
 
