@@ -332,3 +332,25 @@ fn a_step_whose_condition_is_false_is_skipped_with_it_and_a_true_one_runs() {
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(text.contains("bad.yaml: line 14: steps[2].when:") && text.contains("later"), "{text}");
 }
+
+#[test]
+fn a_condition_that_is_neither_true_nor_false_fails_the_instance_naming_it_and_a_retry_keeps_a_skip() {
+    // `params.mode` renders to text: neither true nor false.
+    let task = "task: odd\nparams:\n  mode: {default: fast}\non_failure: stop\nsteps:\n  - name: first\n    plugin: sleep\n    \
+                when: \"{{ params.mode == 'slow' }}\"\n  - name: second\n    plugin: sleep\n    \
+                when: \"{{ params.mode }}\"\n";
+    let agent = Agent::builder().task("odd.yaml", task).start();
+    let (code, inst) = agent.cli_json(&["run", "odd", "--wait"]);
+    assert_eq!((code, inst["state"].as_str()), (1, Some("FAILED")), "{inst:#}");
+    let error = inst["error"].as_str().unwrap_or_default();
+    assert!(error.contains("step \"second\" (#1): when: \"{{ params.mode }}\" rendered \"fast\", expected true or false"), "{error}");
+    assert_eq!(inst["steps"][0]["state"], "SKIPPED", "{inst:#}");
+    // A retry does not decide the first step again: it stays SKIPPED, and the
+    // second fails the same way.
+    let id = inst["id"].as_str().unwrap();
+    let (_, again) = agent.cli_json(&["retry", id, "--wait"]);
+    assert_eq!(again["state"], "FAILED", "{again:#}");
+    assert_eq!(again["steps"][0]["state"], "SKIPPED", "{again:#}");
+    let skips = again["transitions"].as_array().unwrap().iter().filter(|t| t["to"] == "SKIPPED").count();
+    assert_eq!(skips, 1, "decided once: {again:#}");
+}
