@@ -120,7 +120,9 @@ pub fn start(settings: &Settings, store: Store, tasks: &Shutdown) {
         }
     });
     tasks.spawn(async move {
-        let http = reqwest::Client::new();
+        // Made at the first delivery: a client loads the TLS roots, which
+        // an agent with no hooks (or no alerts) should not pay for.
+        let mut client: Option<reqwest::Client> = None;
         let mut recent: HashMap<String, Instant> = HashMap::new();
         let deliveries = tokio_util::task::TaskTracker::new();
         loop {
@@ -159,7 +161,8 @@ pub fn start(settings: &Settings, store: Store, tasks: &Shutdown) {
                 if !hook.conf.tasks.is_empty() && !task.as_ref().is_some_and(|t| hook.conf.tasks.contains(t)) {
                     continue;
                 }
-                let (hooks, http, store, alert) = (hooks.clone(), http.clone(), store.clone(), alert.clone());
+                let http = client.get_or_insert_with(reqwest::Client::new).clone();
+                let (hooks, store, alert) = (hooks.clone(), store.clone(), alert.clone());
                 deliveries.spawn(async move {
                     let hook = &hooks[i];
                     let mut last = String::new();

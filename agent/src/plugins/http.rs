@@ -9,7 +9,7 @@ use futures::future::BoxFuture;
 use serde_json::{json, Map, Value};
 
 pub struct HttpRequest {
-    client: reqwest::Client,
+    client: std::sync::OnceLock<reqwest::Client>,
 }
 
 /// The lines of a response body the step log keeps.
@@ -35,7 +35,13 @@ fn log_body(log: &crate::logs::StepLog, text: &str, bytes: usize) {
 
 impl HttpRequest {
     pub fn new() -> Self {
-        HttpRequest { client: reqwest::Client::builder().build().unwrap_or_default() }
+        HttpRequest { client: std::sync::OnceLock::new() }
+    }
+
+    /// The client, made at the first request: building one loads the TLS
+    /// roots, which an agent that never sends one should not pay for.
+    fn client(&self) -> &reqwest::Client {
+        self.client.get_or_init(|| reqwest::Client::builder().build().unwrap_or_default())
     }
 }
 
@@ -98,7 +104,7 @@ impl HttpRequest {
         let method = p.get("method").and_then(Value::as_str).unwrap_or("GET").to_ascii_uppercase();
         let method =
             reqwest::Method::from_bytes(method.as_bytes()).map_err(|e| PluginError::permanent(e.to_string()))?;
-        let mut req = self.client.request(method.clone(), url);
+        let mut req = self.client().request(method.clone(), url);
         if let Some(Value::Object(h)) = p.get("headers") {
             for (k, v) in h {
                 req = req.header(k, v.as_str().unwrap_or_default());
