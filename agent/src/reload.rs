@@ -55,6 +55,12 @@ pub struct Summary {
 impl Reloader {
     /// Re-reads the directory and swaps the catalog.
     pub async fn reload(&self) -> Summary {
+        self.reload_and(true).await
+    }
+
+    /// As [`Reloader::reload`]; with `always` false, announced (and
+    /// swapped) only when something changed.
+    async fn reload_and(&self, always: bool) -> Summary {
         let fresh = catalog::load_dir(&self.dir, &self.plugins.get());
         let (merged, summary, new_errors) = {
             let old = self.catalog.read().expect("catalog");
@@ -77,6 +83,10 @@ impl Reloader {
             let summary = Summary { loaded: merged.defs.len(), changed, failed, removed };
             (merged, summary, new_errors)
         };
+        let moved = !summary.changed.is_empty() || !new_errors.is_empty() || !summary.removed.is_empty();
+        if !always && !moved {
+            return summary;
+        }
         for task in &summary.changed {
             if let Some(l) = merged.defs.get(task) {
                 let _ = self.store.put_def(&l.hash, task, &l.file.display().to_string(), &l.source).await;
@@ -90,7 +100,7 @@ impl Reloader {
         for task in &summary.removed {
             tracing::warn!(task = %task, "definition file deleted; the task is disabled for new instances");
         }
-        if !summary.changed.is_empty() || !new_errors.is_empty() || !summary.removed.is_empty() {
+        if moved {
             tracing::info!(loaded = summary.loaded, changed = ?summary.changed, removed = ?summary.removed, errors = new_errors.len(), "definitions reloaded");
         }
         self.store.bus().publish(
@@ -171,6 +181,8 @@ impl Reloader {
     pub async fn run(mut self, shutdown: CancellationToken) {
         // true: a plugin file changed (the plugins are registered anew,
         // then the definitions read again); false: a definition changed.
+        // The tests hold the watch's start back here (`sleep(ms)`).
+        fail::fail_point!("reload.before_watch");
         let (tx, mut rx) = mpsc::unbounded_channel::<bool>();
         // The plugin path is read at the start (a changed `plugins_path`
         // waits for a restart, as `tasks` does).
@@ -224,6 +236,11 @@ impl Reloader {
                 None
             }
         };
+        // What was written between the load at start and the watch's start
+        // is read now: from here on the watcher sees every change.
+        if _watcher.is_some() {
+            self.reload_and(false).await;
+        }
         let mut hup = self.hangup.take();
         loop {
             let hangup = async {

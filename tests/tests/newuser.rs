@@ -343,7 +343,10 @@ fn a_condition_that_is_neither_true_nor_false_fails_the_instance_naming_it_and_a
     let (code, inst) = agent.cli_json(&["run", "odd", "--wait"]);
     assert_eq!((code, inst["state"].as_str()), (1, Some("FAILED")), "{inst:#}");
     let error = inst["error"].as_str().unwrap_or_default();
-    assert!(error.contains("step \"second\" (#1): when: \"{{ params.mode }}\" rendered \"fast\", expected true or false"), "{error}");
+    assert!(
+        error.contains("step \"second\" (#1): when: \"{{ params.mode }}\" rendered \"fast\", expected true or false"),
+        "{error}"
+    );
     assert_eq!(inst["steps"][0]["state"], "SKIPPED", "{inst:#}");
     // A retry does not decide the first step again: it stays SKIPPED, and the
     // second fails the same way.
@@ -353,4 +356,21 @@ fn a_condition_that_is_neither_true_nor_false_fails_the_instance_naming_it_and_a
     assert_eq!(again["steps"][0]["state"], "SKIPPED", "{again:#}");
     let skips = again["transitions"].as_array().unwrap().iter().filter(|t| t["to"] == "SKIPPED").count();
     assert_eq!(skips, 1, "decided once: {again:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_written_before_the_watch_starts_is_loaded_all_the_same() {
+    // The watch starts 1.5 s after the agent answers: the file is written
+    // in between, where no watcher can see it.
+    let agent = Agent::builder()
+        .task("a.yaml", "task: a\nsteps:\n  - plugin: sleep\n")
+        .env("FAILPOINTS", "reload.before_watch=sleep(1500)")
+        .start();
+    let c = agent.client().await;
+    c.subscribe(&[Topic::Defs]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    std::fs::write(agent.path().join("tasks/early.yaml"), "task: early\nsteps:\n  - plugin: sleep\n").unwrap();
+    let change = next_reload(&mut events).await;
+    assert_eq!(change["changed"], json!(["early"]), "{change:#}");
+    assert_eq!(agent.cli(&["run", "early"]).status.code(), Some(0));
 }
