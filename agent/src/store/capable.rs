@@ -53,12 +53,19 @@ impl Capable {
         Capable { can_run, defs: Default::default(), passed: Default::default(), rollouts }
     }
 
-    /// Reads the rollouts anew when `pins` names one not known here.
+    /// Reads the rollouts anew when `pins` names one not known here, or
+    /// gives the new arm of one known as running: another agent may have
+    /// ended it since this one's last maintenance tick, and the arm of an
+    /// ended rollout is not acted on. (Only instances of a running rollout's
+    /// new arm pay for the read.)
     fn learn(&self, c: &dyn Db, pins: &str) -> Result<()> {
         let Ok(pins) = serde_json::from_str::<apollo_shared::protocol::Pins>(pins) else { return Ok(()) };
         let known = {
             let latest = self.rollouts.read().expect("rollouts");
-            pins.values().all(|p| latest.values().any(|r| r.id == p.rollout))
+            pins.values().all(|p| match latest.values().find(|r| r.id == p.rollout) {
+                None => false,
+                Some(r) => !(p.new && r.state == apollo_shared::protocol::RolloutState::Running),
+            })
         };
         if !known {
             let latest = super::rollouts::latest(c)?;
