@@ -145,8 +145,11 @@ impl TaskState {
             Failed => &[Retrying, RolledBack],
             Retrying => &[Running],
             // An operator's rollback of a SUCCESS instance (every step undone
-            // in reverse): ROLLED_BACK, or FAILED when an undo fails.
-            Success => &[RolledBack, Failed],
+            // in reverse). An undo of it that fails leaves it FAILED, a move
+            // only that rollback makes (`store::write::rollback_failed`,
+            // guarded by the rollback in progress): no other write may turn
+            // a recorded success into a failure.
+            Success => &[RolledBack],
             RolledBack => &[],
         }
     }
@@ -365,9 +368,8 @@ mod tests {
             (Failed, Retrying),
             (Failed, RolledBack),
             (Retrying, Running),
-            // An operator's rollback of a success, and an undo of it that failed.
+            // An operator's rollback of a success.
             (Success, RolledBack),
-            (Success, Failed),
         ];
         for from in TaskState::ALL {
             for to in TaskState::ALL {

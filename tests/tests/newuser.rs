@@ -374,3 +374,24 @@ async fn a_file_written_before_the_watch_starts_is_loaded_all_the_same() {
     assert_eq!(change["changed"], json!(["early"]), "{change:#}");
     assert_eq!(agent.cli(&["run", "early"]).status.code(), Some(0));
 }
+
+#[test]
+fn a_success_whose_undo_fails_is_left_failed_with_the_step_named_and_no_other_write_fails_a_success() {
+    let task = "task: restart\nsteps:\n  - name: a\n    plugin: shell\n    params:\n      command: echo a\n      \
+                rollback_command: echo undo-a\n  - name: b\n    plugin: shell\n    params:\n      command: echo b\n      \
+                rollback_command: exit 3\n";
+    let agent = Agent::builder().task("restart.yaml", task).start();
+    let (_, inst) = agent.cli_json(&["run", "restart", "--wait"]);
+    let id = inst["id"].as_str().unwrap().to_string();
+    let (code, done) = agent.cli_json(&["rollback", &id, "--yes", "--wait", "--reason", "bad"]);
+    assert_eq!((code, done["state"].as_str()), (1, Some("FAILED")), "{done:#}");
+    assert!(done["error"].as_str().unwrap_or_default().contains("rollback of step \"b\" (#1) failed"), "{done:#}");
+    let history = done["transitions"].to_string();
+    assert!(history.contains(r#""from":"SUCCESS","to":"FAILED""#), "{history}");
+    // The table itself still refuses SUCCESS -> FAILED to anyone else.
+    let e = apollo_shared::state::check_task(
+        apollo_shared::state::TaskState::Success,
+        apollo_shared::state::TaskState::Failed,
+    );
+    assert!(e.is_err());
+}

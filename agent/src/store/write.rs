@@ -340,15 +340,16 @@ pub fn finish_rolled_back(c: &dyn Db, id: &str, actor: &str) -> Result<()> {
 }
 
 pub fn rollback_failed(c: &dyn Db, id: &str, error: &str, actor: &str) -> Result<()> {
+    // A SUCCESS instance partly undone is not a success any more: FAILED, a
+    // move outside the table that only its rollback in progress may make.
+    let undone = c.execute(
+        "UPDATE task_instances SET state = 'FAILED' WHERE id = ?1 AND state = 'SUCCESS' AND rollback_pending = 1",
+        p![id],
+    )?;
+    let from = if undone == 1 { TaskState::Success } else { TaskState::Failed };
     release(c, id)?;
     c.execute("UPDATE task_instances SET error = ?2 WHERE id = ?1", p![id, error])?;
-    // A SUCCESS instance partly undone is not a success any more.
-    match task_state(c, id)? {
-        TaskState::Success => {
-            move_task(c, id, TaskState::Failed, error, actor)?;
-        }
-        _ => history(c, id, None, Some(TaskState::Failed.as_str()), TaskState::Failed.as_str(), error, actor)?,
-    }
+    history(c, id, None, Some(from.as_str()), TaskState::Failed.as_str(), error, actor)?;
     super::records::insert_alert(c, apollo_shared::protocol::AlertKind::RollbackFailed, error, Some(id))
 }
 
