@@ -81,7 +81,12 @@ pub fn check_outputs(d: &TaskDef, file: &str, registry: &Registry) -> Vec<DefErr
     for (i, field, step, output) in def::step_refs(&d.steps) {
         let Some(x) = d.steps.iter().find(|s| s.name == step) else { continue };
         let Ok(reg) = registry.resolve(&x.plugin, x.version.as_deref()) else { continue };
-        let Some(outputs) = reg.plugin.outputs() else { continue };
+        // A fan-out step's output is its items' (see `scheduler::executor::fanout`).
+        let outputs = match (&x.foreach, reg.plugin.outputs()) {
+            (Some(_), _) => ["items", "failed", "ok", "total"].map(String::from).to_vec(),
+            (None, Some(o)) => o,
+            (None, None) => continue,
+        };
         if outputs.contains(&output) {
             continue;
         }

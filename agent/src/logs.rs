@@ -79,6 +79,11 @@ impl StepLog {
         data_dir.join("logs").join(instance).join(format!("{seq}.log"))
     }
 
+    /// A fan-out item's log: `<seq>.<index>.log` beside its step's.
+    pub fn item_path(data_dir: &Path, instance: &str, seq: u32, index: u32) -> PathBuf {
+        data_dir.join("logs").join(instance).join(format!("{seq}.{index}.log"))
+    }
+
     /// A line that heads the log if the step writes one: written before the
     /// first line, and not at all by a silent step, whose log stays
     /// uncreated (a file per step would cost more than the step). A later

@@ -24,6 +24,8 @@ pub struct Ready {
     pub params_json: Value,
     /// The secrets' values read for it, to mask what the step leaves behind.
     pub masker: Masker,
+    /// A fan-out step: its params are rendered and validated per item.
+    pub fanout: bool,
 }
 
 /// A step whose start is committed: its attempt, and its call validated (or
@@ -43,17 +45,23 @@ pub fn ready(plugins: &Registry, def: &TaskDef, seq: u32, ctx: &Context) -> Read
     let reg = registration(plugins, def, seq);
     let version = reg.as_ref().map(|r| r.version().to_string()).unwrap_or_default();
     let mut masker = Masker::default();
+    let fanout = d.foreach.is_some();
     let rendered = reg.and_then(|r| {
         let secrets = crate::secrets::resolve(def).map_err(PluginError::permanent)?;
         masker = secrets.masker.clone();
+        if fanout {
+            // Rendered per item, over the context and the item.
+            return Ok((r, Map::new(), Vec::new()));
+        }
         let params = render(&d.params, ctx, &secrets)?;
         Ok((r, params, step_env(&d.env, ctx, &secrets)?))
     });
-    let params_json = match &rendered {
-        Ok((_, p, _)) => masker.value(&Value::Object(p.clone())),
-        Err(_) => Value::Null,
+    let params_json = match (&rendered, &d.foreach) {
+        (Ok(_), Some(f)) => serde_json::json!({"foreach": f.foreach, "as": f.name}),
+        (Ok((_, p, _)), None) => masker.value(&Value::Object(p.clone())),
+        (Err(_), _) => Value::Null,
     };
-    Ready { rendered, version, params_json, masker }
+    Ready { rendered, version, params_json, masker, fanout }
 }
 
 /// The plugin's validate of a ready step (side-effect free by contract): it
@@ -61,6 +69,7 @@ pub fn ready(plugins: &Registry, def: &TaskDef, seq: u32, ctx: &Context) -> Read
 /// trip is hidden behind the commit instead of added to it.
 pub async fn check(ready: &Ready) -> Result<(), PluginError> {
     match &ready.rendered {
+        Ok(_) if ready.fanout => Ok(()),
         Ok((r, params, _)) => validate(r, params).await,
         Err(_) => Ok(()),
     }
@@ -119,7 +128,56 @@ pub fn is_approval(def: &TaskDef, seq: u32) -> bool {
 /// approval step (its decision is looked up first) and a step with `when:`
 /// (its condition is rendered first, over the context as it is then).
 pub fn starts_alone(def: &TaskDef, seq: u32) -> bool {
-    is_approval(def, seq) || def.steps.get(seq as usize).is_some_and(|d| d.when.is_some())
+    is_approval(def, seq) || def.steps.get(seq as usize).is_some_and(|d| d.when.is_some() || d.foreach.is_some())
+}
+
+/// A fan-out step's items: its `foreach:` rendered over the context (and
+/// the secrets' values), which must give a list.
+pub fn items(def: &TaskDef, seq: u32, ctx: &Context, secrets: &Secrets) -> Result<Vec<Value>, PluginError> {
+    let Some(f) = def.steps.get(seq as usize).and_then(|d| d.foreach.as_ref()) else { return Ok(Vec::new()) };
+    let mut map = Map::new();
+    map.insert("foreach".into(), f.foreach.clone());
+    let rendered = render_field(&map, ctx, "step", secrets)?.remove("foreach").unwrap_or(Value::Null);
+    match rendered {
+        Value::Array(items) => Ok(items),
+        other => {
+            let kind = apollo_shared::def::kind(&other);
+            let shown = secrets.masker.text(&apollo_shared::text::one_line(&other.to_string(), 60));
+            Err(PluginError::permanent(format!("foreach: rendered {kind}, not a list: {shown}")))
+        }
+    }
+}
+
+/// A fan-out item's params and env: the step's, rendered over `over` (the
+/// context as a value, with the item under its name) and the secrets.
+pub fn item_call(
+    d: &apollo_shared::def::StepDef,
+    over: &Value,
+    secrets: &Secrets,
+) -> Result<(Map<String, Value>, Vec<(String, String)>), PluginError> {
+    let render_over = |map: &Map<String, Value>, field: &str| -> Result<Map<String, Value>, PluginError> {
+        if !apollo_shared::template::has_templates(map) {
+            return Ok(map.clone());
+        }
+        let mut over = over.clone();
+        if let (Some(values), Value::Object(o)) = (&secrets.values, &mut over) {
+            o.insert("secrets".into(), Value::Object(values.clone()));
+        }
+        let (rendered, _) = apollo_shared::template::render(map, &over, true)
+            .map_err(|e| PluginError::permanent(secrets.masker.text(&format!("{field}.{e}"))))?;
+        Ok(rendered)
+    };
+    let params = render_over(&d.params, "params")?;
+    let env = render_over(&d.env, "env")?
+        .into_iter()
+        .map(|(k, v)| (k, v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string())))
+        .collect();
+    Ok((params, env))
+}
+
+/// The plugin's check of an item's rendered params.
+pub async fn validate_item(reg: &Registration, params: &Map<String, Value>) -> Result<(), PluginError> {
+    validate(reg, params).await
 }
 
 /// A step's `when:` rendered over `ctx`: `Ok(None)` when it holds (or the

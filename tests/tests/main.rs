@@ -22,6 +22,7 @@ mod errors;
 mod external;
 mod failpoints;
 mod failures;
+mod fanout;
 mod faults;
 mod fleet;
 mod follow;

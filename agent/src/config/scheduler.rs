@@ -48,6 +48,9 @@ pub struct Scheduler {
     /// Most missed fires a `catchup: all` schedule runs after downtime.
     #[serde(default = "default_catchup_max")]
     pub catchup_max: usize,
+    /// Most items one fan-out step may have (`foreach:`).
+    #[serde(default = "default_max_items")]
+    pub max_items: usize,
     /// Per-queue limits on running instances.
     #[serde(default)]
     pub queues: BTreeMap<String, QueueConf>,
@@ -129,6 +132,10 @@ fn auto_min_runs() -> u32 {
 }
 fn auto_factor() -> f64 {
     1.5
+}
+
+fn default_max_items() -> usize {
+    apollo_shared::def::MAX_ITEMS
 }
 
 fn default_catchup_max() -> usize {

@@ -69,6 +69,12 @@ fn record_path(key: &str) -> Option<PathBuf> {
     RECORDS.get().map(|d| d.join(key.replace([':', '/'], ".")))
 }
 
+/// The step's key (`<instance>:<seq>`) of a key, a fan-out item's
+/// (`<instance>:<seq>:<index>:<item>`) or the step's own.
+fn step_of(key: &str) -> String {
+    key.splitn(3, ':').take(2).collect::<Vec<_>>().join(":")
+}
+
 /// This boot's id, read once: it is the same for the life of the agent.
 fn boot_id() -> &'static str {
     static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
@@ -107,9 +113,21 @@ pub fn reap(keys: &HashSet<String>) -> Vec<String> {
     }
     let boot = boot_id();
     let mut groups: HashMap<i32, u64> = HashMap::new();
-    for key in keys {
-        let Some(path) = record_path(key) else { continue };
-        let Ok(text) = std::fs::read_to_string(&path) else { continue };
+    // A fan-out step's items are recorded under the step's key and theirs.
+    let records: Vec<PathBuf> = match RECORDS.get() {
+        Some(dir) => std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name().and_then(|n| n.to_str()).is_some_and(|n| keys.contains(&step_of(&n.replace('.', ":"))))
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    for path in &records {
+        let Ok(text) = std::fs::read_to_string(path) else { continue };
         let f: Vec<&str> = text.split_whitespace().collect();
         if let [pgid, start, b] = f[..] {
             if b == boot {
@@ -137,7 +155,7 @@ pub fn reap(keys: &HashSet<String>) -> Vec<String> {
                 std::str::from_utf8(kv)
                     .ok()
                     .and_then(|kv| kv.strip_prefix(STEP_VAR)?.strip_prefix('='))
-                    .is_some_and(|v| keys.contains(v))
+                    .is_some_and(|v| keys.contains(v) || keys.contains(&step_of(v)))
             })
         });
         let by_group = groups.get(&pgrp).is_some_and(|leader| start >= *leader);
@@ -161,10 +179,8 @@ pub fn reap(keys: &HashSet<String>) -> Vec<String> {
     {
         std::thread::sleep(Duration::from_millis(10));
     }
-    for key in keys {
-        if let Some(p) = record_path(key) {
-            let _ = std::fs::remove_file(p);
-        }
+    for p in records {
+        let _ = std::fs::remove_file(p);
     }
     victims.into_iter().map(|(pid, cmd)| format!("pid {pid} ({cmd})")).collect()
 }

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use tracing::Instrument;
 
 mod failure;
+mod fanout;
 use failure::Outcome;
 
 /// Runs an instance; true when it stopped on a store error (the scheduler
@@ -241,55 +242,70 @@ async fn run_step(
     if let Some(a) = applied.as_ref().filter(|a| a.auto) {
         s.store.step_note_timeout(id, step.seq, a.timeout.as_secs_f64(), &a.basis).await?;
     }
-    let result = async {
-        let (reg, params, env) = prepared?;
-        let applied = applied.expect("made ready");
-        let timeout = applied.timeout;
-        tracing::info!(
-            plugin = %reg.name,
-            version = %version,
-            timeout_secs = timeout.as_secs_f64(),
-            timeout = %applied.basis,
-            "step started"
-        );
-        let key = format!("{id}:{}", step.seq);
-        let previous =
-            step.seq.checked_sub(1).and_then(|p| def.steps.get(p as usize)).and_then(|p| ctx.steps.get(&p.name));
-        let context = ctx.to_value();
-        let token = active.token.child_token();
-        let call = Call {
-            params: &params,
-            context: &context,
-            idempotency_key: &key,
-            work_dir,
-            tasks_dir: &s.tasks_dir,
-            previous,
-            step: &d.name,
-            attempt,
-            env: &env,
-            log: &log,
-            cancel: token.clone(),
-            kill_grace: s.config().scheduler.kill_grace,
-        };
-        let began = std::time::Instant::now();
-        let call = (reg.name.as_str(), reg.plugin.execute(call));
-        let r = watchdog(s, (timeout, &applied.basis), &token, Some(&active.token), call, "").await;
-        let m = crate::metrics::get();
-        let outcome = match &r {
-            Ok(_) => "success",
-            Err(e) if e.message.starts_with("timed out after") => {
-                m.timeouts.get_or_create(&crate::metrics::label("plugin", &reg.name)).inc();
-                "timeout"
+    let fanned = match (&d.foreach, prepared) {
+        (Some(_), Ok((reg, ..))) => {
+            let st = fanout::Step { id, seq: step.seq, def, reg: &reg, ctx, work_dir, active, masker: &mask };
+            Err(fanout::run(s, st).instrument(span.clone()).await?)
+        }
+        (_, prepared) => Ok(prepared),
+    };
+    let result = match fanned {
+        Err(fanned) => fanned,
+        Ok(prepared) => {
+            async {
+                let (reg, params, env) = prepared?;
+                let applied = applied.expect("made ready");
+                let timeout = applied.timeout;
+                tracing::info!(
+                    plugin = %reg.name,
+                    version = %version,
+                    timeout_secs = timeout.as_secs_f64(),
+                    timeout = %applied.basis,
+                    "step started"
+                );
+                let key = format!("{id}:{}", step.seq);
+                let previous = step
+                    .seq
+                    .checked_sub(1)
+                    .and_then(|p| def.steps.get(p as usize))
+                    .and_then(|p| ctx.steps.get(&p.name));
+                let context = ctx.to_value();
+                let token = active.token.child_token();
+                let call = Call {
+                    params: &params,
+                    context: &context,
+                    idempotency_key: &key,
+                    work_dir,
+                    tasks_dir: &s.tasks_dir,
+                    previous,
+                    step: &d.name,
+                    attempt,
+                    env: &env,
+                    log: &log,
+                    cancel: token.clone(),
+                    kill_grace: s.config().scheduler.kill_grace,
+                };
+                let began = std::time::Instant::now();
+                let call = (reg.name.as_str(), reg.plugin.execute(call));
+                let r = watchdog(s, (timeout, &applied.basis), &token, Some(&active.token), call, "").await;
+                let m = crate::metrics::get();
+                let outcome = match &r {
+                    Ok(_) => "success",
+                    Err(e) if e.message.starts_with("timed out after") => {
+                        m.timeouts.get_or_create(&crate::metrics::label("plugin", &reg.name)).inc();
+                        "timeout"
+                    }
+                    Err(_) => "failure",
+                };
+                m.step_seconds
+                    .get_or_create(&crate::metrics::labels(("plugin", &reg.name), ("outcome", outcome)))
+                    .observe(began.elapsed().as_secs_f64());
+                r
             }
-            Err(_) => "failure",
-        };
-        m.step_seconds
-            .get_or_create(&crate::metrics::labels(("plugin", &reg.name), ("outcome", outcome)))
-            .observe(began.elapsed().as_secs_f64());
-        r
-    }
-    .instrument(span.clone())
-    .await;
+            .instrument(span.clone())
+            .await
+        }
+    };
     let limits = Limits {
         step_output_bytes: s.config().scheduler.step_output_bytes,
         context_bytes: s.config().scheduler.context_bytes,

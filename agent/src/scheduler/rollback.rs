@@ -30,6 +30,19 @@ pub(super) async fn rollback(
     tracing::info!("rolling back");
     for step in steps.iter().rev().filter(|st| matches!(st.state, StepState::Success | StepState::Failed)) {
         let d = &def.steps[step.seq as usize];
+        if d.foreach.is_some() {
+            // A fan-out step: its items that succeeded, last ended first.
+            if let Err(msg) = undo_items(s, (id, inst.pins.as_ref()), def, step.seq, ctx, work_dir).await? {
+                tracing::error!("{msg}");
+                s.store.step_note_error(id, step.seq, &msg).await?;
+                s.store.rollback_failed(id, &msg).await?;
+                finished(&def.task, TaskState::Failed);
+                return Ok(());
+            }
+            s.store.step_rolled_back(id, step.seq).await?;
+            tracing::info!(step = %d.name, "fan-out step rolled back");
+            continue;
+        }
         let log = StepLog::new(StepLog::path_for(&s.data_dir, id, step.seq), s.config().logging.step_log_bytes);
         log.line(&format!("[apollo: rollback of step {}]", d.name));
         // The secrets' values, which the recorded params have masked.
@@ -88,4 +101,91 @@ pub(super) async fn rollback(
     finished(&def.task, TaskState::RolledBack);
     tracing::info!("instance rolled back");
     Ok(())
+}
+
+/// Undoes a fan-out step's items that succeeded, in reverse order of their
+/// ending, each through the plugin's rollback with its own params and
+/// output; the first that fails stops the rollback (`Err`: why, naming it).
+async fn undo_items(
+    s: &Arc<Scheduler>,
+    (id, pins): (&str, Option<&apollo_shared::protocol::Pins>),
+    def: &TaskDef,
+    seq: u32,
+    ctx: &Context,
+    work_dir: &std::path::Path,
+) -> Result<Result<(), String>, StoreError> {
+    let d = &def.steps[seq as usize];
+    let f = d.foreach.as_ref().expect("a fan-out step");
+    let mut done: Vec<_> =
+        s.store.items(id, seq).await?.into_iter().filter(|i| i.state == StepState::Success).collect();
+    done.sort_by_key(|i| std::cmp::Reverse(i.done));
+    let reg = match registration(&s.registry.view(pins), def, seq) {
+        Ok(r) => r,
+        Err(e) => return Ok(Err(format!("rollback of step {:?} (#{seq}) failed: {}", d.name, e.message))),
+    };
+    let secrets = crate::secrets::resolve(def);
+    let mask = secrets.as_ref().map(|s| s.masker.clone()).unwrap_or_else(|_| crate::secrets::masker(def));
+    let base = ctx.to_value();
+    for it in done {
+        let log = StepLog::new(StepLog::item_path(&s.data_dir, id, seq, it.index), s.config().logging.step_log_bytes);
+        log.line(&format!("[apollo: rollback of step {}, item {} ({})]", d.name, it.index, it.label));
+        log.mask(mask.clone());
+        let mut over = base.clone();
+        if let Value::Object(o) = &mut over {
+            o.insert(f.name.clone(), it.value.clone());
+        }
+        let result = match &secrets {
+            Err(e) => Err(crate::plugins::PluginError::permanent(e.clone())),
+            Ok(secrets) => {
+                let call = match (&it.params, secrets.values.is_none()) {
+                    (Some(Value::Object(p)), true) => Ok((p.clone(), Vec::new())),
+                    _ => crate::steps::item_call(d, &over, secrets),
+                };
+                match call {
+                    Err(e) => Err(e),
+                    Ok((params, env)) => {
+                        let env = if env.is_empty() {
+                            crate::steps::item_call(d, &over, secrets).map(|c| c.1).unwrap_or_default()
+                        } else {
+                            env
+                        };
+                        let key = format!("{id}:{seq}:{}", it.index);
+                        let token = CancellationToken::new();
+                        let call = Call {
+                            params: &params,
+                            context: &over,
+                            idempotency_key: &key,
+                            work_dir,
+                            tasks_dir: &s.tasks_dir,
+                            previous: None,
+                            step: &d.name,
+                            attempt: it.attempts,
+                            env: &env,
+                            log: &log,
+                            cancel: token.clone(),
+                            kill_grace: s.config().scheduler.kill_grace,
+                        };
+                        let timeout = crate::timeouts::fixed(d, &reg);
+                        let call = (reg.name.as_str(), reg.plugin.rollback(call, it.output.as_ref()));
+                        watchdog(s, (timeout.timeout, &timeout.basis), &token, None, call, "rollback ").await
+                    }
+                }
+            }
+        };
+        match result {
+            Ok(()) => {
+                s.store.item_rolled_back(id, seq, it.index, None).await?;
+                crate::crash_point!("executor.during_rollback");
+            }
+            Err(e) => {
+                let msg = mask.text(&format!(
+                    "rollback of step {:?} (#{seq}) item {} ({}) failed: {}",
+                    d.name, it.index, it.label, e.message
+                ));
+                s.store.item_rolled_back(id, seq, it.index, Some(&msg)).await?;
+                return Ok(Err(msg));
+            }
+        }
+    }
+    Ok(Ok(()))
 }

@@ -15,6 +15,7 @@ use serde_json::{Map, Value};
 use std::sync::Arc;
 use std::time::Instant;
 
+mod logs;
 mod undo;
 
 /// The methods' state: the store, catalog and plugins are the scheduler's.
@@ -93,6 +94,7 @@ impl Api {
             Call::TasksRollback(p) => answer::<m::TasksRollback>(self.rollback(p, actor).await),
             Call::TasksCancel(p) => answer::<m::TasksCancel>(self.cancel(p, actor).await),
             Call::StepsLogs(p) => answer::<m::StepsLogs>(self.logs(p).await),
+            Call::StepsItems(p) => answer::<m::StepsItems>(self.items(p).await),
             Call::DefsList(_) => answer::<m::DefsList>(Ok(self.defs())),
             Call::DefsGet(p) => answer::<m::DefsGet>(self.def(&p.task)),
             Call::PluginsList(_) => answer::<m::PluginsList>(Ok(self.plugins().await)),
@@ -351,68 +353,5 @@ impl Api {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
         self.h.store.get(&p.id).await.map_err(store_err)
-    }
-
-    async fn logs(&self, p: LogsParams) -> Result<LogsResult, RpcError> {
-        // The steps' rows only (a follower asks many times a second); an
-        // archived instance's from its document.
-        let mut steps: Vec<(u32, String, StepState, u32)> = self.h.store.step_states(&p.id).await.map_err(store_err)?;
-        if steps.is_empty() {
-            let inst = self.h.store.get(&p.id).await.map_err(store_err)?;
-            steps = inst.steps.unwrap_or_default().into_iter().map(|s| (s.seq, s.name, s.state, s.attempts)).collect();
-        }
-        let found = match &p.step {
-            Value::Number(n) => n.as_u64().and_then(|n| steps.iter().find(|s| s.0 as u64 == n)),
-            Value::String(s) => steps.iter().find(|st| st.1 == *s || st.0.to_string() == *s),
-            _ => None,
-        };
-        let names: Vec<String> = steps.iter().map(|s| format!("{} ({})", s.1, s.0)).collect();
-        let &(seq, _, state, attempts) = found.ok_or_else(|| {
-            RpcError::new(
-                code::NOT_FOUND,
-                format!("instance {} has no step {} (steps: {})", p.id, p.step, names.join(", ")),
-            )
-        })?;
-        let path = crate::logs::StepLog::path_for(&self.h.data_dir, &p.id, seq);
-        let read = || {
-            crate::logs::read(&path, p.offset.unwrap_or(0), LOGS_READ_BYTES)
-                .map_err(|e| RpcError::new(code::INTERNAL, format!("reading {}: {e}", path.display())))
-        };
-        let answer = |(text, next_offset, eof), (step_state, attempts)| LogsResult {
-            text,
-            next_offset,
-            eof,
-            step_state: Some(step_state),
-            attempts,
-        };
-        let wait = std::time::Duration::from_millis(p.wait_ms.unwrap_or(0).min(MAX_LOGS_WAIT_MS));
-        if wait.is_zero() || state != StepState::Running {
-            return Ok(answer(read()?, (state, attempts)));
-        }
-        // Following a running step: listen before reading, so a line written
-        // between the read and the wait is not missed. The log's notifier
-        // fires for each line and when the attempt ends; nothing else wakes
-        // this call.
-        let grew = crate::logs::growth(&path);
-        let woken = grew.notified();
-        tokio::pin!(woken);
-        woken.as_mut().enable();
-        let (text, next_offset, eof) = read()?;
-        if !text.is_empty() || !eof {
-            return Ok(answer((text, next_offset, eof), (state, attempts)));
-        }
-        // The attempt may have ended since its state was read, its notifier
-        // fired before this call listened: the state is read again, now that
-        // it listens (an attempt's log is dropped after its end commits).
-        let state_now = || async {
-            let now = self.h.store.step_states(&p.id).await.map_err(store_err)?;
-            Ok::<_, RpcError>(now.iter().find(|s| s.0 == seq).map_or((state, attempts), |s| (s.2, s.3)))
-        };
-        let now = state_now().await?;
-        if now.0 == StepState::Running && now.1 == attempts {
-            let _ = tokio::time::timeout(wait, woken).await;
-            return Ok(answer(read()?, state_now().await?));
-        }
-        Ok(answer(read()?, now))
     }
 }

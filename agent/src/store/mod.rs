@@ -24,6 +24,7 @@ pub mod capable;
 pub mod db;
 mod error;
 mod history;
+mod items;
 mod leases;
 pub mod listen;
 mod location;
@@ -48,6 +49,7 @@ mod zombies;
 
 pub use db::{Conn, Db, Driver};
 pub use error::{Result, StoreError};
+pub use items::{FanoutPlan, ItemPlan};
 pub use leases::{PauseEnds, QueuePolicy, Recover};
 pub use location::Location;
 pub use model::{Claimed, FailurePlan, NewInstance};

@@ -78,6 +78,7 @@ impl Store {
         self.read(move |c| match instance_with_steps(c, &id) {
             Ok(mut inst) => {
                 add_earlier_attempts(c, &mut inst)?;
+                super::items::add_counts(c, &mut inst)?;
                 inst.transitions = Some(transitions(c, &id)?);
                 Ok(inst)
             }

@@ -54,6 +54,7 @@ pub fn archive(c: &dyn Db, cutoff: DateTime<Utc>, max: usize) -> Result<Vec<Stri
     for id in &ids {
         let mut doc = super::rows::instance_with_steps(c, id)?;
         super::rows::add_earlier_attempts(c, &mut doc)?;
+        super::items::add_counts(c, &mut doc)?;
         doc.transitions = Some(super::rows::transitions(c, id)?);
         c.execute(
             "INSERT INTO archive (id, task, state, finished_at, archived_at, doc, dedup_key, queue) \
@@ -72,6 +73,7 @@ pub fn archive(c: &dyn Db, cutoff: DateTime<Utc>, max: usize) -> Result<Vec<Stri
         c.execute("DELETE FROM transitions WHERE instance_id = ?1", p![id])?;
         c.execute("DELETE FROM step_runs WHERE instance_id = ?1", p![id])?;
         c.execute("DELETE FROM step_attempts WHERE instance_id = ?1", p![id])?;
+        c.execute("DELETE FROM step_items WHERE instance_id = ?1", p![id])?;
         c.execute("DELETE FROM task_instances WHERE id = ?1", p![id])?;
     }
     Ok(ids)

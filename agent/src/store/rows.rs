@@ -95,6 +95,7 @@ pub fn step(r: &Row) -> Result<StepRun> {
         earlier: Vec::new(),
         passed: r.get(12)?,
         timeout: None,
+        items: None,
     })
 }
 

@@ -179,6 +179,8 @@ CREATE INDEX step_runs_plugin ON step_runs(plugin, finished_at) WHERE finished_a
     ROLLBACK_OF_SUCCESS,
     // 19: every listing filter has its index.
     LISTING_INDEXES,
+    // 20: fan-out steps' items.
+    FANOUT,
 ];
 
 /// The newest SQLite schema this build knows.
@@ -359,6 +361,7 @@ $$;
     APPROVALS,
     ROLLBACK_OF_SUCCESS,
     LISTING_INDEXES,
+    FANOUT,
 ];
 
 /// The newest PostgreSQL schema this build knows.

@@ -11,11 +11,13 @@ use lines::Lines;
 pub use steps::parse_duration;
 use steps::parse_steps;
 
+mod fanout;
 mod lines;
 mod locks;
 mod secrets;
 mod steps;
 mod templates;
+pub use fanout::{Fanout, Size, MAX_ITEMS};
 pub use secrets::{Masker, SecretSource, MASK};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -107,6 +109,9 @@ pub struct StepDef {
     /// step SKIPPED, with the condition as rendered, and the instance goes on.
     #[serde(default)]
     pub when: Option<String>,
+    /// `foreach:` and its fields: the plugin runs once per item.
+    #[serde(default)]
+    pub foreach: Option<Fanout>,
     /// Line of the step in its file, for messages about it.
     pub line: Option<usize>,
 }
@@ -164,8 +169,23 @@ const TOP_FIELDS: &[&str] = &[
     "secrets",
     "steps",
 ];
-pub(crate) const STEP_FIELDS: &[&str] =
-    &["name", "plugin", "version", "timeout", "retry", "on_failure", "on_interrupt", "env", "params", "when"];
+pub(crate) const STEP_FIELDS: &[&str] = &[
+    "name",
+    "plugin",
+    "version",
+    "timeout",
+    "retry",
+    "on_failure",
+    "on_interrupt",
+    "env",
+    "params",
+    "when",
+    "foreach",
+    "as",
+    "batches",
+    "max_parallel",
+    "max_failures",
+];
 
 /// Parses and validates a definition. `file` is only used in messages.
 pub fn parse(src: &str, file: &str) -> Result<TaskDef, DefErrors> {

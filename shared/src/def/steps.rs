@@ -142,6 +142,13 @@ pub(super) fn parse_steps(items: &[Value], lines: &Lines, file: &str, errors: &m
                 None
             }
         };
+        let foreach = super::fanout::parse(m, &mut at);
+        if foreach.is_some() && timeout == Some(Timeout::Auto) {
+            at(
+                "timeout",
+                "timeout: auto is not learned for a fan-out step yet; give each item's timeout (e.g. 5m)".into(),
+            );
+        }
         for (path, text) in template::strings(&Value::Object(params.clone()), "params") {
             if let Err(e) = template::compile_check(text) {
                 at(&path, format!("bad template: {e}"));
@@ -158,6 +165,7 @@ pub(super) fn parse_steps(items: &[Value], lines: &Lines, file: &str, errors: &m
             params,
             env,
             when,
+            foreach,
             line: start,
         });
     }

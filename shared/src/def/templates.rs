@@ -30,6 +30,9 @@ fn templates(step: &StepDef) -> Vec<(String, String)> {
     if let Some(w) = &step.when {
         out.push(("when".to_string(), w.as_str()));
     }
+    if let Some(f) = &step.foreach {
+        out.extend(template::strings(&f.foreach, "foreach"));
+    }
     out.into_iter().filter(|(_, t)| t.contains("{{") || t.contains("{%")).map(|(f, t)| (f, t.to_string())).collect()
 }
 
@@ -69,7 +72,12 @@ pub(super) fn check(steps: &[StepDef], scope: &Scope, lines: &Lines, file: &str,
             for m in template::unknown_callables(&r) {
                 at(m);
             }
+            // A fan-out step's params and env read its item by name.
+            let item = s.foreach.as_ref().filter(|_| field.starts_with("params") || field.starts_with("env"));
             for v in &r.vars {
+                if item.is_some_and(|f| v.split('.').next() == Some(f.name.as_str())) {
+                    continue;
+                }
                 if let Err(m) = resolve(v, i, steps, scope) {
                     at(m);
                 }

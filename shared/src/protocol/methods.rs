@@ -3,6 +3,7 @@
 //! that method's result type; clients send `Client::request::<M>(params)`
 //! and get `M::Result` back. A method exists in one place, the list below.
 
+use super::items::{ItemRun, ItemsParams};
 use super::rails::*;
 use super::rollouts::*;
 use super::status::*;
@@ -104,7 +105,9 @@ methods! {
     TasksRetry = "tasks.retry" (IdParams) -> Instance, true, "id, reason?";
     TasksRollback = "tasks.rollback" (IdParams) -> Instance, true, "id, reason?";
     TasksCancel = "tasks.cancel" (IdParams) -> Instance, true, "id, reason?";
-    StepsLogs = "steps.logs" (LogsParams) -> LogsResult, false, "id, step, offset?";
+    StepsLogs = "steps.logs" (LogsParams) -> LogsResult, false, "id, step, offset?, item?";
+    /// A fan-out step's items, each with its state, output, error and history.
+    StepsItems = "steps.items" (ItemsParams) -> Vec<ItemRun>, false, "id, step (name or seq)";
     /// Marks a FAILED instance's failed step done by hand; it resumes after it.
     StepsSkip = "steps.skip" (SkipParams) -> Instance, true, "id, step (name or seq), reason";
     DefsList = "defs.list" (NoParams) -> Vec<DefInfo>, false, "no params";

@@ -21,12 +21,14 @@ use serde_json::Value;
 #[macro_use]
 mod topics;
 mod events;
+mod items;
 pub mod methods;
 mod rails;
 mod rollouts;
 mod status;
 mod types;
 pub use events::{AlertKind, Event, EventData, Raised, StepMoved};
+pub use items::*;
 pub use methods::{is_mutating, Call, Method, METHODS};
 pub use rails::*;
 pub use rollouts::*;

@@ -123,6 +123,9 @@ pub struct LogsParams {
     /// step costs the agent nothing meanwhile.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait_ms: Option<u64>,
+    /// A fan-out step's item: its label or 0-based index.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub item: Option<Value>,
 }
 
 /// The longest a `steps.logs` call waits for a log to grow.
@@ -241,6 +244,9 @@ pub struct StepRun {
     /// `tasks.get` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<AppliedTimeout>,
+    /// A fan-out step's items, counted (`tasks.get` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub items: Option<super::ItemCounts>,
 }
 
 /// A learned timeout as an attempt ran under it: seconds, and how it was

@@ -77,6 +77,9 @@ pub(super) enum Cmd {
     Show {
         #[arg(add = ArgValueCandidates::new(docs::instances))]
         id: String,
+        /// List each fan-out step's items: batch, state, attempts, error (or why it never started).
+        #[arg(long)]
+        items: bool,
     },
     /// Print an instance's logs: every step's, each attempt opened by a line naming it.
     Logs {
@@ -85,6 +88,9 @@ pub(super) enum Cmd {
         /// Only this step's log (its name or seq).
         #[arg(long)]
         step: Option<String>,
+        /// Only this item's log of a fan-out step (its label, e.g. web-07, or its index); needs --step.
+        #[arg(long, requires = "step")]
+        item: Option<String>,
         /// Keep printing as the logs grow, across steps, until the instance ends; exit with its outcome.
         #[arg(long, short = 'f')]
         follow: bool,

@@ -16,6 +16,7 @@ mod act;
 mod args;
 mod docs;
 mod failure;
+mod items;
 mod pause;
 mod render;
 mod rollout;
@@ -244,7 +245,8 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
             }
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Show { id } => {
+        Cmd::Show { id, items: true } => items::show(&client, id, json, &out).await,
+        Cmd::Show { id, items: false } => {
             let inst = get(&client, id).await?;
             if json {
                 print_json(&inst);
@@ -254,7 +256,10 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
             }
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Logs { id, step, follow } => {
+        Cmd::Logs { id, step: Some(step), item: Some(item), follow } => {
+            items::logs(&client, id, step, item, *follow, json).await
+        }
+        Cmd::Logs { id, step, follow, .. } => {
             let only = match step {
                 Some(s) => Some(step_seq(&client, id, s).await?),
                 None => None,

@@ -109,7 +109,7 @@ fn when(t: Option<DateTime<Utc>>) -> String {
     t.map(|t| t.format("%Y-%m-%d %H:%M:%S").to_string()).unwrap_or_else(|| "-".into())
 }
 
-fn took(a: Option<DateTime<Utc>>, b: Option<DateTime<Utc>>) -> String {
+pub(super) fn took(a: Option<DateTime<Utc>>, b: Option<DateTime<Utc>>) -> String {
     match (a, b) {
         (Some(a), Some(b)) => format!("{:.2}s", (b - a).num_milliseconds() as f64 / 1000.0),
         _ => "-".into(),
@@ -210,6 +210,9 @@ pub fn instance(out: &Out, i: &Instance) {
         );
         if let Some(t) = &s.timeout {
             println!("  {:<4} timeout {} ({})", "", apollo_shared::protocol::timeout_text(t.secs), t.basis);
+        }
+        if let Some(n) = &s.items {
+            println!("  {:<4} {}  (apollo show {} --items)", "", n.line(), i.id);
         }
     }
 }

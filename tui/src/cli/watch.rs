@@ -256,7 +256,8 @@ async fn drain(
     let mut wait_ms = (!wait.is_zero()).then_some(wait.as_millis() as u64);
     loop {
         let offset = offsets.get(&s.seq).copied().unwrap_or(0);
-        let p = LogsParams { id: id.into(), step: s.seq.into(), offset: Some(offset), wait_ms: wait_ms.take() };
+        let p =
+            LogsParams { id: id.into(), step: s.seq.into(), offset: Some(offset), wait_ms: wait_ms.take(), item: None };
         let r = client.request::<m::StepsLogs>(p).await?;
         offsets.insert(s.seq, r.next_offset);
         if json {

@@ -60,7 +60,7 @@ async fn follow_round(client: &Client, mut f: Following) -> Round {
         wait_ms: Option<u64>,
     ) -> Result<(String, Option<StepState>), ClientError> {
         let offset = f.offsets.get(&seq).copied().unwrap_or(0);
-        let p = LogsParams { id: f.id.clone(), step: seq.into(), offset: Some(offset), wait_ms };
+        let p = LogsParams { id: f.id.clone(), step: seq.into(), offset: Some(offset), wait_ms, item: None };
         let r = client.request::<m::StepsLogs>(p).await?;
         f.offsets.insert(seq, r.next_offset);
         Ok((r.text, r.step_state))

@@ -48,7 +48,11 @@ impl Api {
         let view = self.h.plugins.view(inst.pins.as_ref());
         let mut cannot = Vec::new();
         for st in inst.steps.iter().flatten().filter(|st| st.state == apollo_shared::state::StepState::Success) {
-            let params = st.params.as_ref().and_then(Value::as_object).cloned().unwrap_or_default();
+            // A fan-out step's params are its items'; the step's as written say what they undo.
+            let params = match def.steps.get(st.seq as usize).filter(|d| d.foreach.is_some()) {
+                Some(d) => d.params.clone(),
+                None => st.params.as_ref().and_then(Value::as_object).cloned().unwrap_or_default(),
+            };
             let why = match crate::steps::registration(&view, &def, st.seq) {
                 Ok(reg) => reg.plugin.cannot_undo(&params),
                 Err(e) => Some(e.message),

@@ -105,3 +105,13 @@ CREATE TABLE agents (
     stopped_at   TEXT
 );
 "#;
+
+/// Fan-out steps' items, one row each (both backends), and each fan-out
+/// step's plan (JSON: items, batches, budget, the batch under way).
+pub(super) const FANOUT: &str = "CREATE TABLE step_items (\
+        instance_id TEXT NOT NULL, seq INTEGER NOT NULL, idx INTEGER NOT NULL, \
+        label TEXT NOT NULL, value TEXT NOT NULL, batch INTEGER NOT NULL, state TEXT NOT NULL, \
+        attempts INTEGER NOT NULL DEFAULT 0, params TEXT, output TEXT, error TEXT, \
+        started_at TEXT, finished_at TEXT, done INTEGER, history TEXT NOT NULL DEFAULT '', \
+        PRIMARY KEY (instance_id, seq, idx)); \
+    ALTER TABLE step_runs ADD COLUMN fanout TEXT;";

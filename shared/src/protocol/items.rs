@@ -1,0 +1,90 @@
+//! A fan-out step's items as the protocol shows them: counts on the step
+//! (`tasks.get`), and each item (`steps.items`).
+
+use crate::state::StepState;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// A fan-out step's items counted by where they stand.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ItemCounts {
+    pub total: u32,
+    pub ok: u32,
+    pub failed: u32,
+    pub running: u32,
+    /// Not started yet in this attempt of the step.
+    pub waiting: u32,
+    /// Never started because the failure budget was spent (or the step
+    /// ended first); a retry runs them.
+    pub not_started: u32,
+    pub rolled_back: u32,
+    /// The batch under way (1-based; the last one begun) and how many there are.
+    pub batch: u32,
+    pub batches: u32,
+    /// Failures allowed over the whole step.
+    pub budget: u32,
+}
+
+impl ItemCounts {
+    /// One line: `batch 2/3  31 ok, 1 failed, 6 running, 2 waiting`.
+    pub fn line(&self) -> String {
+        let mut parts = vec![format!("{} ok", self.ok)];
+        for (n, what) in [
+            (self.failed, "failed"),
+            (self.running, "running"),
+            (self.waiting, "waiting"),
+            (self.not_started, "not started"),
+            (self.rolled_back, "rolled back"),
+        ] {
+            if n > 0 {
+                parts.push(format!("{n} {what}"));
+            }
+        }
+        let batch = match self.batches {
+            0 | 1 => String::new(),
+            b => format!("batch {}/{b}  ", self.batch.max(1)),
+        };
+        format!("{batch}{} of {} items: {}", self.ok, self.total, parts.join(", "))
+    }
+}
+
+/// One item of a fan-out step: its own ledger row.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ItemRun {
+    /// 0-based, in the order of the list.
+    pub index: u32,
+    /// The item as shown: its text, or its JSON on one line.
+    pub label: String,
+    pub value: Value,
+    /// 1-based.
+    pub batch: u32,
+    pub state: StepState,
+    pub attempts: u32,
+    pub params: Option<Value>,
+    pub output: Option<Value>,
+    /// The last attempt's error; for an item never started, why.
+    pub error: Option<String>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+    /// Its place in the order items ended in (a rollback undoes in reverse).
+    pub done: Option<u32>,
+    /// Its moves, one line each: time, from → to, why.
+    #[serde(default)]
+    pub history: Vec<String>,
+}
+
+impl ItemRun {
+    /// Not started in the step's last attempt (the budget was spent first).
+    pub fn not_started(&self) -> bool {
+        self.state == StepState::Pending && self.error.is_some()
+    }
+}
+
+/// `steps.items`: the items of an instance's fan-out step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ItemsParams {
+    pub id: String,
+    /// A step name or its 0-based seq.
+    pub step: Value,
+}

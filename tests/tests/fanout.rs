@@ -1,0 +1,261 @@
+//! Fan-out steps (`foreach:`): the rolling restart of 40 hosts — one canary,
+//! then a quarter, then the rest — with a failure budget of 2, on the real
+//! agent. A witness file per run says which items ran and how often; the
+//! items' own ledger rows say what the agent recorded.
+
+use apollo_tests::*;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+fn hosts(n: usize) -> String {
+    (0..n).map(|i| format!("web-{i:02}")).collect::<Vec<_>>().join(", ")
+}
+
+/// The rolling restart: each item appends its host to `witness` and fails
+/// while `fail-<host>` exists; its undo appends to `undone`.
+fn rolling(n: usize, extra: &str) -> String {
+    let w = "$APOLLO_WORK_DIR/../..";
+    format!(
+        r#"task: rolling
+params:
+  hosts: {{default: [{hosts}]}}
+steps:
+  - name: restart
+    plugin: shell
+    retry: 0
+    on_failure: stop
+    foreach: "{{{{ params.hosts }}}}"
+    as: host
+    batches: [1, "25%", "100%"]
+    max_failures: 2
+{extra}    params:
+      command: echo restarting {{{{ host }}}}; echo {{{{ host }}}} >> {w}/witness; test ! -e {w}/fail-{{{{ host }}}}
+      rollback_command: echo {{{{ host }}}} >> {w}/undone
+  - name: after
+    plugin: shell
+    params:
+      command: "echo {{{{ steps.restart.ok }}}} of {{{{ steps.restart.total }}}}"
+      rollback_command: "true"
+"#,
+        hosts = hosts(n)
+    )
+}
+
+fn lines(agent: &Agent, file: &str) -> Vec<String> {
+    std::fs::read_to_string(agent.path().join("data").join(file))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+fn counts(lines: &[String]) -> BTreeMap<String, usize> {
+    let mut m = BTreeMap::new();
+    for l in lines {
+        *m.entry(l.clone()).or_insert(0) += 1;
+    }
+    m
+}
+
+/// The items of the instance's first fan-out step, as `show --items --json` gives them.
+fn items(agent: &Agent, id: &str) -> Vec<Value> {
+    let (code, doc) = agent.cli_json(&["show", id, "--items"]);
+    assert_eq!(code, 0, "{doc:#}");
+    doc[0]["items"].as_array().cloned().unwrap_or_default()
+}
+
+fn fail(agent: &Agent, hosts: &[&str]) {
+    for h in hosts {
+        std::fs::write(agent.path().join("data").join(format!("fail-{h}")), "").unwrap();
+    }
+}
+
+fn heal(agent: &Agent, hosts: &[&str]) {
+    for h in hosts {
+        let _ = std::fs::remove_file(agent.path().join("data").join(format!("fail-{h}")));
+    }
+}
+
+#[test]
+fn three_failures_over_a_budget_of_two_stop_the_step_and_a_retry_runs_only_the_rest() {
+    let agent =
+        Agent::builder().config("scheduler:\n  concurrency: 4\n").task("rolling.yaml", &rolling(40, "")).start();
+    std::fs::create_dir_all(agent.path().join("data")).unwrap();
+    let bad = ["web-07", "web-12", "web-31"];
+    fail(&agent, &bad);
+    let (code, inst) = agent.cli_json(&["run", "rolling", "--wait"]);
+    assert_eq!((code, inst["state"].as_str()), (1, Some("FAILED")), "{inst:#}");
+    let error = inst["steps"][0]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("3 of 40 items failed (budget 2): web-07, web-12, web-31"), "{error}");
+    let id = inst["id"].as_str().unwrap().to_string();
+    let ran = counts(&lines(&agent, "witness"));
+    assert!(ran.values().all(|n| *n == 1), "an item ran twice: {ran:?}");
+    let first = items(&agent, &id);
+    assert_eq!(first.len(), 40);
+    // Exactly the items that never ran are recorded as not started, with the reason.
+    for it in &first {
+        let label = it["label"].as_str().unwrap();
+        let state = it["state"].as_str().unwrap();
+        match ran.contains_key(label) {
+            true => assert!(state == "SUCCESS" || state == "FAILED", "{it:#}"),
+            false => {
+                assert_eq!(state, "PENDING", "{it:#}");
+                let why = it["error"].as_str().unwrap_or_default();
+                assert!(why.contains("not started: 3 of 40 items failed, over the failure budget of 2"), "{it:#}");
+            }
+        }
+        assert_eq!(it["state"] == "FAILED", bad.contains(&label), "{it:#}");
+    }
+    let not_started = first.iter().filter(|i| i["state"] == "PENDING").count();
+    // web-31 was the third failure: at most the 3 others running beside it finished after it.
+    assert!((5..=8).contains(&not_started), "{not_started} not started");
+    // The canary ran alone, before everything else.
+    assert_eq!(lines(&agent, "witness")[0], "web-00");
+    let shown = String::from_utf8_lossy(&agent.cli(&["show", &id]).stdout).to_string();
+    assert!(shown.contains(&format!("batch 3/3  {} of 40 items", 40 - 3 - not_started)), "{shown}");
+
+    // The retry runs the failed and the not-started items, nothing else.
+    heal(&agent, &bad);
+    let (code, inst) = agent.cli_json(&["retry", &id, "--wait"]);
+    assert_eq!((code, inst["state"].as_str()), (0, Some("SUCCESS")), "{inst:#}");
+    let ran = counts(&lines(&agent, "witness"));
+    assert_eq!(ran.len(), 40, "{ran:?}");
+    for (host, n) in &ran {
+        assert_eq!(*n, if bad.contains(&host.as_str()) { 2 } else { 1 }, "{host} ran {n} times: {ran:?}");
+    }
+    let out = &inst["steps"][0]["output"];
+    assert_eq!((out["ok"].as_u64(), out["failed"].as_array().map(Vec::len)), (Some(40), Some(0)), "{out:#}");
+    assert_eq!(out["items"].as_array().map(Vec::len), Some(40));
+    assert_eq!(inst["steps"][1]["output"]["stdout_tail"].as_str().map(str::trim), Some("40 of 40"), "{inst:#}");
+
+    // The rollback undoes every item, the last to end first.
+    let (code, inst) = agent.cli_json(&["rollback", &id, "--reason", "test", "--wait"]);
+    assert_eq!((code, inst["state"].as_str()), (0, Some("ROLLED_BACK")), "{inst:#}");
+    let mut done: Vec<(u64, String)> = items(&agent, &id)
+        .iter()
+        .map(|i| (i["done"].as_u64().unwrap(), i["label"].as_str().unwrap().to_string()))
+        .collect();
+    done.sort();
+    let expected: Vec<String> = done.into_iter().rev().map(|(_, l)| l).collect();
+    assert_eq!(lines(&agent, "undone"), expected);
+    assert!(items(&agent, &id).iter().all(|i| i["state"] == "ROLLED_BACK"));
+}
+
+#[test]
+fn within_the_budget_the_step_succeeds_with_its_failed_items_named() {
+    let agent =
+        Agent::builder().config("scheduler:\n  concurrency: 4\n").task("rolling.yaml", &rolling(10, "")).start();
+    std::fs::create_dir_all(agent.path().join("data")).unwrap();
+    fail(&agent, &["web-03"]);
+    let (code, inst) = agent.cli_json(&["run", "rolling", "--wait"]);
+    assert_eq!((code, inst["state"].as_str()), (0, Some("SUCCESS")), "{inst:#}");
+    let out = &inst["steps"][0]["output"];
+    assert_eq!(out["failed"], serde_json::json!(["web-03"]), "{out:#}");
+    assert_eq!(out["items"][3], Value::Null);
+    assert_eq!(inst["steps"][1]["output"]["stdout_tail"].as_str().map(str::trim), Some("9 of 10"), "{inst:#}");
+    // Each item's log is its own.
+    let id = inst["id"].as_str().unwrap();
+    let log = agent.cli(&["logs", id, "--step", "restart", "--item", "web-03"]);
+    let text = String::from_utf8_lossy(&log.stdout);
+    assert!(text.contains("item 3 (web-03)") && text.contains("restarting web-03\n"), "{text}");
+    assert!(!text.contains("web-02"), "{text}");
+    let wrong = agent.cli(&["logs", id, "--step", "restart", "--item", "web-3"]);
+    let said = String::from_utf8_lossy(&wrong.stderr);
+    assert!(!wrong.status.success() && said.contains("no item") && said.contains("web-03"), "{said}");
+}
+
+#[test]
+fn a_kill_in_the_middle_of_a_batch_runs_no_succeeded_item_again() {
+    // Each item takes a moment, so the kill lands with items running.
+    let slow = "    max_parallel: 3\n";
+    let yaml = rolling(24, slow).replace("test ! -e", "sleep 0.2; test ! -e");
+    let mut agent = Agent::builder().config("scheduler:\n  concurrency: 4\n").task("rolling.yaml", &yaml).start();
+    std::fs::create_dir_all(agent.path().join("data")).unwrap();
+    let id = {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(async {
+            let (c, mut events) = agent.watch().await;
+            let id = trigger(&c, "rolling", serde_json::json!({})).await;
+            // Until some items of the last batch have succeeded.
+            wait_until(&c, &mut events, &id, "items of batch 3", |i| {
+                i.steps.as_ref().and_then(|s| s[0].items.clone()).is_some_and(|n| n.batch == 3 && n.ok >= 10)
+            })
+            .await;
+            id
+        })
+    };
+    let before = items(&agent, &id);
+    agent.kill9();
+    let succeeded: Vec<String> =
+        before.iter().filter(|i| i["state"] == "SUCCESS").map(|i| i["label"].as_str().unwrap().to_string()).collect();
+    assert!(succeeded.len() >= 10, "{before:#?}");
+    agent.spawn();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let inst = rt.block_on(async {
+        let (c, mut events) = agent.watch().await;
+        wait_until(&c, &mut events, &id, "the resumed instance", ended).await
+    });
+    assert_eq!(inst.state, apollo_shared::state::TaskState::Success, "{inst:?}");
+    let ran = counts(&lines(&agent, "witness"));
+    assert_eq!(ran.len(), 24, "{ran:?}");
+    for host in &succeeded {
+        assert_eq!(ran[host], 1, "{host} succeeded before the kill and ran again: {ran:?}");
+    }
+    // Those cut off by the kill ran again, and no more than that.
+    assert!(ran.values().all(|n| *n <= 2), "{ran:?}");
+    let _ = Duration::ZERO;
+}
+
+/// `apollo-agent check FILE`.
+fn check(file: &std::path::Path) -> std::process::Output {
+    std::process::Command::new(agent_bin())
+        .current_dir(file.parent().unwrap())
+        .arg("check")
+        .arg(file)
+        .env_remove("APOLLO_CONFIG")
+        .env_remove("APOLLO_SOCKET")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn bad_fan_outs_are_refused_at_load_naming_the_field() {
+    let agent = Agent::builder().start();
+    let cases = [
+        ("foreach: 5", "steps[0].foreach", "expected a list of items"),
+        ("foreach: [a, b]\n    as: task", "steps[0].as", "a name templates have already"),
+        ("foreach: [a, b, c]\n    batches: [1, 1]", "steps[0].batches", "cover 2 of the 3 items"),
+        ("foreach: [a]\n    max_failures: -1", "steps[0].max_failures", "expected a count of failures"),
+        ("batches: [1]", "steps[0].batches", "goes with `foreach:`"),
+    ];
+    for (fields, field, says) in cases {
+        let yaml = format!("task: bad\nsteps:\n  - name: s\n    plugin: sleep\n    {fields}\n");
+        let file = agent.path().join("bad.yaml");
+        std::fs::write(&file, &yaml).unwrap();
+        let out = check(&file);
+        let said = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && said.contains(field) && said.contains(says), "{yaml}\n{said}");
+        assert!(said.contains("line "), "{said}");
+    }
+    // The item's name is known in the step's params, and nowhere else.
+    let yaml = "task: bad\nsteps:\n  - name: s\n    plugin: shell\n    foreach: [a]\n    as: host\n    params:\n      command: echo {{ hots }}\n";
+    let file = agent.path().join("typo.yaml");
+    std::fs::write(&file, yaml).unwrap();
+    let out = check(&file);
+    let said = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && said.contains("hots"), "{said}");
+}
+
+#[test]
+fn a_foreach_that_renders_no_list_fails_naming_what_it_gave_and_an_empty_one_succeeds() {
+    let yaml = "task: fan\non_failure: stop\nparams:\n  hosts: {default: []}\nsteps:\n  - name: s\n    plugin: sleep\n    foreach: \"{{ params.hosts }}\"\n";
+    let agent = Agent::builder().task("fan.yaml", yaml).start();
+    let (code, inst) = agent.cli_json(&["run", "fan", "--wait"]);
+    assert_eq!((code, inst["state"].as_str()), (0, Some("SUCCESS")), "{inst:#}");
+    assert_eq!(inst["steps"][0]["output"]["total"], 0, "{inst:#}");
+    let (code, inst) = agent.cli_json(&["run", "fan", "--param", "hosts=web-01", "--wait"]);
+    assert_eq!((code, inst["state"].as_str()), (1, Some("FAILED")), "{inst:#}");
+    let error = inst["steps"][0]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("foreach: rendered a string, not a list: \"web-01\""), "{error}");
+}
