@@ -259,3 +259,65 @@ fn a_foreach_that_renders_no_list_fails_naming_what_it_gave_and_an_empty_one_suc
     let error = inst["steps"][0]["error"].as_str().unwrap_or_default();
     assert!(error.contains("foreach: rendered a string, not a list: \"web-01\""), "{error}");
 }
+
+#[tokio::test]
+async fn on_postgresql_a_dead_agents_fan_out_is_taken_over_and_no_item_runs_twice() {
+    let schema = PgSchema::new("fanout");
+    let shared = tempfile::tempdir().unwrap();
+    let witness = shared.path().join("witness");
+    let items: Vec<String> = (0..100).map(|i| format!("i{i:03}")).collect();
+    let task = format!(
+        "task: fleet\nsteps:\n  - name: each\n    plugin: shell\n    foreach: [{}]\n    max_parallel: 4\n    params:\n      \
+         command: echo \"start $APOLLO_IDEMPOTENCY_KEY\" >> {w}; sleep 0.05; echo \"end $APOLLO_IDEMPOTENCY_KEY\" >> {w}\n",
+        items.join(", "),
+        w = witness.display()
+    );
+    let config = "scheduler:\n  concurrency: 4\n  lease: 2s\n";
+    let mut agents: Vec<Agent> = ["a", "b"]
+        .iter()
+        .map(|name| {
+            Agent::builder()
+                .config(&format!("{}agent:\n  name: {name}\n{config}", schema.config()))
+                .task("fleet.yaml", &task)
+                .start()
+        })
+        .collect();
+    let c = agents[0].client().await;
+    c.subscribe(&[apollo_shared::protocol::Topic::Tasks]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    let id = trigger(&c, "fleet", serde_json::json!({})).await;
+    let at_work = wait_until(&c, &mut events, &id, "20 items done", |i| {
+        i.steps.as_ref().and_then(|s| s[0].items.clone()).is_some_and(|n| n.ok >= 20)
+    })
+    .await;
+    let holder = at_work.lease_owner.clone().unwrap_or_default();
+    let (dead, alive) = if holder.starts_with("agent:a:") { (0, 1) } else { (1, 0) };
+    let succeeded: Vec<String> = schema
+        .sql(&format!("SELECT label FROM step_items WHERE instance_id = '{id}' AND state = 'SUCCESS'"))
+        .into_iter()
+        .map(|r| r[0].clone().unwrap())
+        .collect();
+    agents[dead].kill9();
+    let c = agents[alive].client().await;
+    c.subscribe(&[apollo_shared::protocol::Topic::Tasks]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    let done = wait_until(&c, &mut events, &id, "the taken-over fan-out", ended).await;
+    assert_eq!(done.state, apollo_shared::state::TaskState::Success, "{done:?}");
+    assert_eq!(done.steps.as_ref().unwrap()[0].items.as_ref().map(|n| n.ok), Some(100));
+    let lines: Vec<String> = std::fs::read_to_string(&witness).unwrap().lines().map(str::to_string).collect();
+    for label in &items {
+        let key = format!("{id}:0:{}:{label}", label[1..].parse::<u32>().unwrap());
+        let starts = lines.iter().filter(|l| **l == format!("start {key}")).count();
+        let limit = if succeeded.contains(label) { 1 } else { 2 };
+        assert!((1..=limit).contains(&starts), "item {label} started {starts} times: {lines:#?}");
+        // No two runs of one item at once, and one run to its end: a run cut
+        // off by the kill died with it (its process group), leaving no end.
+        let ends = lines.iter().filter(|l| **l == format!("end {key}")).count();
+        assert_eq!(ends, 1, "item {label} ran to its end {ends} times: {lines:#?}");
+    }
+    let taken = schema.sql(&format!(
+        "SELECT COUNT(*) FROM transitions WHERE instance_id = '{id}' AND reason LIKE 'recovered%'"
+    ));
+    assert_ne!(taken[0][0].as_deref(), Some("0"), "the instance was taken over");
+    drop(agents);
+}
