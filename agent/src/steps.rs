@@ -148,13 +148,12 @@ pub fn items(def: &TaskDef, seq: u32, ctx: &Context, secrets: &Secrets) -> Resul
     }
 }
 
+/// An item's call: its params and env.
+pub type ItemCall = (Map<String, Value>, Vec<(String, String)>);
+
 /// A fan-out item's params and env: the step's, rendered over `over` (the
 /// context as a value, with the item under its name) and the secrets.
-pub fn item_call(
-    d: &apollo_shared::def::StepDef,
-    over: &Value,
-    secrets: &Secrets,
-) -> Result<(Map<String, Value>, Vec<(String, String)>), PluginError> {
+pub fn item_call(d: &apollo_shared::def::StepDef, over: &Value, secrets: &Secrets) -> Result<ItemCall, PluginError> {
     let render_over = |map: &Map<String, Value>, field: &str| -> Result<Map<String, Value>, PluginError> {
         if !apollo_shared::template::has_templates(map) {
             return Ok(map.clone());

@@ -77,6 +77,7 @@ fn instance(n: usize, steps: usize) -> Instance {
                 earlier: Vec::new(),
                 passed: false,
                 timeout: None,
+                items: None,
             }
         })
         .collect();

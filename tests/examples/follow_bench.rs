@@ -53,8 +53,13 @@ async fn follow_like_the_console(c: &apollo_tui::client::Client, id: &str) -> Ve
         let steps = inst.steps.clone().unwrap_or_default();
         let mut text = String::new();
         for s in steps.iter().filter(|s| s.attempts > 0) {
-            let p =
-                LogsParams { id: id.into(), step: s.seq.into(), offset: offsets.get(&s.seq).copied(), wait_ms: None };
+            let p = LogsParams {
+                id: id.into(),
+                step: s.seq.into(),
+                offset: offsets.get(&s.seq).copied(),
+                wait_ms: None,
+                item: None,
+            };
             let r = c.request::<m::StepsLogs>(p).await.unwrap();
             offsets.insert(s.seq, r.next_offset);
             text.push_str(&r.text);
@@ -64,7 +69,7 @@ async fn follow_like_the_console(c: &apollo_tui::client::Client, id: &str) -> Ve
             // While the step runs, wait on it again without reading the instance.
             loop {
                 let offset = offsets.get(&s.seq).copied();
-                let p = LogsParams { id: id.into(), step: s.seq.into(), offset, wait_ms: Some(10_000) };
+                let p = LogsParams { id: id.into(), step: s.seq.into(), offset, wait_ms: Some(10_000), item: None };
                 let r = c.request::<m::StepsLogs>(p).await.unwrap();
                 offsets.insert(s.seq, r.next_offset);
                 out.extend(delays(&r.text, now_ns()));

@@ -325,3 +325,52 @@ fn definitions(dir: &Path) -> usize {
         .filter(|p: &PathBuf| p.extension().is_some_and(|x| x == "yaml"))
         .count()
 }
+
+/// The README's second chapter, the rolling restart: the runbook it shows
+/// is the one shipped in `tasks/`, and its lines do what it says — three
+/// broken hosts stop the step over its budget, the retry restarts only the
+/// hosts that did not succeed, the rollback puts back every host.
+#[test]
+fn the_readme_second_runbook_the_fleet_runs_as_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("home");
+    let clone = tmp.path().join("clone");
+    std::fs::create_dir_all(clone.join("target")).unwrap();
+    std::fs::create_dir_all(home.join("first-runbook/tasks")).unwrap();
+    std::os::unix::fs::symlink(bin_dir(), clone.join("target/release")).unwrap();
+    let project = home.join("first-runbook");
+    let blocks = blocks("README.md", "## Your second runbook: a fleet");
+    let shipped = std::fs::read_to_string(repo().join("tasks/rolling_restart.yaml")).unwrap();
+    let mut sh = Shell::start(&clone, &home);
+    assert_eq!(sh.run("export PATH=\"$PWD/target/release:$PATH\"").0, 0);
+    let mut ran: Vec<(String, String)> = Vec::new();
+    for (lang, body) in &blocks {
+        if lang == "yaml" {
+            assert_eq!(body, &shipped, "the README's runbook is tasks/rolling_restart.yaml");
+            let path = body.lines().next().unwrap().strip_prefix("# ~/").unwrap();
+            std::fs::write(home.join(path), body).unwrap();
+            continue;
+        }
+        for line in body.lines().filter(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#')) {
+            let (rc, out) = sh.run(line);
+            let fails = line.contains("# fails");
+            assert_eq!(rc != 0, fails, "{line:?} exited {rc}:\n{out}\nbefore: {ran:#?}");
+            if line.trim_end().ends_with('&') {
+                until_listening(&project.join(".apollo/agent.sock"));
+            }
+            ran.push((line.to_string(), out));
+        }
+    }
+    assert_eq!(sh.run("wait").0, 0, "the agent ended cleanly on SIGTERM");
+    let said = |prefix: &str| ran.iter().find(|(l, _)| l.starts_with(prefix)).map(|(_, o)| o.clone()).unwrap();
+    assert!(said("apollo run rolling_restart").contains("3 of 40 items failed (budget 2): web-07, web-12, web-31"));
+    assert!(said("apollo show $ID --items").contains("NOT STARTED"));
+    assert!(said("apollo logs $ID --step restart --item web-07").contains("restarting the API on web-07"));
+    let retried = said("apollo retry");
+    assert!(retried.contains("SUCCESS rolling_restart"), "{retried}");
+    let rolled = said("apollo rollback");
+    assert!(rolled.contains("ROLLED_BACK rolling_restart"), "{rolled}");
+    // Every host was put back.
+    let left: Vec<_> = (0..40).filter(|i| home.join(format!("fleet/web-{i:02}/restarted")).exists()).collect();
+    assert!(left.is_empty(), "still restarted after the rollback: {left:?}");
+}

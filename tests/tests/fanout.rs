@@ -268,7 +268,7 @@ async fn on_postgresql_a_dead_agents_fan_out_is_taken_over_and_no_item_runs_twic
     let items: Vec<String> = (0..100).map(|i| format!("i{i:03}")).collect();
     let task = format!(
         "task: fleet\nsteps:\n  - name: each\n    plugin: shell\n    foreach: [{}]\n    max_parallel: 4\n    params:\n      \
-         command: echo \"start $APOLLO_IDEMPOTENCY_KEY\" >> {w}; sleep 0.05; echo \"end $APOLLO_IDEMPOTENCY_KEY\" >> {w}\n",
+         command: echo \"start $APOLLO_IDEMPOTENCY_KEY $(date +%s%N)\" >> {w}; sleep 0.05; echo \"end $APOLLO_IDEMPOTENCY_KEY\" >> {w}\n",
         items.join(", "),
         w = witness.display()
     );
@@ -298,6 +298,7 @@ async fn on_postgresql_a_dead_agents_fan_out_is_taken_over_and_no_item_runs_twic
         .map(|r| r[0].clone().unwrap())
         .collect();
     agents[dead].kill9();
+    let killed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
     let c = agents[alive].client().await;
     c.subscribe(&[apollo_shared::protocol::Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap();
@@ -307,17 +308,41 @@ async fn on_postgresql_a_dead_agents_fan_out_is_taken_over_and_no_item_runs_twic
     let lines: Vec<String> = std::fs::read_to_string(&witness).unwrap().lines().map(str::to_string).collect();
     for label in &items {
         let key = format!("{id}:0:{}:{label}", label[1..].parse::<u32>().unwrap());
-        let starts = lines.iter().filter(|l| **l == format!("start {key}")).count();
+        let starts: Vec<u128> =
+            lines.iter().filter_map(|l| l.strip_prefix(&format!("start {key} "))).map(|t| t.parse().unwrap()).collect();
+        // An item recorded SUCCESS before the kill never ran again.
         let limit = if succeeded.contains(label) { 1 } else { 2 };
-        assert!((1..=limit).contains(&starts), "item {label} started {starts} times: {lines:#?}");
-        // No two runs of one item at once, and one run to its end: a run cut
-        // off by the kill died with it (its process group), leaving no end.
+        assert!((1..=limit).contains(&starts.len()), "item {label} started {} times: {lines:#?}", starts.len());
+        // A second run began after the first agent was dead (its runs died
+        // with it): no two runs of one item at once.
+        if let [first, second] = starts[..] {
+            assert!(
+                first < killed && second > killed,
+                "item {label}: runs at {first} and {second}, killed at {killed}"
+            );
+        }
         let ends = lines.iter().filter(|l| **l == format!("end {key}")).count();
-        assert_eq!(ends, 1, "item {label} ran to its end {ends} times: {lines:#?}");
+        assert!((1..=starts.len()).contains(&ends), "item {label} ended {ends} times: {lines:#?}");
     }
-    let taken = schema.sql(&format!(
-        "SELECT COUNT(*) FROM transitions WHERE instance_id = '{id}' AND reason LIKE 'recovered%'"
-    ));
+    let taken = schema
+        .sql(&format!("SELECT COUNT(*) FROM transitions WHERE instance_id = '{id}' AND reason LIKE 'recovered%'"));
     assert_ne!(taken[0][0].as_deref(), Some("0"), "the instance was taken over");
     drop(agents);
+}
+
+#[test]
+fn the_console_shows_a_fan_out_steps_item_counts_in_its_timeline() {
+    let agent =
+        Agent::builder().config("scheduler:\n  concurrency: 4\n").task("rolling.yaml", &rolling(10, "")).start();
+    std::fs::create_dir_all(agent.path().join("data")).unwrap();
+    fail(&agent, &["web-03", "web-04", "web-05"]);
+    let (code, inst) = agent.cli_json(&["run", "rolling", "--wait"]);
+    assert_eq!(code, 1, "{inst:#}");
+    let sock = agent.socket.display().to_string();
+    let mut c = apollo_tests::console::Console::start_sized(agent.path(), &["--socket", &sock], None, &[], (24, 100));
+    c.wait_for(&["connected", "<tasks>", "rolling"]);
+    c.keys("\r");
+    let screen = c.wait_for(&["<timeline>", "items: batch 3/3"]);
+    assert!(screen.contains("0 restart") && screen.contains("3 failed"), "{screen}");
+    assert_eq!(c.quit(), 0);
 }

@@ -6,11 +6,12 @@
 //! move with the machine's load, so this can fail honestly where a timing
 //! could not: a rail paid for on every instance shows here the day it lands.
 //!
-//! Three shapes: three no-op steps; the same with a lock taken and a pause in
+//! Four shapes: three no-op steps; the same with a lock taken and a pause in
 //! force on another queue (the claim's rails); an approval step decided over
-//! the socket, then a no-op step. One agent runs them all, measured a phase
-//! at a time (`callgrind_control --zero`, then `--dump`), after ten
-//! instances that warm it up; about 15 s under callgrind, once the release
+//! the socket, then a no-op step; and a fan-out step's items (per item, from
+//! one instance of 40 and one of 200). One agent runs them all, measured a
+//! phase at a time (`callgrind_control --zero`, then `--dump`), after ten
+//! instances that warm it up; about 16 s under callgrind, once the release
 //! build exists (the test makes it: some minutes the first time).
 
 use apollo_shared::protocol::{ApprovalDecide, PauseScope, PauseStart};
@@ -25,6 +26,8 @@ const LOCKED: &str =
     "task: locked\nlocks: [\"db:eu\"]\nsteps:\n  - {name: a, plugin: sleep}\n  - {name: b, plugin: sleep}\n  \
                       - {name: c, plugin: sleep}\n";
 const OTHER: &str = "task: other\nqueue: other\nsteps:\n  - plugin: sleep\n";
+const FANOUT: &str = "task: fanout\nparams:\n  n: {default: 1}\nsteps:\n  - name: each\n    plugin: sleep\n    \
+                      foreach: \"{{ range(params.n) | list }}\"\n    max_parallel: 4\n";
 const GATED: &str =
     "task: gated\nsteps:\n  - {name: gate, plugin: approval, params: {message: go?}}\n  - {name: b, plugin: sleep}\n";
 
@@ -40,6 +43,12 @@ const GATED: &str =
 const CEILING_NOOP: f64 = 1_169_000.0;
 const CEILING_RAILS: f64 = 1_617_000.0;
 const CEILING_APPROVAL: f64 = 2_142_000.0;
+/// One more item of a fan-out step (sleep 0, `max_parallel: 4`: its start
+/// and its end, each a write with the step's guard), between one instance
+/// of 40 items and one of 200. Set at the commit that added fan-out
+/// (2026-12-04), three runs: 182,279 · 185,221 · 188,713; the highest
+/// plus 5 %.
+const CEILING_ITEM: f64 = 198_000.0;
 
 #[derive(Clone, Copy, Debug)]
 enum Shape {
@@ -111,6 +120,7 @@ impl Meter {
             .task("locked.yaml", LOCKED)
             .task("other.yaml", OTHER)
             .task("gated.yaml", GATED)
+            .task("fanout.yaml", FANOUT)
             .under(&wrap, release_agent())
             .start();
         Meter { agent, file, dumps: 0, _dir: dir }
@@ -212,10 +222,29 @@ async fn no_instance_costs_more_instructions_than_its_ceiling_plain_with_the_cla
         println!("{shape:?}: {a} instructions for {small} instances, {b} for {big}: {per:.0} per instance");
         figures.push((shape, per, ceiling));
     }
+    // A fan-out's items: one instance of 40, then one of 200; what one
+    // more item costs.
+    let (few, many) = (40, 200);
+    let mut fan = Vec::new();
+    for n in [few, many] {
+        let c = &c;
+        let one = async move {
+            trigger(c, "fanout", json!({"n": n})).await;
+            wait_for_successes(c, done + 1).await;
+        };
+        fan.push(meter.phase(one).await);
+        done += 1;
+    }
+    let per_item = fan[1].saturating_sub(fan[0]) as f64 / (many - few) as f64;
+    println!("Fanout: {} instructions for {few} items, {} for {many}: {per_item:.0} per item", fan[0], fan[1]);
     drop(c);
     let ended = meter.agent.stop();
     assert!(ended.success(), "agent under valgrind ended with {ended}:\n{}", meter.agent.log());
     for (shape, per, ceiling) in figures {
         assert!(per <= ceiling, "{shape:?}: {per:.0} instructions per instance, over its ceiling {ceiling:.0}");
     }
+    assert!(
+        per_item <= CEILING_ITEM,
+        "fan-out: {per_item:.0} instructions per item, over its ceiling {CEILING_ITEM:.0}"
+    );
 }

@@ -222,14 +222,11 @@ pub fn rolled_back(c: &dyn Db, id: &str, seq: u32, idx: u32, error: Option<&str>
     Ok(())
 }
 
-pub(super) fn items(c: &dyn Db, id: &str, seq: u32) -> Result<Vec<ItemRun>> {
-    c.query(
-        &format!("SELECT {ITEM_COLS} FROM step_items WHERE instance_id = ?1 AND seq = ?2 ORDER BY idx"),
-        p![id, seq],
-    )?
-    .iter()
-    .map(item)
-    .collect()
+pub(super) fn items(c: &dyn Db, id: &str, seq: u32, from: u32, limit: u32) -> Result<Vec<ItemRun>> {
+    let sql = format!(
+        "SELECT {ITEM_COLS} FROM step_items WHERE instance_id = ?1 AND seq = ?2 AND idx >= ?3 ORDER BY idx LIMIT ?4"
+    );
+    c.query(&sql, p![id, seq, from, i64::from(limit)])?.iter().map(item).collect()
 }
 
 /// Puts each fan-out step's item counts on it (`tasks.get`).
@@ -339,7 +336,12 @@ impl Store {
 
     /// A fan-out step's items, in list order (empty for any other step).
     pub async fn items(&self, id: &str, seq: u32) -> Result<Vec<ItemRun>> {
+        self.items_page(id, seq, 0, u32::MAX).await
+    }
+
+    /// Up to `limit` of a fan-out step's items, from index `from` on.
+    pub async fn items_page(&self, id: &str, seq: u32, from: u32, limit: u32) -> Result<Vec<ItemRun>> {
         let id = id.to_string();
-        self.read(move |c| items(c, &id, seq)).await
+        self.read(move |c| items(c, &id, seq, from, limit)).await
     }
 }

@@ -87,4 +87,13 @@ pub struct ItemsParams {
     pub id: String,
     /// A step name or its 0-based seq.
     pub step: Value,
+    /// The first item's index (a page starts where the last one ended).
+    #[serde(default)]
+    pub from: u32,
+    /// At most this many (and never more than [`MAX_ITEMS_PAGE`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
 }
+
+/// The most items one `steps.items` answer holds.
+pub const MAX_ITEMS_PAGE: u32 = 500;

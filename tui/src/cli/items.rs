@@ -7,7 +7,7 @@ use super::render::{print_json, took, Out};
 use super::watch::get;
 use crate::client::Client;
 use apollo_shared::protocol::methods as m;
-use apollo_shared::protocol::{ItemsParams, LogsParams};
+use apollo_shared::protocol::{ItemsParams, LogsParams, MAX_ITEMS_PAGE};
 use apollo_shared::state::{StepState, Tone};
 use serde_json::{json, Value};
 use std::process::ExitCode;
@@ -17,7 +17,17 @@ pub async fn show(client: &Client, id: &str, json: bool, out: &Out) -> Result<Ex
     let inst = get(client, id).await?;
     let mut all = Vec::new();
     for s in inst.steps.iter().flatten().filter(|s| s.items.is_some()) {
-        let items = client.request::<m::StepsItems>(ItemsParams { id: id.into(), step: s.seq.into() }).await?;
+        // Page by page: a step may have thousands.
+        let mut items = Vec::new();
+        loop {
+            let p = ItemsParams { id: id.into(), step: s.seq.into(), from: items.len() as u32, limit: None };
+            let page = client.request::<m::StepsItems>(p).await?;
+            let last = page.len() < MAX_ITEMS_PAGE as usize;
+            items.extend(page);
+            if last {
+                break;
+            }
+        }
         all.push((s, items));
     }
     if json {

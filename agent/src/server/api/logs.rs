@@ -94,7 +94,8 @@ impl Api {
             return Ok(Vec::new());
         }
         let (seq, ..) = Self::step_named(&p.id, &p.step, &steps)?;
-        self.h.store.items(&p.id, seq).await.map_err(store_err)
+        let limit = p.limit.unwrap_or(MAX_ITEMS_PAGE).min(MAX_ITEMS_PAGE);
+        self.h.store.items_page(&p.id, seq, p.from, limit).await.map_err(store_err)
     }
 
     /// Item `item` (its label, or its 0-based index as a number) of step

@@ -114,6 +114,10 @@ pub fn draw(f: &mut Frame, area: Rect, app: &App, theme: &Theme) {
         spans.push(Span::styled(format!(" {:<11}", s.state.as_str()), theme.tone(s.state.tone())));
         spans.push(Span::raw(format!("{took:>6} ×{}", segs.len().max(s.attempts as usize))));
         lines.push(Line::from(spans));
+        // A fan-out step: its items, counted.
+        if let Some(n) = &s.items {
+            lines.push(Line::styled(format!("{:<w$}items: {}", "", n.line(), w = label_w), theme.dim()));
+        }
     }
     lines.push(Line::styled(
         format!("{:<w$}{} … {}", "", start.format("%H:%M:%S%.3f"), end.format("%H:%M:%S%.3f"), w = label_w),
