@@ -3,6 +3,8 @@
 //! by task name. A file that fails keeps its errors here (shown by
 //! `defs.list` and `apollo-agent check`); it never stops the others loading.
 
+mod children;
+
 use crate::plugins::Registry;
 use apollo_shared::def::{self, DefError, TaskDef};
 use apollo_shared::template;
@@ -295,6 +297,23 @@ pub fn load_files(mut cat: Catalog, files: Vec<PathBuf>, registry: &Registry) ->
             Err(errors) => {
                 cat.errors.insert(file, errors);
             }
+        }
+    }
+    check_children(cat)
+}
+
+/// Refuses the definitions whose `task:` steps name an unknown task, pass
+/// params the child does not declare, or close a cycle ([`children`]).
+fn check_children(mut cat: Catalog) -> Catalog {
+    if !cat.defs.values().any(|l| l.def.steps.iter().any(|s| s.task.is_some())) {
+        return cat;
+    }
+    let defs: std::collections::BTreeMap<String, (&TaskDef, String)> =
+        cat.defs.iter().map(|(k, l)| (k.clone(), (&*l.def, l.file.display().to_string()))).collect();
+    let bad = children::problems(&defs);
+    for (task, errors) in bad {
+        if let Some(l) = cat.defs.remove(&task) {
+            cat.errors.insert(l.file.clone(), errors);
         }
     }
     cat

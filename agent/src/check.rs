@@ -44,7 +44,19 @@ pub async fn run(
             }
             files.sort();
             files.dedup();
-            catalog::load_files(cat, files, &registry)
+            // A file's `task:` steps name tasks of its directory: those are
+            // loaded beside it, and only the files asked about are reported.
+            let mut beside = files.clone();
+            for f in &files {
+                beside.extend(f.parent().and_then(|d| catalog::files_in(d).ok()).into_iter().flatten());
+            }
+            beside.sort();
+            beside.dedup();
+            let mut cat = catalog::load_files(cat, beside, &registry);
+            let asked = |p: &std::path::PathBuf| files.contains(p) || paths.contains(p);
+            cat.errors.retain(|p, _| asked(p));
+            cat.defs.retain(|_, l| asked(&l.file));
+            cat
         }
     };
     for errs in cat.errors.values() {

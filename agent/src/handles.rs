@@ -27,6 +27,20 @@ pub enum StopReason {
     Shutdown,
 }
 
+/// How an executor starts a sub-runbook's child instance: the triggers do
+/// (its params filled and checked as any trigger's), behind this, so the
+/// scheduler never names them. `key` is the child's dedup key: asked
+/// twice, the same child answers. Its id, or why it cannot be made.
+pub trait Children: Send + Sync {
+    fn create<'a>(
+        &'a self,
+        task: &'a str,
+        params: serde_json::Map<String, serde_json::Value>,
+        key: String,
+        by: String,
+    ) -> futures::future::BoxFuture<'a, Result<String, String>>;
+}
+
 /// The scheduler's part in what clients and triggers ask for.
 pub trait Control: Send + Sync {
     /// Look for work now (a trigger, a retry request).

@@ -183,6 +183,7 @@ pub async fn run(config: Config, token: CancellationToken) -> anyhow::Result<()>
         scheduler::Scheduler::new(store.clone(), catalog.clone(), registry.clone(), settings.clone(), shutdown.clone());
     let access = Arc::new(server::Access::new(&config.socket));
     let triggers = Arc::new(triggers::Triggers::new(scheduler.handles()));
+    let _ = scheduler.children.set(Arc::new(triggers::ChildMaker(triggers.clone())));
     let reloaded = Arc::new(tokio::sync::Notify::new());
     let reloader = reload::Reloader {
         dir: tasks_dir.clone(),

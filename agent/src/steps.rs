@@ -34,6 +34,9 @@ pub struct Started {
     pub attempt: u32,
     pub prepared: Result<Prepared, PluginError>,
     pub masker: Masker,
+    /// The step's outcome known before it starts (a sub-runbook's child's):
+    /// no plugin is called.
+    pub given: Option<Result<Value, PluginError>>,
 }
 
 /// Step `seq` made ready, its plugin resolved in `plugins` (the registry as
@@ -128,7 +131,8 @@ pub fn is_approval(def: &TaskDef, seq: u32) -> bool {
 /// approval step (its decision is looked up first) and a step with `when:`
 /// (its condition is rendered first, over the context as it is then).
 pub fn starts_alone(def: &TaskDef, seq: u32) -> bool {
-    is_approval(def, seq) || def.steps.get(seq as usize).is_some_and(|d| d.when.is_some() || d.foreach.is_some())
+    is_approval(def, seq)
+        || def.steps.get(seq as usize).is_some_and(|d| d.when.is_some() || d.foreach.is_some() || d.task.is_some())
 }
 
 /// A fan-out step's items: its `foreach:` rendered over the context (and
@@ -203,7 +207,7 @@ pub fn condition(def: &TaskDef, seq: u32, ctx: &Context) -> Result<Option<String
 
 impl Ready {
     pub fn started(self, attempt: u32, checked: Result<(), PluginError>) -> Started {
-        Started { attempt, prepared: self.rendered.and_then(|p| checked.map(|()| p)), masker: self.masker }
+        Started { attempt, prepared: self.rendered.and_then(|p| checked.map(|()| p)), masker: self.masker, given: None }
     }
 }
 

@@ -48,6 +48,7 @@ mod secrets;
 mod sources;
 mod ssh;
 mod storage;
+mod subtasks;
 mod systemd;
 mod timeouts;
 mod triggers;

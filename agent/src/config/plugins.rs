@@ -17,10 +17,11 @@ pub enum BuiltinClass {
     HttpRequest,
     Sleep,
     Approval,
+    Task,
 }
 
 impl BuiltinClass {
-    pub const ALL: [BuiltinClass; 7] = [
+    pub const ALL: [BuiltinClass; 8] = [
         BuiltinClass::FileDownloader,
         BuiltinClass::DataParser,
         BuiltinClass::ReportGenerator,
@@ -28,6 +29,7 @@ impl BuiltinClass {
         BuiltinClass::HttpRequest,
         BuiltinClass::Sleep,
         BuiltinClass::Approval,
+        BuiltinClass::Task,
     ];
 
     /// The class name, as a config writes it.
@@ -40,6 +42,7 @@ impl BuiltinClass {
             BuiltinClass::HttpRequest => "apollo.plugins.http.HttpRequest",
             BuiltinClass::Sleep => "apollo.plugins.sleep.Sleep",
             BuiltinClass::Approval => "apollo.plugins.approval.Approval",
+            BuiltinClass::Task => "apollo.plugins.task.Task",
         }
     }
 

@@ -28,6 +28,7 @@ pub mod rollout;
 mod s3;
 mod shell;
 mod sleep;
+mod task;
 pub mod worker;
 
 pub use contract::{panic_message, unwinding, Call, ParamDoc, Plugin, PluginError};

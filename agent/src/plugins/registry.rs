@@ -2,7 +2,7 @@
 //! of the built-ins, the config's classes and the external plugins found.
 
 use super::contract::Plugin;
-use super::{approval, downloader, external, http, parser, report, shell, sleep, worker};
+use super::{approval, downloader, external, http, parser, report, shell, sleep, task, worker};
 use crate::config::{BuiltinClass, TimeoutConf};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -93,6 +93,7 @@ fn builtin(
         BuiltinClass::HttpRequest => ("http", Arc::new(http::HttpRequest::new())),
         BuiltinClass::Sleep => ("sleep", Arc::new(sleep::Sleep)),
         BuiltinClass::Approval => ("approval", Arc::new(approval::Approval)),
+        BuiltinClass::Task => ("task", Arc::new(task::Task)),
     }
 }
 
@@ -112,6 +113,8 @@ fn defaults(name: &str) -> (Duration, u32) {
         // The wait is the request's own (`timeout` param); the step itself
         // only reads the decision, and is never retried.
         "approval" => (Duration::from_secs(30), 0),
+        // The child instance's steps have their own retries.
+        "task" => (Duration::from_secs(300), 0),
         _ => (Duration::from_secs(300), 1),
     }
 }

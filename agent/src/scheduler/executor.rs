@@ -19,6 +19,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use tracing::Instrument;
 
+mod child;
 mod failure;
 mod fanout;
 use failure::Outcome;
@@ -27,6 +28,17 @@ use failure::Outcome;
 /// takes it up again once the store can be written).
 pub async fn run(s: &Arc<Scheduler>, inst: Claimed, first: Option<Box<FirstStart>>, active: &Active) -> bool {
     let span = tracing::info_span!("instance", task_id = %inst.id, trace_id = %inst.trace_id, task = %inst.task);
+    let id = inst.id.clone();
+    let child = crate::store::parent_of(inst.dedup_key.as_deref()).is_some();
+    let stalled = run_outer(s, inst, first, active).instrument(span).await;
+    // A sub-runbook's child that ended lets its parent go.
+    if child {
+        child::ended(s, &id).await;
+    }
+    stalled
+}
+
+async fn run_outer(s: &Arc<Scheduler>, inst: Claimed, first: Option<Box<FirstStart>>, active: &Active) -> bool {
     let id = inst.id.clone();
     async {
         match run_inner(s, inst, first, active).await {
@@ -57,7 +69,6 @@ pub async fn run(s: &Arc<Scheduler>, inst: Claimed, first: Option<Box<FirstStart
             }
         }
     }
-    .instrument(span)
     .await
 }
 
@@ -159,6 +170,14 @@ async fn run_inner(
                         return Ok(());
                     }
                 }
+                // A sub-runbook: its child's outcome, once the child has ended.
+                let given = match def.steps[step.seq as usize].task {
+                    Some(_) => match child::gate(s, (&inst.id, inst.pins.as_ref()), &def, step, &ctx).await? {
+                        child::Gate::Parked => return Ok(()),
+                        child::Gate::Ended(r) => Some(r),
+                    },
+                    None => None,
+                };
                 let decision = match is_approval(&def, step.seq) {
                     true => match gate(s, (&inst.id, inst.attempt, inst.pins.as_ref()), &def, step, &ctx).await? {
                         Gate::Parked => return Ok(()),
@@ -171,6 +190,7 @@ async fn run_inner(
                 if let Some(d) = decision {
                     with_decision(&mut now, d);
                 }
+                now.given = given;
                 now
             }
         };
@@ -218,7 +238,7 @@ async fn run_step(
     active: &Active,
 ) -> Result<Outcome, StoreError> {
     let d = &def.steps[step.seq as usize];
-    let Started { attempt, prepared, masker: mask } = now;
+    let Started { attempt, prepared, masker: mask, given } = now;
     let version = prepared.as_ref().map(|(r, _, _)| r.version().to_string()).unwrap_or_default();
     let span = tracing::info_span!("step", step = %d.name, seq = step.seq, attempt);
     let log = StepLog::new(StepLog::path_for(&s.data_dir, id, step.seq), s.config().logging.step_log_bytes);
@@ -243,6 +263,8 @@ async fn run_step(
         s.store.step_note_timeout(id, step.seq, a.timeout.as_secs_f64(), &a.basis).await?;
     }
     let fanned = match (&d.foreach, prepared) {
+        // A sub-runbook's step: its child's outcome.
+        (_, _) if given.is_some() => Err(given.expect("given")),
         (Some(_), Ok((reg, ..))) => {
             let st = fanout::Step { id, seq: step.seq, def, reg: &reg, ctx, work_dir, active, masker: &mask };
             Err(fanout::run(s, st).instrument(span.clone()).await?)

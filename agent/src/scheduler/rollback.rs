@@ -30,6 +30,18 @@ pub(super) async fn rollback(
     tracing::info!("rolling back");
     for step in steps.iter().rev().filter(|st| matches!(st.state, StepState::Success | StepState::Failed)) {
         let d = &def.steps[step.seq as usize];
+        if d.task.is_some() {
+            // A sub-runbook: its child is rolled back, in full.
+            if let Err(msg) = undo_child(s, id, step.seq, &d.name).await? {
+                tracing::error!("{msg}");
+                s.store.step_note_error(id, step.seq, &msg).await?;
+                s.store.rollback_failed(id, &msg).await?;
+                finished(&def.task, TaskState::Failed);
+                return Ok(());
+            }
+            s.store.step_rolled_back(id, step.seq).await?;
+            continue;
+        }
         if d.foreach.is_some() {
             // A fan-out step: its items that succeeded, last ended first.
             if let Err(msg) = undo_items(s, (id, inst.pins.as_ref()), def, step.seq, ctx, work_dir).await? {
@@ -188,4 +200,32 @@ async fn undo_items(
         }
     }
     Ok(Ok(()))
+}
+
+/// Rolls back step `seq`'s child instance (run here, as an operator's
+/// rollback would be) and waits for it; `Err`: why it is not undone.
+async fn undo_child(s: &Arc<Scheduler>, id: &str, seq: u32, name: &str) -> Result<Result<(), String>, StoreError> {
+    let Some(child) = s.store.child(id, seq).await? else { return Ok(Ok(())) };
+    let failed =
+        |why: String| Ok(Err(format!("rollback of step {name:?} (#{seq}): child instance {} {why}", child.id)));
+    match child.state {
+        TaskState::RolledBack => return Ok(Ok(())),
+        TaskState::Success | TaskState::Failed if child.ended() => {}
+        other => return failed(format!("is {} and cannot be rolled back now", other.as_str())),
+    }
+    let lease = s.config().scheduler.lease;
+    let why = format!("its parent {id} is rolled back");
+    if let Err(e) = s.store.manual_rollback(&child.id, lease, &why, s.store.agent()).await {
+        return failed(format!("could not be rolled back: {e}"));
+    }
+    s.adopt(s.store.get(&child.id).await?, None);
+    let done = s.active.lock().expect("active").get(&child.id).map(|a| a.done.subscribe());
+    if let Some(mut done) = done {
+        let _ = done.wait_for(|d| *d).await;
+    }
+    let after = s.store.get(&child.id).await?;
+    match after.state {
+        TaskState::RolledBack => Ok(Ok(())),
+        _ => failed(format!("ended {}: {}", after.state.as_str(), after.error.as_deref().unwrap_or("no error"))),
+    }
 }

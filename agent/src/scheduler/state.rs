@@ -66,6 +66,8 @@ pub struct Scheduler {
     /// (task, def_hash, pins) whose `no_capable_agent` alert is raised
     /// (again when a capable agent came and went).
     pub(super) uncapable: Mutex<std::collections::BTreeSet<crate::store::capable::Passed>>,
+    /// What makes a sub-runbook's child instance (set once the triggers exist).
+    pub children: std::sync::OnceLock<Arc<dyn crate::handles::Children>>,
 }
 
 /// One [`Repeats`] for each store call the loop makes every turn.
@@ -191,6 +193,7 @@ impl Scheduler {
             failing: Failing::new(),
             capable: crate::store::capable::Capable::new(can_run, rollouts),
             uncapable: Mutex::new(Default::default()),
+            children: std::sync::OnceLock::new(),
         })
     }
     /// The settings in force now (SIGHUP may change them between two reads).

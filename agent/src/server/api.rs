@@ -352,6 +352,14 @@ impl Api {
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
+        // A sub-runbook's children go with it (after it: a child's end
+        // would otherwise let the parent run on).
+        for child in self.h.store.children_under_way(&p.id).await.map_err(store_err)? {
+            let why = Some(format!("its parent {} was cancelled: {reason}", p.id));
+            if let Err(e) = Box::pin(self.cancel(IdParams { id: child.clone(), reason: why }, actor)).await {
+                tracing::warn!(child = %child, error = %e.message, "cannot cancel a cancelled instance's child");
+            }
+        }
         self.h.store.get(&p.id).await.map_err(store_err)
     }
 }

@@ -20,7 +20,7 @@ const COLS: &str = "id, instance_id, task, step, seq, attempt, message, approver
     requested_at, deadline, on_timeout, decision, decided_by, decided_at, reason";
 
 /// A parked instance's `next_run_at`: after any time a claim compares it with.
-const PARKED: &str = "9999-12-31T00:00:00.000000Z";
+pub(super) const PARKED: &str = "9999-12-31T00:00:00.000000Z";
 
 fn approval(r: &Row) -> Result<Approval> {
     let approvers: String = r.get(7)?;

@@ -21,6 +21,7 @@ pub mod affinity;
 mod approvals;
 mod bookkeeping;
 pub mod capable;
+mod children;
 pub mod db;
 mod error;
 mod history;
@@ -47,6 +48,7 @@ mod write;
 mod writer;
 mod zombies;
 
+pub use children::{child_key, parent_of};
 pub use db::{Conn, Db, Driver};
 pub use error::{Result, StoreError};
 pub use items::{FanoutPlan, ItemPlan};

@@ -247,3 +247,25 @@ impl Triggers {
         Ok(TriggerResult { id, created })
     }
 }
+
+/// The triggers as the scheduler's maker of sub-runbooks' children.
+pub struct ChildMaker(pub std::sync::Arc<Triggers>);
+
+impl crate::handles::Children for ChildMaker {
+    fn create<'a>(
+        &'a self,
+        task: &'a str,
+        params: Map<String, Value>,
+        key: String,
+        by: String,
+    ) -> futures::future::BoxFuture<'a, Result<String, String>> {
+        Box::pin(async move {
+            let trigger = match crate::store::parent_of(Some(&key)) {
+                Some((parent, seq)) => format!("step {seq} of {parent}"),
+                None => "a parent step".to_string(),
+            };
+            let r = Request { task: task.to_string(), params, dedup_key: Some(key), trigger, actor: by, event: None };
+            self.0.create(r).await.map(|t| t.id).map_err(|e| e.message)
+        })
+    }
+}

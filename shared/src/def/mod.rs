@@ -112,6 +112,10 @@ pub struct StepDef {
     /// `foreach:` and its fields: the plugin runs once per item.
     #[serde(default)]
     pub foreach: Option<Fanout>,
+    /// `task:` another definition this step runs as a child instance (its
+    /// params are the child's); the step's outcome is the child's.
+    #[serde(default)]
+    pub task: Option<String>,
     /// Line of the step in its file, for messages about it.
     pub line: Option<usize>,
 }
@@ -185,6 +189,7 @@ pub(crate) const STEP_FIELDS: &[&str] = &[
     "batches",
     "max_parallel",
     "max_failures",
+    "task",
 ];
 
 /// Parses and validates a definition. `file` is only used in messages.

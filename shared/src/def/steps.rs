@@ -27,17 +27,35 @@ pub(super) fn parse_steps(items: &[Value], lines: &Lines, file: &str, errors: &m
                 at(key, unknown_field(key, STEP_FIELDS));
             }
         }
-        let plugin = match m.get("plugin") {
-            Some(Value::String(s)) if !s.trim().is_empty() => s.clone(),
+        // `task: NAME` runs another definition as a child instance (a
+        // sub-runbook); its step has the built-in plugin `task`.
+        let task = match m.get("task") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(t)) if valid_name(t) => Some(t.clone()),
             Some(v) => {
-                at("plugin", format!("expected a plugin name, found {}", show(v)));
-                continue;
-            }
-            None => {
-                at("", "missing field `plugin` (e.g. plugin: shell)".into());
+                at("task", format!("expected the name of the task to run as a child instance, found {}", show(v)));
                 continue;
             }
         };
+        let plugin = match (m.get("plugin"), &task) {
+            (Some(_), Some(_)) => {
+                at("task", "a step runs a plugin or a task, not both: drop `plugin:` or `task:`".into());
+                continue;
+            }
+            (None, Some(_)) => "task".to_string(),
+            (Some(Value::String(s)), None) if !s.trim().is_empty() => s.clone(),
+            (Some(v), None) => {
+                at("plugin", format!("expected a plugin name, found {}", show(v)));
+                continue;
+            }
+            (None, None) => {
+                at("", "missing field `plugin` (e.g. plugin: shell), or `task:` to run another task".into());
+                continue;
+            }
+        };
+        if task.is_some() && m.contains_key("foreach") {
+            at("foreach", "a fan-out over sub-runbooks is not supported yet: foreach: goes with plugin:".into());
+        }
         let mut name = match opt_string(m, "name", &mut at) {
             Some(n) => {
                 if !valid_name(&n) {
@@ -166,6 +184,7 @@ pub(super) fn parse_steps(items: &[Value], lines: &Lines, file: &str, errors: &m
             env,
             when,
             foreach,
+            task,
             line: start,
         });
     }

@@ -182,6 +182,13 @@ pub fn instance(out: &Out, i: &Instance) {
     if !i.locks.is_empty() {
         println!("  locks: {}", i.locks.join(", "));
     }
+    if let Some(parent) = i.dedup_key.as_deref().and_then(|k| k.strip_prefix("child:")) {
+        println!(
+            "  child of {} (a sub-runbook; apollo show {})",
+            parent.replace(':', " step "),
+            parent.rsplit_once(':').map_or(parent, |p| p.0)
+        );
+    }
     for (plugin, pin) in i.pins.iter().flatten() {
         let arm = if pin.new { "new" } else { "old" };
         println!("  rollout: {plugin} {} ({arm} arm of {})", pin.version, pin.rollout);
@@ -195,7 +202,11 @@ pub fn instance(out: &Out, i: &Instance) {
         };
         let detail = match (&s.output, &s.error) {
             (_, Some(e)) => format!("error: {e}"),
-            (Some(o), None) => o.get("path").and_then(Value::as_str).map(|p| format!("→ {p}")).unwrap_or_default(),
+            (Some(o), None) => match (o.get("path"), o.get("instance"), s.plugin.as_str()) {
+                (_, Some(Value::String(child)), "task") => format!("→ child {child}"),
+                (Some(Value::String(p)), ..) => format!("→ {p}"),
+                _ => String::new(),
+            },
             _ => String::new(),
         };
         println!(
