@@ -346,3 +346,20 @@ fn the_console_shows_a_fan_out_steps_item_counts_in_its_timeline() {
     assert!(screen.contains("0 restart") && screen.contains("3 failed"), "{screen}");
     assert_eq!(c.quit(), 0);
 }
+
+#[test]
+fn a_dry_run_lists_the_items_and_the_batches_it_would_run() {
+    let agent = Agent::builder().task("rolling.yaml", &rolling(40, "")).start();
+    let out = agent.cli(&["dry-run", "rolling"]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("items: 40 in 3 batch(es) (1, 10, 29), failure budget 2, up to 29 at once: web-00, web-01"),
+        "{text}"
+    );
+    // The params shown are the first item's.
+    assert!(text.contains("echo restarting web-00;"), "{text}");
+    let (_, r) = agent.cli_json(&["dry-run", "rolling", "-p", "hosts=web-01"]);
+    let problem = r["steps"][0]["fanout"]["problem"].as_str().unwrap_or_default();
+    assert!(problem.contains("not a list"), "{r:#}");
+}

@@ -110,7 +110,9 @@ fn a_cancel_and_a_rollback_of_the_parent_reach_its_child() {
     std::fs::write(agent.path().join("data/hold"), "").unwrap();
     let out = agent.cli(&["run", "deploy"]);
     assert!(out.status.success());
-    let id = String::from_utf8_lossy(&agent.cli(&["ls", "--ids", "--limit", "1"]).stdout).trim().to_string();
+    let id = String::from_utf8_lossy(&agent.cli(&["ls", "--task", "deploy", "--ids", "--limit", "1"]).stdout)
+        .trim()
+        .to_string();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let child = rt.block_on(async {
         let (c, mut events) = agent.watch().await;
@@ -178,4 +180,81 @@ fn a_cycle_an_unknown_task_and_a_childs_param_typo_are_refused_at_load() {
         .unwrap();
     let said = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert!(said.contains("did you mean \"release\"?") && !said.contains("a.yaml"), "{said}");
+}
+
+#[test]
+fn a_kill_while_the_child_runs_or_before_it_lets_its_parent_go_loses_nothing() {
+    let [(f1, t1), (f2, t2)] = tasks();
+    let mut agent =
+        Agent::builder().config("scheduler:\n  concurrency: 1\n  lease: 3s\n").task(f1, &t1).task(f2, &t2).start();
+    std::fs::create_dir_all(agent.path().join("data")).unwrap();
+    // Killed while the child's verify waits.
+    std::fs::write(agent.path().join("data/hold"), "").unwrap();
+    assert!(agent.cli(&["run", "deploy"]).status.success());
+    let id = String::from_utf8_lossy(&agent.cli(&["ls", "--task", "deploy", "--ids", "--limit", "1"]).stdout)
+        .trim()
+        .to_string();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let (c, mut events) = agent.watch().await;
+        wait_until(&c, &mut events, &id, "the parent parked", |i| i.waiting.is_some()).await;
+    });
+    agent.kill9();
+    std::fs::remove_file(agent.path().join("data/hold")).unwrap();
+    agent.spawn();
+    let inst = rt.block_on(async {
+        let (c, mut events) = agent.watch().await;
+        wait_until(&c, &mut events, &id, "the parent's end", ended).await
+    });
+    assert_eq!(inst.state, apollo_shared::state::TaskState::Success, "{inst:?}");
+    assert_eq!(lines(&agent, "witness"), ["prepare", "build", "verify", "announce"]);
+
+    // Killed between the child's end and its parent's release: the
+    // restarted agent lets the parent go.
+    agent.kill9();
+    agent.spawn_with(&[("FAILPOINTS", "executor.before_parent_release=return")]);
+    assert!(agent.cli(&["run", "deploy"]).status.success());
+    let status = agent.wait_exit(std::time::Duration::from_secs(60));
+    assert!(!status.success() && agent.log().contains("crashing at fail point"), "{}", agent.log());
+    agent.spawn();
+    let listed = agent.cli(&["ls", "--task", "deploy", "--ids", "--limit", "1"]);
+    let id = String::from_utf8_lossy(&listed.stdout).trim().to_string();
+    let inst = rt.block_on(async {
+        let (c, mut events) = agent.watch().await;
+        wait_until(&c, &mut events, &id, "the released parent's end", ended).await
+    });
+    assert_eq!(inst.state, apollo_shared::state::TaskState::Success, "{inst:?}");
+}
+
+#[test]
+fn on_postgresql_with_two_agents_a_child_and_its_parent_finish_whichever_agent_runs_them() {
+    let schema = PgSchema::new("subtasks");
+    let [(f1, t1), (f2, t2)] = tasks();
+    // One shared witness directory: the agents' data dirs differ.
+    let shared = tempfile::tempdir().unwrap();
+    let w = shared.path().display().to_string();
+    let (t1, t2) = (t1.replace("$APOLLO_WORK_DIR/../..", &w), t2.replace("$APOLLO_WORK_DIR/../..", &w));
+    let agents: Vec<Agent> = ["a", "b"]
+        .iter()
+        .map(|name| {
+            Agent::builder()
+                .config(&format!("{}agent:\n  name: {name}\nscheduler:\n  concurrency: 1\n", schema.config()))
+                .task(f1, &t1)
+                .task(f2, &t2)
+                .start()
+        })
+        .collect();
+    std::fs::write(shared.path().join("broken"), "").unwrap();
+    let (code, inst) = agents[0].cli_json(&["run", "deploy", "--wait"]);
+    assert_eq!((code, inst["state"].as_str()), (1, Some("FAILED")), "{inst:#}");
+    std::fs::remove_file(shared.path().join("broken")).unwrap();
+    let id = inst["id"].as_str().unwrap();
+    let (code, inst) = agents[1].cli_json(&["retry", id, "--wait"]);
+    assert_eq!((code, inst["state"].as_str()), (0, Some("SUCCESS")), "{inst:#}");
+    let witness = std::fs::read_to_string(shared.path().join("witness")).unwrap();
+    assert_eq!(witness, "prepare\nbuild\nverify\nannounce\n");
+    // The maintenance's release of parents is a statement PostgreSQL runs too.
+    let log = agents.iter().map(|a| a.log()).collect::<String>();
+    assert!(!log.contains("cannot release parents"), "{log}");
+    drop(agents);
 }

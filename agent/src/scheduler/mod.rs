@@ -206,6 +206,11 @@ impl Scheduler {
                 self.wake();
             }
         }
+        // Parents whose child ended without releasing them (a crash between
+        // the two, a child cancelled while it waited).
+        if noted(self.store.release_parents().await, &self.failing.parents).is_some_and(|n| n > 0) {
+            self.wake();
+        }
         let ended = match pauses_due {
             true => self.store.lapse_pauses().await.ok(),
             false => None,

@@ -80,6 +80,7 @@ pub(super) struct Failing {
     pub(super) archive: Repeats,
     pub(super) claim: Repeats,
     pub(super) reaper: Repeats,
+    pub(super) parents: Repeats,
 }
 
 impl Failing {
@@ -93,6 +94,7 @@ impl Failing {
             archive: Repeats::new("archiving failed"),
             claim: Repeats::new("claim failed"),
             reaper: Repeats::new("the zombie reaper cannot read the store"),
+            parents: Repeats::new("cannot release parents whose child ended"),
         }
     }
 }

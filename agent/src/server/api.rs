@@ -227,6 +227,16 @@ impl Api {
         for (seq, s) in def.steps.iter().enumerate() {
             let registry = self.h.plugins.get();
             let reg = registry.resolve(&s.plugin, s.version.as_deref());
+            // A fan-out step: its items and batches, and its first item's params.
+            let (fanout, over) = match &s.foreach {
+                Some(f) => {
+                    let (fan, first) = dry_fanout(f, &over, self.h.config().scheduler.max_items);
+                    let mut with = over.clone();
+                    with[f.name.as_str()] = first;
+                    (Some(fan), with)
+                }
+                None => (None, over.clone()),
+            };
             let (rendered, unresolved) = apollo_shared::template::render(&s.params, &over, false)
                 .unwrap_or_else(|_| (s.params.clone(), Vec::new()));
             let uses = |name: &str| {
@@ -266,6 +276,7 @@ impl Api {
                 error,
                 describe,
                 timeout,
+                fanout,
             });
         }
         Ok(DryRunResult { task: def.task.clone(), valid: steps.iter().all(|s| s.valid), steps })
@@ -352,6 +363,13 @@ impl Api {
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
+        // A child cancelled while it waited lets its parent go.
+        let inst = self.h.store.get(&p.id).await.map_err(store_err)?;
+        if let Some((parent, _)) = crate::store::parent_of(inst.dedup_key.as_deref()) {
+            if self.h.store.unpark(&parent).await.map_err(store_err)? {
+                self.h.control.wake();
+            }
+        }
         // A sub-runbook's children go with it (after it: a child's end
         // would otherwise let the parent run on).
         for child in self.h.store.children_under_way(&p.id).await.map_err(store_err)? {
@@ -362,4 +380,41 @@ impl Api {
         }
         self.h.store.get(&p.id).await.map_err(store_err)
     }
+}
+
+/// A dry-run's look at a fan-out: its items rendered over `over` (an
+/// earlier step's output is not there yet), the batches, the budget; and
+/// the first item (null when none is known).
+fn dry_fanout(f: &apollo_shared::def::Fanout, over: &Value, max: usize) -> (DryRunFanout, Value) {
+    let mut map = Map::new();
+    map.insert("foreach".into(), f.foreach.clone());
+    let rendered = apollo_shared::template::render(&map, over, true).map(|(m, _)| m.get("foreach").cloned());
+    let mut out =
+        DryRunFanout { items: Vec::new(), count: 0, batches: Vec::new(), budget: 0, parallel: 0, problem: None };
+    let items = match rendered {
+        Ok(Some(Value::Array(items))) => items,
+        Ok(other) => {
+            let shown = other.map(|v| apollo_shared::text::one_line(&v.to_string(), 60)).unwrap_or_default();
+            out.problem = Some(format!("foreach renders {shown}, not a list"));
+            return (out, Value::Null);
+        }
+        Err(_) => {
+            out.problem = Some("known when the step starts (foreach reads what earlier steps give)".into());
+            return (out, Value::Null);
+        }
+    };
+    out.count = items.len() as u32;
+    out.items = items.iter().map(|v| v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string())).collect();
+    out.budget = f.max_failures.of_budget(items.len()) as u32;
+    match f.plan(items.len()) {
+        Ok(sizes) => {
+            out.parallel = sizes.iter().map(|b| f.parallel(*b) as u32).max().unwrap_or(0);
+            out.batches = sizes.into_iter().map(|b| b as u32).collect();
+        }
+        Err(e) => out.problem = Some(e),
+    }
+    if items.len() > max {
+        out.problem = Some(format!("{} items is more than scheduler.max_items ({max}) allows", items.len()));
+    }
+    (out, items.first().cloned().unwrap_or(Value::Null))
 }

@@ -45,7 +45,38 @@ fn unpark(c: &dyn Db, id: &str) -> Result<bool> {
     Ok(n > 0)
 }
 
+/// Lets go every parent parked on a child that has ended (a crash between
+/// the child's end and its parent's release, a child cancelled while it
+/// waited): how many.
+fn release_parents(c: &dyn Db) -> Result<u32> {
+    let n = c.execute(
+        "UPDATE task_instances SET next_run_at = apollo_now(), waiting = NULL \
+         WHERE state = 'PENDING' AND next_run_at = ?1 AND approval IS NULL AND EXISTS (\
+           SELECT 1 FROM task_instances k WHERE k.dedup_key >= 'child:' || task_instances.id || ':' \
+           AND k.dedup_key < 'child:' || task_instances.id || ';' AND k.finished_at IS NOT NULL \
+           AND (k.state IN ('SUCCESS', 'ROLLED_BACK') OR (k.state = 'FAILED' AND k.rollback_pending = 0)))",
+        p![PARKED],
+    )?;
+    Ok(n as u32)
+}
+
 impl Store {
+    /// See [`release_parents`]; a read first, so an idle tick writes nothing.
+    pub async fn release_parents(&self) -> Result<u32> {
+        let parked: Option<i64> = self
+            .read(|c| {
+                c.value(
+                    "SELECT 1 FROM task_instances WHERE state = 'PENDING' AND next_run_at = ?1 AND approval IS NULL LIMIT 1",
+                    p![PARKED],
+                )
+            })
+            .await?;
+        if parked.is_none() {
+            return Ok(0);
+        }
+        self.write(release_parents).await
+    }
+
     /// Step `seq`'s child of instance `parent`, if it was made (archived too).
     pub async fn child(&self, parent: &str, seq: u32) -> Result<Option<apollo_shared::protocol::Instance>> {
         let key = child_key(parent, seq);

@@ -11,56 +11,23 @@ use lines::Lines;
 pub use steps::parse_duration;
 use steps::parse_steps;
 
+mod errors;
 mod fanout;
 mod lines;
 mod locks;
 mod secrets;
 mod steps;
 mod templates;
+pub use errors::{DefError, DefErrors};
 pub use fanout::{Fanout, Size, MAX_ITEMS};
 pub use secrets::{Masker, SecretSource, MASK};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
-use std::fmt;
 pub use templates::step_refs;
 
 mod policy;
 pub use policy::{Catchup, OnFailure, OnInterrupt};
-
-/// One problem in a definition or config file.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DefError {
-    pub file: String,
-    pub line: Option<usize>,
-    /// Dotted path of the field, e.g. `steps[1].timeout`; empty for the whole document.
-    pub field: String,
-    pub message: String,
-}
-
-impl fmt::Display for DefError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.file)?;
-        if let Some(line) = self.line {
-            write!(f, ": line {line}")?;
-        }
-        if !self.field.is_empty() {
-            write!(f, ": {}", self.field)?;
-        }
-        write!(f, ": {}", self.message)
-    }
-}
-
-/// Every problem found in one file (never empty).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub struct DefErrors(pub Vec<DefError>);
-
-impl fmt::Display for DefErrors {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let lines: Vec<String> = self.0.iter().map(|e| e.to_string()).collect();
-        f.write_str(&lines.join("\n"))
-    }
-}
 
 /// A parameter the task declares, with its default.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]

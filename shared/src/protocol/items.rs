@@ -97,3 +97,43 @@ pub struct ItemsParams {
 
 /// The most items one `steps.items` answer holds.
 pub const MAX_ITEMS_PAGE: u32 = 500;
+
+/// What a dry-run says of a fan-out step: its items as they render now and
+/// the batches they would run in (the params shown are the first item's).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DryRunFanout {
+    /// The items' labels; empty when `foreach` reads an earlier step's output.
+    pub items: Vec<String>,
+    pub count: u32,
+    /// Each batch's size.
+    pub batches: Vec<u32>,
+    pub budget: u32,
+    /// The most items at once within a batch (before the agent's
+    /// `scheduler.concurrency`, which caps it).
+    pub parallel: u32,
+    /// Why the items are not known, or cannot run (not a list, too many,
+    /// batches short of them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
+}
+
+impl DryRunFanout {
+    /// One line: `items: 40 in 3 batch(es) (1, 10, 29), failure budget 2, up to 4 at once: web-00, …`.
+    pub fn line(&self) -> String {
+        if let Some(p) = &self.problem {
+            return format!("items: {p}");
+        }
+        let sizes: Vec<String> = self.batches.iter().map(u32::to_string).collect();
+        let shown: Vec<&str> = self.items.iter().take(8).map(String::as_str).collect();
+        let more = if self.items.len() > 8 { ", …" } else { "" };
+        format!(
+            "items: {} in {} batch(es) ({}), failure budget {}, up to {} at once: {}{more}",
+            self.count,
+            self.batches.len(),
+            sizes.join(", "),
+            self.budget,
+            self.parallel,
+            shown.join(", ")
+        )
+    }
+}

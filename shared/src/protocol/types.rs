@@ -305,6 +305,9 @@ pub struct DryRunStep {
     /// The timeout an attempt would run under now, and its basis.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<AppliedTimeout>,
+    /// A fan-out step's items and batches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fanout: Option<super::DryRunFanout>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -251,6 +251,9 @@ pub fn dry_run(out: &Out, r: &DryRunResult) {
     for s in &r.steps {
         let mark = if s.valid { out.paint("ok", Tone::Good) } else { out.paint("error", Tone::Bad) };
         println!("  {} {} ({} {})  {mark}", s.seq, s.name, s.plugin, s.version.as_deref().unwrap_or("?"));
+        if let Some(f) = &s.fanout {
+            println!("      {} (params below: the first item's)", f.line());
+        }
         params_text(&s.params, "      ");
         if let Some(t) = &s.timeout {
             // 0: none (an approval that waits until decided).

@@ -100,6 +100,8 @@ pub(super) async fn ended(s: &Arc<Scheduler>, child: &str) {
     let Ok(c) = s.store.get(child).await else { return };
     let Some((parent, _)) = crate::store::parent_of(c.dedup_key.as_deref()) else { return };
     if c.ended() {
+        // A crash here leaves the parent parked: the maintenance lets it go.
+        crate::crash_point!("executor.before_parent_release");
         match s.store.unpark(&parent).await {
             Ok(true) => s.wake(),
             Ok(false) => {}
