@@ -53,3 +53,59 @@ async fn past_retention_every_finished_instance_is_archived_yet_browsable() {
     let again = trigger_keyed(&c, "ok", "key-ok").await;
     assert_eq!((again.created, again.id.as_str()), (false, ids[0].as_str()));
 }
+
+#[tokio::test]
+async fn past_archive_retention_an_instance_is_deleted_and_an_export_kept_it_first() {
+    let agent = Agent::builder()
+        .config("scheduler:\n  retention: 1s\n  archive_retention: 2s\n  lease: 3s\n")
+        .task("ok.yaml", "task: ok\nsteps:\n  - plugin: sleep\n")
+        .start();
+    let c = agent.client().await;
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    let id = trigger_keyed(&c, "ok", "kept").await.id;
+    wait_event(&mut events, "the instance archived", |e| e.kind() == EventKind::InstanceArchived).await;
+    // Exported while it is in the archive: one JSON line, read back without an agent.
+    let file = agent.path().join("export.jsonl");
+    let tomorrow = (chrono::Utc::now() + chrono::Duration::days(1)).format("%Y-%m-%d").to_string();
+    let out = agent.cli(&["archive", "export", "--before", &tomorrow, file.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success() && said.contains("1 archived instance(s)"), "{said}");
+    let again = agent.cli(&["archive", "export", "--before", &tomorrow, file.to_str().unwrap()]);
+    assert!(!again.status.success(), "an export never overwrites");
+    assert!(String::from_utf8_lossy(&again.stderr).contains("cannot write the export there"));
+    // Deleted once past archive_retention (its end + 2 s): read by polling,
+    // as nothing is published for a deletion.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while agent.cli(&["show", &id]).status.success() {
+        assert!(std::time::Instant::now() < deadline, "still archived after 30 s");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let shown = std::process::Command::new(cli_bin())
+        .args(["--json", "show", &id, "--file", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
+    assert_eq!((doc["id"].as_str(), doc["state"].as_str()), (Some(id.as_str()), Some("SUCCESS")), "{doc:#}");
+    assert!(doc["transitions"].as_array().is_some_and(|t| t.len() >= 4), "{doc:#}");
+    // Its dedup key goes with it; the store gives deleted pages back.
+    assert!(trigger_keyed(&c, "ok", "kept").await.created);
+    let db = agent.path().join("data/apollo.db");
+    let mode = std::process::Command::new("sqlite3").arg(&db).arg("PRAGMA auto_vacuum").output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&mode.stdout).trim(), "2", "incremental vacuum");
+}
+
+#[test]
+fn an_archive_retention_shorter_than_the_retention_is_refused() {
+    let agent = Agent::builder().start();
+    let cfg = agent.path().join("bad.yaml");
+    std::fs::write(&cfg, "scheduler:\n  retention: 30d\n  archive_retention: 7d\n").unwrap();
+    let out = std::process::Command::new(agent_bin())
+        .args(["--config", cfg.to_str().unwrap(), "check"])
+        .current_dir(agent.path())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("scheduler.archive_retention: 7d is shorter than scheduler.retention (30d)"), "{said}");
+}

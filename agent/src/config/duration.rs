@@ -37,6 +37,13 @@ pub(crate) fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::E
     d.deserialize_any(DurationVisitor)
 }
 
+/// An optional duration (`null` or absent: none).
+pub(crate) fn opt_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    <Option<serde_json::Value> as serde::Deserialize>::deserialize(d)?
+        .map(|v| parse_duration(&v).map(Duration::from_secs_f64).map_err(serde::de::Error::custom))
+        .transpose()
+}
+
 /// `N` seconds, as a serde default.
 pub(crate) fn secs<const N: u64>() -> Duration {
     Duration::from_secs(N)

@@ -241,6 +241,14 @@ impl Config {
                 problems.push(f.said(file, i, "name", &m));
             }
         }
+        if let Some(a) = s.archive_retention.filter(|a| *a < s.retention) {
+            problems.push(format!(
+                "{file}: scheduler.archive_retention: {} is shorter than scheduler.retention ({}): an instance is \
+                 archived after retention and deleted after archive_retention, both counted from its end",
+                humantime(a),
+                humantime(s.retention)
+            ));
+        }
         if s.zombie_factor.is_nan() || s.zombie_factor < 1.0 {
             problems.push(format!(
                 "{file}: scheduler.zombie_factor: {} is out of range (expected 1 or more)",
@@ -384,3 +392,14 @@ impl Config {
 
 #[cfg(test)]
 mod tests;
+
+/// A duration as a person writes it: `30d`, `12h`, `90s`.
+fn humantime(d: std::time::Duration) -> String {
+    let s = d.as_secs_f64();
+    match s {
+        s if s >= 86_400.0 && s % 86_400.0 == 0.0 => format!("{}d", s / 86_400.0),
+        s if s >= 3_600.0 && s % 3_600.0 == 0.0 => format!("{}h", s / 3_600.0),
+        s if s >= 60.0 && s % 60.0 == 0.0 => format!("{}m", s / 60.0),
+        s => format!("{s}s"),
+    }
+}

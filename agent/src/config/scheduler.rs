@@ -1,6 +1,6 @@
 //! `scheduler:`: concurrency, timeouts, leases, retention, backoff, queues.
 
-use super::duration::{duration, secs};
+use super::duration::{duration, opt_duration, secs};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -30,6 +30,10 @@ pub struct Scheduler {
     /// Finished instances older than this move to the archive.
     #[serde(default = "secs::<2592000>", deserialize_with = "duration")]
     pub retention: Duration,
+    /// Archived instances whose end is older than this are deleted (in
+    /// small batches); `None` (the default): the archive keeps everything.
+    #[serde(default, deserialize_with = "opt_duration")]
+    pub archive_retention: Option<Duration>,
     /// First retry delay; doubles each retry, with jitter.
     #[serde(default = "secs::<1>", deserialize_with = "duration")]
     pub backoff_base: Duration,

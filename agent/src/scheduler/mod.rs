@@ -7,6 +7,7 @@
 //! by the earliest retry falling due. There is no polling loop.
 
 mod approvals;
+mod archive;
 pub mod backoff;
 mod calls;
 mod executor;
@@ -32,9 +33,6 @@ use tokio_util::sync::CancellationToken;
 
 /// A wall clock that moved more than this against the monotonic clock jumped.
 const CLOCK_JUMP: chrono::TimeDelta = chrono::TimeDelta::seconds(2);
-
-/// Instances moved to the archive by one write (see `archive_bench`).
-const ARCHIVE_BATCH: usize = 40;
 
 impl Scheduler {
     /// Takes up again the instances whose executors stopped on a store
@@ -313,29 +311,6 @@ impl Scheduler {
             );
             tracing::warn!("{msg}");
             let _ = self.store.alert(apollo_shared::protocol::AlertKind::LeftoverProcesses, &msg, None).await;
-        }
-    }
-    /// Moves finished instances past the retention window to the archive, in
-    /// batches of [`ARCHIVE_BATCH`] (one write each, so a start queued behind
-    /// one waits a few milliseconds, not a tenth of a second) and at most
-    /// 20,000 per maintenance tick, so it keeps up with any steady rate the
-    /// engine reaches.
-    async fn archive(&self) {
-        let Ok(window) = chrono::Duration::from_std(self.config().scheduler.retention) else { return };
-        let mut total = 0;
-        for _ in 0..20_000 / ARCHIVE_BATCH {
-            match noted(self.store.archive(Utc::now() - window, ARCHIVE_BATCH).await, &self.failing.archive) {
-                Some(n) => {
-                    total += n;
-                    if n < ARCHIVE_BATCH {
-                        break;
-                    }
-                }
-                None => break,
-            }
-        }
-        if total > 0 {
-            tracing::info!(count = total, "archived finished instances past the retention window");
         }
     }
     /// Starts an executor for an instance this agent now holds; `first`, when

@@ -102,6 +102,7 @@ impl Api {
             Call::EventsPublish(p) => answer::<m::EventsPublish>(self.triggers.publish(p, actor).await),
             Call::EventsList(p) => answer::<m::EventsList>(self.listing.events(limit(p)).await.map_err(store_err)),
             Call::AuditList(p) => answer::<m::AuditList>(self.listing.audit(limit(p)).await.map_err(store_err)),
+            Call::ArchiveExport(p) => answer::<m::ArchiveExport>(self.export(p).await),
             Call::AlertsList(p) => answer::<m::AlertsList>(self.listing.alerts(limit(p)).await.map_err(store_err)),
             Call::AgentsList(_) => answer::<m::AgentsList>(self.agents().await),
             Call::RolloutsList(_) => answer::<m::RolloutsList>(rollouts::list(&self.listing).await.map_err(store_err)),

@@ -2,6 +2,7 @@
 //! schedule fires, heartbeats, the state counts and the archive. Each
 //! publishes on the bus after its commit, as the moves in `ops.rs` do.
 
+use super::rows::ts;
 use super::value::p;
 use super::{records, Result, Store};
 use apollo_shared::protocol::{AlertKind, Approval, EventData, Raised, Topic};
@@ -65,6 +66,39 @@ impl Store {
             self.write(records::fold_counts).await?;
         }
         Ok(())
+    }
+
+    /// Archived documents that ended before `before`, by id after `after`,
+    /// up to about `bytes` of them: each, and the last id when more may follow.
+    pub async fn archive_page(
+        &self,
+        before: DateTime<Utc>,
+        after: Option<String>,
+        bytes: usize,
+    ) -> Result<(Vec<String>, Option<String>)> {
+        self.read(move |c| {
+            let rows = c.query(
+                "SELECT id, doc FROM archive WHERE finished_at < ?1 AND id > ?2 ORDER BY id LIMIT 200",
+                p![ts(before), after.as_deref().unwrap_or("")],
+            )?;
+            let (mut docs, mut size, mut last) = (Vec::new(), 0, None);
+            for r in &rows {
+                let (id, doc): (String, String) = (r.get(0)?, r.get(1)?);
+                if size + doc.len() > bytes && !docs.is_empty() {
+                    return Ok((docs, last));
+                }
+                size += doc.len();
+                docs.push(doc);
+                last = Some(id);
+            }
+            Ok((docs, if rows.len() == 200 { last } else { None }))
+        })
+        .await
+    }
+
+    /// Deletes archived instances past `scheduler.archive_retention`.
+    pub async fn expire_archive(&self, cutoff: DateTime<Utc>, max: usize) -> Result<usize> {
+        Ok(self.write(move |c| records::expire_archive(c, cutoff, max)).await?.len())
     }
 
     pub async fn archive(&self, cutoff: DateTime<Utc>, max: usize) -> Result<usize> {

@@ -167,6 +167,11 @@ pub trait Driver: Sync {
     /// how many instances were moved.
     fn shift_times(&self, c: &dyn Db, delta: chrono::TimeDelta) -> Result<usize>;
 
+    /// Gives the space of deleted rows back to the system, a little at a
+    /// time (SQLite's incremental vacuum; PostgreSQL's autovacuum does it).
+    fn reclaim(&self, _c: &dyn Db) -> Result<()> {
+        Ok(())
+    }
     /// The ended instances to archive first, finished before `cutoff`.
     fn oldest_ended(&self, c: &dyn Db, cutoff: &str, max: usize) -> Result<Vec<String>>;
     /// Refuses a first heartbeat under the name of another agent alive on

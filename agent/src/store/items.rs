@@ -230,6 +230,14 @@ pub(super) fn items(c: &dyn Db, id: &str, seq: u32, from: u32, limit: u32) -> Re
 
 /// Puts each fan-out step's item counts on it (`tasks.get`).
 pub(super) fn add_counts(c: &dyn Db, inst: &mut Instance) -> Result<()> {
+    // Only a started fan-out step has items; its recorded params say what
+    // it fans out over (see `steps::ready`): no query for any other.
+    let fans = |s: &apollo_shared::protocol::StepRun| {
+        s.params.as_ref().is_some_and(|p| p.get("foreach").is_some() && p.get("as").is_some())
+    };
+    if !inst.steps.iter().flatten().any(fans) {
+        return Ok(());
+    }
     let id = inst.id.clone();
     let plans =
         c.query("SELECT seq, fanout FROM step_runs WHERE instance_id = ?1 AND fanout IS NOT NULL", p![id.as_str()])?;

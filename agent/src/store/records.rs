@@ -136,3 +136,19 @@ pub fn stopped(c: &dyn Db, id: &str) -> Result<()> {
 pub fn fold_counts(c: &dyn Db) -> Result<()> {
     c.driver().fold_counts(c)
 }
+
+/// Deletes up to `max` archived instances that ended before `cutoff`,
+/// oldest first (`scheduler.archive_retention`); their ids.
+pub fn expire_archive(c: &dyn Db, cutoff: DateTime<Utc>, max: usize) -> Result<Vec<String>> {
+    let ids: Vec<String> = c.column(
+        "SELECT id FROM archive WHERE finished_at < ?1 ORDER BY finished_at LIMIT ?2",
+        p![ts(cutoff), max as i64],
+    )?;
+    for id in &ids {
+        c.execute("DELETE FROM archive WHERE id = ?1", p![id.as_str()])?;
+    }
+    if !ids.is_empty() {
+        c.driver().reclaim(c)?;
+    }
+    Ok(ids)
+}

@@ -181,6 +181,8 @@ CREATE INDEX step_runs_plugin ON step_runs(plugin, finished_at) WHERE finished_a
     LISTING_INDEXES,
     // 20: fan-out steps' items.
     FANOUT,
+    // 21: the archive's deletion past its retention.
+    ARCHIVE_ENDS,
 ];
 
 /// The newest SQLite schema this build knows.
@@ -362,6 +364,7 @@ $$;
     ROLLBACK_OF_SUCCESS,
     LISTING_INDEXES,
     FANOUT,
+    ARCHIVE_ENDS,
 ];
 
 /// The newest PostgreSQL schema this build knows.

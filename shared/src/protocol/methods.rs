@@ -3,6 +3,7 @@
 //! that method's result type; clients send `Client::request::<M>(params)`
 //! and get `M::Result` back. A method exists in one place, the list below.
 
+use super::archive::{ExportPage, ExportParams};
 use super::items::{ItemRun, ItemsParams};
 use super::rails::*;
 use super::rollouts::*;
@@ -118,6 +119,8 @@ methods! {
     EventsList = "events.list" (LimitParams) -> Vec<EventRecord>, false, "limit?";
     AlertsList = "alerts.list" (LimitParams) -> Vec<Alert>, false, "limit?";
     AuditList = "audit.list" (LimitParams) -> Vec<AuditEntry>, false, "limit?";
+    /// Archived instances that ended before a time, a page at a time (for an export).
+    ArchiveExport = "archive.export" (ExportParams) -> ExportPage, false, "before, after?";
     AgentsList = "agents.list" (NoParams) -> Vec<AgentInfo>, false, "no params";
     /// The rollouts, latest first, each with its two versions' figures.
     RolloutsList = "rollouts.list" (NoParams) -> Vec<Rollout>, false, "no params";

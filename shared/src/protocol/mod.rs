@@ -20,6 +20,7 @@ use serde_json::Value;
 
 #[macro_use]
 mod topics;
+mod archive;
 mod events;
 mod items;
 pub mod methods;
@@ -27,6 +28,7 @@ mod rails;
 mod rollouts;
 mod status;
 mod types;
+pub use archive::*;
 pub use events::{AlertKind, Event, EventData, Raised, StepMoved};
 pub use items::*;
 pub use methods::{is_mutating, Call, Method, METHODS};

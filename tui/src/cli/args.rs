@@ -80,6 +80,9 @@ pub(super) enum Cmd {
         /// List each fan-out step's items: batch, state, attempts, error (or why it never started).
         #[arg(long)]
         items: bool,
+        /// Read the instance from an archive export (`apollo archive export`), not from an agent.
+        #[arg(long, value_name = "FILE")]
+        file: Option<PathBuf>,
     },
     /// Print an instance's logs: every step's, each attempt opened by a line naming it.
     Logs {
@@ -166,6 +169,12 @@ pub(super) enum Cmd {
         #[command(subcommand)]
         action: Option<RolloutCmd>,
     },
+    /// The archive: `export --before DATE FILE` writes the archived instances that ended before DATE as
+    /// JSON lines (one instance each, as `show --json` has it), before `scheduler.archive_retention` deletes them.
+    Archive {
+        #[command(subcommand)]
+        action: ArchiveCmd,
+    },
     /// Claim nothing new in a scope until `apollo resume` (or --until): running instances go on; what triggers,
     /// events and schedules create waits. Cluster-wide on PostgreSQL; audited.
     Pause {
@@ -222,6 +231,17 @@ pub(super) struct ScopeArgs {
     /// Everything.
     #[arg(long)]
     pub all: bool,
+}
+
+#[derive(Subcommand)]
+pub(super) enum ArchiveCmd {
+    /// Write the archived instances that ended before DATE to FILE (which must not exist), one JSON line each.
+    Export {
+        /// A date (2026-11-01) or an RFC 3339 time (2026-11-01T00:00:00Z), UTC.
+        #[arg(long)]
+        before: String,
+        file: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]

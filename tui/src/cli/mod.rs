@@ -15,6 +15,7 @@
 mod act;
 mod args;
 mod docs;
+mod export;
 mod failure;
 mod items;
 mod pause;
@@ -24,7 +25,7 @@ mod watch;
 
 use apollo_shared::state::Tone;
 pub use args::Args;
-use args::Cmd;
+use args::{ArchiveCmd, Cmd};
 use failure::Failure;
 use render::print_json;
 use watch::get;
@@ -182,6 +183,10 @@ fn context(args: &Args) -> Result<Option<Context>, Failure> {
 }
 
 async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCode, Failure> {
+    // An export's instance is read from its file: no agent is asked.
+    if let Cmd::Show { id, file: Some(file), .. } = &args.command {
+        return export::show(file, id, args.json, &render::Out::new());
+    }
     let context = context(&args)?;
     let client = match &context {
         Some(c) => connect_context(c).await?,
@@ -245,8 +250,8 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
             }
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Show { id, items: true } => items::show(&client, id, json, &out).await,
-        Cmd::Show { id, items: false } => {
+        Cmd::Show { id, items: true, .. } => items::show(&client, id, json, &out).await,
+        Cmd::Show { id, items: false, .. } => {
             let inst = get(&client, id).await?;
             if json {
                 print_json(&inst);
@@ -323,6 +328,9 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
         Cmd::Status => simple::<m::AgentStatus>(&client, NoParams {}, json, |v| render::status(&out, v)).await,
         Cmd::Agents => simple::<m::AgentsList>(&client, NoParams {}, json, |v| render::agents(&out, v)).await,
         Cmd::Rollout { action } => rollout::run(&client, action.as_ref(), json, &out).await,
+        Cmd::Archive { action: ArchiveCmd::Export { before, file } } => {
+            export::export(&client, before, file, json).await
+        }
         Cmd::Pause { scope, until, reason } => pause::pause(&client, scope, until.as_deref(), reason, json).await,
         Cmd::Resume { scope, reason } => pause::resume(&client, scope, reason, json).await,
         Cmd::Pauses => simple::<m::PausesList>(&client, NoParams {}, json, |v| pause::list(&out, v)).await,

@@ -1,4 +1,5 @@
-//! steps.logs (a step's log, or a fan-out item's) and steps.items.
+//! steps.logs (a step's log, or a fan-out item's), steps.items, and
+//! archive.export (what the store holds, read a page at a time).
 
 use super::*;
 
@@ -129,5 +130,13 @@ impl Api {
                 format!("step {seq} of instance {id} has no item {item} ({} items{near})", items.len()),
             )
         })
+    }
+
+    pub(super) async fn export(&self, p: ExportParams) -> Result<ExportPage, RpcError> {
+        // Half a frame of documents at most: the answer's envelope fits.
+        let (docs, next) =
+            self.listing.archive_page(p.before, p.after, MAX_FRAME_BYTES / 2).await.map_err(store_err)?;
+        let docs = docs.iter().filter_map(|d| serde_json::from_str(d).ok()).collect();
+        Ok(ExportPage { docs, next })
     }
 }

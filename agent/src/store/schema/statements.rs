@@ -115,3 +115,7 @@ pub(super) const FANOUT: &str = "CREATE TABLE step_items (\
         started_at TEXT, finished_at TEXT, done INTEGER, history TEXT NOT NULL DEFAULT '', \
         PRIMARY KEY (instance_id, seq, idx)); \
     ALTER TABLE step_runs ADD COLUMN fanout TEXT;";
+
+/// The archive's oldest ends first, for `scheduler.archive_retention`
+/// (both backends).
+pub(super) const ARCHIVE_ENDS: &str = "CREATE INDEX archive_finished ON archive(finished_at);";

@@ -182,6 +182,13 @@ impl Driver for Sqlite {
         Ok(rows.len())
     }
 
+    /// At most 2,000 pages (8 MB) back to the file system per call; a store
+    /// made before incremental vacuum (auto_vacuum off) reuses them instead.
+    fn reclaim(&self, c: &dyn Db) -> Result<()> {
+        c.query("PRAGMA incremental_vacuum(2000)", &[])?;
+        Ok(())
+    }
+
     fn oldest_ended(&self, c: &dyn Db, cutoff: &str, max: usize) -> Result<Vec<String>> {
         c.column(OLDEST_ENDED, p![cutoff, max])
     }

@@ -108,6 +108,9 @@ pub fn open_writer(path: &Path, synchronous_full: bool) -> anyhow::Result<Connec
         std::fs::create_dir_all(dir)?;
     }
     let mut conn = Connection::open(path)?;
+    // A new store gives deleted pages back (`Driver::reclaim`); on an
+    // existing one this changes nothing until a VACUUM.
+    conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", if synchronous_full { "FULL" } else { "NORMAL" })?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
