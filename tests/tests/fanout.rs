@@ -344,6 +344,15 @@ fn the_console_shows_a_fan_out_steps_item_counts_in_its_timeline() {
     c.keys("\r");
     let screen = c.wait_for(&["<timeline>", "items: batch 3/3"]);
     assert!(screen.contains("0 restart") && screen.contains("3 failed"), "{screen}");
+    // The step's items pane: each item by index and label with its state;
+    // Enter opens one (its error, output, params, history).
+    c.keys("\r");
+    c.wait_for(&["<step>", "step 0 restart"]);
+    c.keys("\t\t\t\t\t\t");
+    c.wait_for(&["items (Tab", "#3 web-03: FAILED", "#0 web-00: SUCCESS"]);
+    // Folded one line each; Enter on web-03 opens it: its error, its history.
+    c.keys("jjjjj\r");
+    c.wait_for(&["error: \"command ended with exit code 1", "RUNNING → FAILED"]);
     assert_eq!(c.quit(), 0);
 }
 

@@ -336,7 +336,15 @@ async fn refresh(
     let _ = news.send(News::Tasks { items: page.items, next_cursor: page.next_cursor, append: false }).await;
     if let Some(id) = &watch.instance {
         if let Ok(i) = client.request::<m::TasksGet>(IdParams { id: id.clone(), reason: None }).await {
+            let fans: Vec<u32> = i.steps.iter().flatten().filter(|s| s.items.is_some()).map(|s| s.seq).collect();
             let _ = news.send(News::Instance(Box::new(i))).await;
+            // A fan-out step's items (its first page) for the items pane.
+            for seq in fans {
+                let p = apollo_shared::protocol::ItemsParams { id: id.clone(), step: seq.into(), from: 0, limit: None };
+                if let Ok(items) = client.request::<m::StepsItems>(p).await {
+                    let _ = news.send(News::Items { id: id.clone(), seq, items }).await;
+                }
+            }
         }
     }
     if everything {

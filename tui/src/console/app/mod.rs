@@ -59,6 +59,10 @@ pub struct App {
     pub step: u32,
     pub pane: Pane,
     pub logs: String,
+    /// The open instance's fan-out steps' items, by step.
+    pub items: std::collections::BTreeMap<u32, Vec<apollo_shared::protocol::ItemRun>>,
+    /// The items pane's keys folded once already (see `News::Items`).
+    pub items_seen: BTreeSet<String>,
     /// Folded JSON paths in the step view.
     pub folds: BTreeSet<String>,
     pub message: Option<(String, bool)>,
@@ -121,6 +125,8 @@ impl App {
             step: 0,
             pane: Pane::Params,
             logs: String::new(),
+            items: Default::default(),
+            items_seen: Default::default(),
             folds: BTreeSet::new(),
             message: None,
             message_at: None,

@@ -29,7 +29,23 @@ impl App {
             }
             News::Instance(i) => {
                 if self.instance.as_ref().is_none_or(|cur| cur.id == i.id) {
+                    if self.instance.as_ref().is_some_and(|cur| cur.id != i.id) {
+                        self.items.clear();
+                    }
                     self.instance = Some(*i);
+                }
+            }
+            News::Items { id, seq, items } => {
+                if self.instance.as_ref().is_some_and(|i| i.id == id) {
+                    // Each item shows folded, one line, until Enter opens it
+                    // (once: a fold the operator opened stays open).
+                    for i in &items {
+                        let path = format!("$.{}", super::panes::item_key(i));
+                        if self.items_seen.insert(path.clone()) {
+                            self.folds.insert(path);
+                        }
+                    }
+                    self.items.insert(seq, items);
                 }
             }
             News::Defs(d) => self.defs = d,

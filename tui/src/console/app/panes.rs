@@ -29,8 +29,33 @@ impl App {
             Pane::Output => Some(json!({"output": s.output, "error": s.error})),
             Pane::Attempts => Some(attempts(s)),
             Pane::Logs => None,
+            Pane::Items => Some(items(s, app.items.get(&app.step))),
         }
     }
+}
+
+/// A fan-out step's items, counted, then each under `#index label: STATE`
+/// (folded open to its batch, attempts, error, output, params and history).
+fn items(s: &apollo_shared::protocol::StepRun, items: Option<&Vec<apollo_shared::protocol::ItemRun>>) -> Value {
+    let Some(n) = &s.items else {
+        return json!("not a fan-out step (no foreach:), or not started yet");
+    };
+    let mut out = serde_json::Map::new();
+    out.insert("counts".into(), json!(n.line()));
+    for i in items.into_iter().flatten() {
+        out.insert(
+            item_key(i),
+            json!({"batch": i.batch, "attempts": i.attempts, "error": i.error, "history": i.history,
+                   "output": i.output, "params": i.params}),
+        );
+    }
+    Value::Object(out)
+}
+
+/// An item's line in the items pane: `#3 web-03: FAILED`.
+pub(super) fn item_key(i: &apollo_shared::protocol::ItemRun) -> String {
+    let state = if i.not_started() { "NOT STARTED" } else { i.state.as_str() };
+    format!("#{} {}: {state}", i.index, i.label)
 }
 
 /// The last attempt compared with the one before it: what changed in the

@@ -57,10 +57,14 @@ pub enum Pane {
     /// The last attempt beside the one before it.
     Attempts,
     Logs,
+    /// A fan-out step's items, each foldable to its params, output, error
+    /// and history.
+    Items,
 }
 
 impl Pane {
-    pub const ALL: [Pane; 6] = [Pane::Params, Pane::Before, Pane::After, Pane::Output, Pane::Attempts, Pane::Logs];
+    pub const ALL: [Pane; 7] =
+        [Pane::Params, Pane::Before, Pane::After, Pane::Output, Pane::Attempts, Pane::Logs, Pane::Items];
     pub fn title(self) -> &'static str {
         match self {
             Pane::Params => "params",
@@ -69,6 +73,7 @@ impl Pane {
             Pane::Output => "output",
             Pane::Attempts => "attempts",
             Pane::Logs => "logs",
+            Pane::Items => "items",
         }
     }
 }
@@ -294,6 +299,12 @@ pub enum News {
     Rollouts(Vec<apollo_shared::protocol::Rollout>),
     Alerts(Vec<Alert>),
     Agents(Vec<AgentInfo>),
+    /// The open instance's fan-out step's items (its first 500).
+    Items {
+        id: String,
+        seq: u32,
+        items: Vec<apollo_shared::protocol::ItemRun>,
+    },
     /// The followed instance's logs: more text, or (`reset`) all of it.
     Logs {
         id: String,
