@@ -56,7 +56,9 @@ impl TestDb {
 
     fn location(&self) -> Location {
         match &self.schema {
-            None => Location::Sqlite { path: self.dir.path().join("apollo.db"), synchronous_full: true },
+            None => {
+                Location::Sqlite { path: self.dir.path().join("apollo.db"), synchronous_full: true, reclaim: false }
+            }
             Some(schema) => Location::Postgres {
                 target: Box::new(Target::new(&pg_url(), schema, None).unwrap()),
                 read: None,

@@ -33,7 +33,7 @@ pub async fn run(s: &Arc<Scheduler>, inst: Claimed, first: Option<Box<FirstStart
     let stalled = run_outer(s, inst, first, active).instrument(span).await;
     // A sub-runbook's child that ended lets its parent go.
     if child {
-        child::ended(s, &id).await;
+        Box::pin(child::ended(s, &id)).await;
     }
     stalled
 }
@@ -172,10 +172,12 @@ async fn run_inner(
                 }
                 // A sub-runbook: its child's outcome, once the child has ended.
                 let given = match def.steps[step.seq as usize].task {
-                    Some(_) => match child::gate(s, (&inst.id, inst.pins.as_ref()), &def, step, &ctx).await? {
-                        child::Gate::Parked => return Ok(()),
-                        child::Gate::Ended(r) => Some(r),
-                    },
+                    Some(_) => {
+                        match Box::pin(child::gate(s, (&inst.id, inst.pins.as_ref()), &def, step, &ctx)).await? {
+                            child::Gate::Parked => return Ok(()),
+                            child::Gate::Ended(r) => Some(r),
+                        }
+                    }
                     None => None,
                 };
                 let decision = match is_approval(&def, step.seq) {
@@ -267,7 +269,9 @@ async fn run_step(
         (_, _) if given.is_some() => Err(given.expect("given")),
         (Some(_), Ok((reg, ..))) => {
             let st = fanout::Step { id, seq: step.seq, def, reg: &reg, ctx, work_dir, active, masker: &mask };
-            Err(fanout::run(s, st).instrument(span.clone()).await?)
+            // Boxed: its state stays off the executor's future, which every
+            // instance's spawn copies (the instruction guard measures it).
+            Err(Box::pin(fanout::run(s, st).instrument(span.clone())).await?)
         }
         (_, prepared) => Ok(prepared),
     };

@@ -32,7 +32,7 @@ pub(super) async fn rollback(
         let d = &def.steps[step.seq as usize];
         if d.task.is_some() {
             // A sub-runbook: its child is rolled back, in full.
-            if let Err(msg) = undo_child(s, id, step.seq, &d.name).await? {
+            if let Err(msg) = Box::pin(undo_child(s, id, step.seq, &d.name)).await? {
                 tracing::error!("{msg}");
                 s.store.step_note_error(id, step.seq, &msg).await?;
                 s.store.rollback_failed(id, &msg).await?;
@@ -44,7 +44,7 @@ pub(super) async fn rollback(
         }
         if d.foreach.is_some() {
             // A fan-out step: its items that succeeded, last ended first.
-            if let Err(msg) = undo_items(s, (id, inst.pins.as_ref()), def, step.seq, ctx, work_dir).await? {
+            if let Err(msg) = Box::pin(undo_items(s, (id, inst.pins.as_ref()), def, step.seq, ctx, work_dir)).await? {
                 tracing::error!("{msg}");
                 s.store.step_note_error(id, step.seq, &msg).await?;
                 s.store.rollback_failed(id, &msg).await?;

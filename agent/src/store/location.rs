@@ -10,13 +10,12 @@ pub enum Location {
     Sqlite {
         path: PathBuf,
         synchronous_full: bool,
+        /// The archive deletes (`scheduler.archive_retention`): the file
+        /// gives deleted pages back (incremental vacuum).
+        reclaim: bool,
     },
     /// `pool`: reader connections kept open.
-    Postgres {
-        target: Box<Target>,
-        read: Option<Box<Target>>,
-        pool: usize,
-    },
+    Postgres { target: Box<Target>, read: Option<Box<Target>>, pool: usize },
 }
 
 impl Location {
@@ -28,6 +27,7 @@ impl Location {
             return Ok(Location::Sqlite {
                 path: config.db_path(),
                 synchronous_full: db.synchronous == Synchronous::Full,
+                reclaim: config.scheduler.archive_retention.is_some(),
             });
         }
         let password = match &db.password_env {

@@ -98,7 +98,7 @@ pub fn to_postgres(sqlite: &Path, target: &Target) -> anyhow::Result<Vec<Copied>
         anyhow::bail!("{}: no store here (is --data-dir or the config right?)", sqlite.display());
     }
     // Brought to this build's schema first, so the columns are the ones above.
-    let source = super::sqlite::open_writer(sqlite, true)
+    let source = super::sqlite::open_writer(sqlite, true, false)
         .with_context(|| format!("{}: cannot open the store", sqlite.display()))?;
     let mut pg = target.connect().map_err(|e| anyhow::anyhow!("{}: cannot connect: {e}", target.shown))?;
     super::schema::migrate_postgres(&mut pg, &target.schema)?;

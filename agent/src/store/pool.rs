@@ -88,7 +88,7 @@ impl Store {
     /// Opens (creating and migrating if needed) the SQLite database at
     /// `path`. `synchronous_full` chooses power-loss durability over speed.
     pub fn open(path: &Path, synchronous_full: bool, bus: Bus, agent: String) -> anyhow::Result<Store> {
-        Store::open_at(Location::Sqlite { path: path.to_path_buf(), synchronous_full }, bus, agent)
+        Store::open_at(Location::Sqlite { path: path.to_path_buf(), synchronous_full, reclaim: false }, bus, agent)
     }
 
     /// Opens the store at `location`, migrating its schema (a schema newer
@@ -96,8 +96,9 @@ impl Store {
     /// runtime's threads (PostgreSQL's client runs its own).
     pub fn open_at(location: Location, bus: Bus, agent: String) -> anyhow::Result<Store> {
         let (conns, backend, pool): (Vec<Box<dyn Conn>>, Backend, usize) = match location {
-            Location::Sqlite { path, synchronous_full } => {
-                (vec![Box::new(sqlite::open_writer(&path, synchronous_full)?)], Backend::Sqlite { path }, READERS)
+            Location::Sqlite { path, synchronous_full, reclaim } => {
+                let writer = sqlite::open_writer(&path, synchronous_full, reclaim)?;
+                (vec![Box::new(writer)], Backend::Sqlite { path }, READERS)
             }
             Location::Postgres { target, read, pool } => {
                 let connect = || target.connect().map_err(|e| anyhow::anyhow!("{}: cannot connect: {e}", target.shown));

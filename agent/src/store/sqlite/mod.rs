@@ -102,15 +102,26 @@ fn add_clock(c: &Connection) -> rusqlite::Result<()> {
     })
 }
 
-/// Opens the writer connection, creating and migrating the database.
-pub fn open_writer(path: &Path, synchronous_full: bool) -> anyhow::Result<Connection> {
+/// Opens the writer connection, creating and migrating the database. With
+/// `reclaim` (the archive deletes) the file gives deleted pages back: a new
+/// one is made so, an existing one is switched by one VACUUM here. Without
+/// it nothing changes (the mode costs each write a page-map update).
+pub fn open_writer(path: &Path, synchronous_full: bool, reclaim: bool) -> anyhow::Result<Connection> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir)?;
     }
     let mut conn = Connection::open(path)?;
-    // A new store gives deleted pages back (`Driver::reclaim`); on an
-    // existing one this changes nothing until a VACUUM.
-    conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
+    if reclaim {
+        let mode: i64 = conn.query_row("PRAGMA auto_vacuum", [], |r| r.get(0))?;
+        if mode != 2 {
+            conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
+            let tables: i64 = conn.query_row("SELECT COUNT(*) FROM sqlite_master", [], |r| r.get(0))?;
+            if tables > 0 {
+                tracing::info!(path = %path.display(), "switching the store to incremental vacuum (one VACUUM; a large store takes a while)");
+                conn.execute_batch("VACUUM")?;
+            }
+        }
+    }
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", if synchronous_full { "FULL" } else { "NORMAL" })?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
