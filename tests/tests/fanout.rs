@@ -348,7 +348,7 @@ fn the_console_shows_a_fan_out_steps_item_counts_in_its_timeline() {
     // Enter opens one (its error, output, params, history).
     c.keys("\r");
     c.wait_for(&["<step>", "step 0 restart"]);
-    c.keys("\t\t\t\t\t\t");
+    c.keys("\t\t\t\t\t");
     c.wait_for(&["items (Tab", "#3 web-03: FAILED", "#0 web-00: SUCCESS"]);
     // Folded one line each; Enter on web-03 opens it: its error, its history.
     c.keys("jjjjj\r");

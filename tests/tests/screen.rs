@@ -123,6 +123,8 @@ fn filters_belong_to_their_view_and_clear_with_ctrl_u_and_esc() {
     c.keys("\x1b[Z");
     c.wait_for(&["logs of every step"]);
     c.keys("\x1b[Z");
+    c.wait_for(&["items (Tab"]);
+    c.keys("\x1b[Z");
     c.wait_for(&["attempts (Tab"]);
     assert_eq!(c.quit(), 0);
 }

@@ -3,6 +3,7 @@
 //! parent retries the child from where it failed, a cancel and a rollback of
 //! the parent go down to the child, and a cycle is refused at load.
 
+use apollo_shared::state::StepState;
 use apollo_tests::*;
 
 /// `deploy` runs `release` (two steps) as its step `ship`, then `announce`.
@@ -197,7 +198,13 @@ fn a_kill_while_the_child_runs_or_before_it_lets_its_parent_go_loses_nothing() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let (c, mut events) = agent.watch().await;
-        wait_until(&c, &mut events, &id, "the parent parked", |i| i.waiting.is_some()).await;
+        let parked = wait_until(&c, &mut events, &id, "the parent parked", |i| i.waiting.is_some()).await;
+        let child = parked.waiting.unwrap().split_whitespace().nth(5).unwrap().to_string();
+        // Killed once the child's build is recorded and its verify waits.
+        wait_until(&c, &mut events, &child, "the child's verify running", |i| {
+            i.steps.as_ref().is_some_and(|s| s[0].state == StepState::Success && s[1].state == StepState::Running)
+        })
+        .await;
     });
     agent.kill9();
     std::fs::remove_file(agent.path().join("data/hold")).unwrap();

@@ -63,8 +63,9 @@ pub enum Pane {
 }
 
 impl Pane {
+    /// The logs last: Shift-Tab from the first pane reaches them.
     pub const ALL: [Pane; 7] =
-        [Pane::Params, Pane::Before, Pane::After, Pane::Output, Pane::Attempts, Pane::Logs, Pane::Items];
+        [Pane::Params, Pane::Before, Pane::After, Pane::Output, Pane::Attempts, Pane::Items, Pane::Logs];
     pub fn title(self) -> &'static str {
         match self {
             Pane::Params => "params",
