@@ -109,3 +109,29 @@ fn an_archive_retention_shorter_than_the_retention_is_refused() {
     assert!(!out.status.success(), "{said}");
     assert!(said.contains("scheduler.archive_retention: 7d is shorter than scheduler.retention (30d)"), "{said}");
 }
+
+#[tokio::test]
+async fn on_postgresql_the_archive_ends_and_its_export_reads_back() {
+    let schema = PgSchema::new("archive_ends");
+    let agent = Agent::builder()
+        .config(&format!("{}scheduler:\n  retention: 1s\n  archive_retention: 2s\n  lease: 3s\n", schema.config()))
+        .task("ok.yaml", "task: ok\nsteps:\n  - plugin: sleep\n")
+        .start();
+    let c = agent.client().await;
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    let id = trigger_keyed(&c, "ok", "pg-kept").await.id;
+    wait_event(&mut events, "the instance archived", |e| e.kind() == EventKind::InstanceArchived).await;
+    let file = agent.path().join("export.jsonl");
+    let tomorrow = (chrono::Utc::now() + chrono::Duration::days(1)).format("%Y-%m-%d").to_string();
+    let out = agent.cli(&["archive", "export", "--before", &tomorrow, file.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while agent.cli(&["show", &id]).status.success() {
+        assert!(std::time::Instant::now() < deadline, "still archived after 30 s");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert_eq!(schema.sql("SELECT COUNT(*) FROM archive")[0][0].as_deref(), Some("0"));
+    let shown = agent.cli(&["show", &id, "--file", file.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&shown.stdout).contains(&format!("SUCCESS ok {id}")));
+}
