@@ -6,7 +6,6 @@
 use apollo_tests::*;
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 fn hosts(n: usize) -> String {
     (0..n).map(|i| format!("web-{i:02}")).collect::<Vec<_>>().join(", ")
@@ -209,7 +208,6 @@ fn a_kill_in_the_middle_of_a_batch_runs_no_succeeded_item_again() {
     }
     // Those cut off by the kill ran again, and no more than that.
     assert!(ran.values().all(|n| *n <= 2), "{ran:?}");
-    let _ = Duration::ZERO;
 }
 
 /// `apollo-agent check FILE`.
