@@ -148,41 +148,36 @@ async fn undo_items(
         }
         let result = match &secrets {
             Err(e) => Err(crate::plugins::PluginError::permanent(e.clone())),
-            Ok(secrets) => {
-                let call = match (&it.params, secrets.values.is_none()) {
-                    (Some(Value::Object(p)), true) => Ok((p.clone(), Vec::new())),
-                    _ => crate::steps::item_call(d, &over, secrets),
-                };
-                match call {
-                    Err(e) => Err(e),
-                    Ok((params, env)) => {
-                        let env = if env.is_empty() {
-                            crate::steps::item_call(d, &over, secrets).map(|c| c.1).unwrap_or_default()
-                        } else {
-                            env
-                        };
-                        let key = format!("{id}:{seq}:{}", it.index);
-                        let token = CancellationToken::new();
-                        let call = Call {
-                            params: &params,
-                            context: &over,
-                            idempotency_key: &key,
-                            work_dir,
-                            tasks_dir: &s.tasks_dir,
-                            previous: None,
-                            step: &d.name,
-                            attempt: it.attempts,
-                            env: &env,
-                            log: &log,
-                            cancel: token.clone(),
-                            kill_grace: s.config().scheduler.kill_grace,
-                        };
-                        let timeout = crate::timeouts::fixed(d, &reg);
-                        let call = (reg.name.as_str(), reg.plugin.rollback(call, it.output.as_ref()));
-                        watchdog(s, (timeout.timeout, &timeout.basis), &token, None, call, "rollback ").await
-                    }
+            Ok(secrets) => match crate::steps::item_call(d, &over, secrets) {
+                Err(e) => Err(e),
+                Ok((rendered, env)) => {
+                    // The params the item ran with, as recorded (unless masked secrets are in them).
+                    let params = match (&it.params, secrets.values.is_none()) {
+                        (Some(Value::Object(p)), true) => p.clone(),
+                        _ => rendered,
+                    };
+                    // The key its execute had.
+                    let key = crate::scheduler::executor::item_key(id, seq, it.index, &it.label);
+                    let token = CancellationToken::new();
+                    let call = Call {
+                        params: &params,
+                        context: &over,
+                        idempotency_key: &key,
+                        work_dir,
+                        tasks_dir: &s.tasks_dir,
+                        previous: None,
+                        step: &d.name,
+                        attempt: it.attempts,
+                        env: &env,
+                        log: &log,
+                        cancel: token.clone(),
+                        kill_grace: s.config().scheduler.kill_grace,
+                    };
+                    let timeout = crate::timeouts::fixed(d, &reg);
+                    let call = (reg.name.as_str(), reg.plugin.rollback(call, it.output.as_ref()));
+                    watchdog(s, (timeout.timeout, &timeout.basis), &token, None, call, "rollback ").await
                 }
-            }
+            },
         };
         match result {
             Ok(()) => {

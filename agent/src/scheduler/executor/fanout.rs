@@ -43,9 +43,9 @@ pub fn label(v: &Value) -> String {
     }
 }
 
-/// The idempotency key of an item: the step's, its index and its value
-/// (as far as it is safe in a file name).
-fn key(id: &str, seq: u32, idx: u32, label: &str) -> String {
+/// The idempotency key of an item, its execute's and its rollback's: the
+/// step's, its index and its value (as far as it is safe in a file name).
+pub fn key(id: &str, seq: u32, idx: u32, label: &str) -> String {
     let safe: String =
         label.chars().take(64).map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect();
     format!("{id}:{seq}:{idx}:{safe}")
