@@ -505,6 +505,15 @@ pub fn peak_rss_kib(pid: i32) -> u64 {
         .unwrap_or(0)
 }
 
+/// The lines of a file in the agent's data directory (none when it is missing).
+pub fn data_lines(agent: &Agent, file: &str) -> Vec<String> {
+    std::fs::read_to_string(agent.path().join("data").join(file))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
 /// The instance has ended (nothing moves it without an operator).
 pub fn ended(i: &Instance) -> bool {
     i.ended()

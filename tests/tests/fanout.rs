@@ -29,8 +29,8 @@ steps:
     batches: [1, "25%", "100%"]
     max_failures: 2
 {extra}    params:
-      command: echo restarting {{{{ host }}}}; echo {{{{ host }}}} >> {w}/witness; test ! -e {w}/fail-{{{{ host }}}}
-      rollback_command: echo {{{{ host }}}} >> {w}/undone
+      command: echo restarting {{{{ host }}}}; echo {{{{ host }}}} >> {w}/witness; echo $APOLLO_IDEMPOTENCY_KEY >> {w}/keys; test ! -e {w}/fail-{{{{ host }}}}
+      rollback_command: echo {{{{ host }}}} >> {w}/undone; echo $APOLLO_IDEMPOTENCY_KEY >> {w}/undone-keys
   - name: after
     plugin: shell
     params:
@@ -39,14 +39,6 @@ steps:
 "#,
         hosts = hosts(n)
     )
-}
-
-fn lines(agent: &Agent, file: &str) -> Vec<String> {
-    std::fs::read_to_string(agent.path().join("data").join(file))
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_string)
-        .collect()
 }
 
 fn counts(lines: &[String]) -> BTreeMap<String, usize> {
@@ -88,7 +80,7 @@ fn three_failures_over_a_budget_of_two_stop_the_step_and_a_retry_runs_only_the_r
     let error = inst["steps"][0]["error"].as_str().unwrap_or_default();
     assert!(error.contains("3 of 40 items failed (budget 2): web-07, web-12, web-31"), "{error}");
     let id = inst["id"].as_str().unwrap().to_string();
-    let ran = counts(&lines(&agent, "witness"));
+    let ran = counts(&data_lines(&agent, "witness"));
     assert!(ran.values().all(|n| *n == 1), "an item ran twice: {ran:?}");
     let first = items(&agent, &id);
     assert_eq!(first.len(), 40);
@@ -115,7 +107,7 @@ fn three_failures_over_a_budget_of_two_stop_the_step_and_a_retry_runs_only_the_r
     assert!(tail.iter().all(|i| i["state"] == "PENDING"), "not a tail: {first:#?}");
     assert!(first[..=31].iter().all(|i| i["state"] != "PENDING"), "{first:#?}");
     // The canary ran alone, before everything else.
-    assert_eq!(lines(&agent, "witness")[0], "web-00");
+    assert_eq!(data_lines(&agent, "witness")[0], "web-00");
     let shown = String::from_utf8_lossy(&agent.cli(&["show", &id]).stdout).to_string();
     assert!(shown.contains(&format!("batch 3/3  {} of 40 items", 40 - 3 - not_started)), "{shown}");
 
@@ -123,7 +115,7 @@ fn three_failures_over_a_budget_of_two_stop_the_step_and_a_retry_runs_only_the_r
     heal(&agent, &bad);
     let (code, inst) = agent.cli_json(&["retry", &id, "--wait"]);
     assert_eq!((code, inst["state"].as_str()), (0, Some("SUCCESS")), "{inst:#}");
-    let ran = counts(&lines(&agent, "witness"));
+    let ran = counts(&data_lines(&agent, "witness"));
     assert_eq!(ran.len(), 40, "{ran:?}");
     for (host, n) in &ran {
         assert_eq!(*n, if bad.contains(&host.as_str()) { 2 } else { 1 }, "{host} ran {n} times: {ran:?}");
@@ -142,7 +134,11 @@ fn three_failures_over_a_budget_of_two_stop_the_step_and_a_retry_runs_only_the_r
         .collect();
     done.sort();
     let expected: Vec<String> = done.into_iter().rev().map(|(_, l)| l).collect();
-    assert_eq!(lines(&agent, "undone"), expected);
+    assert_eq!(data_lines(&agent, "undone"), expected);
+    // Each undo has its item's key: the one its execute had.
+    let (keys, undone) = (data_lines(&agent, "keys"), data_lines(&agent, "undone-keys"));
+    assert_eq!(undone.len(), 40);
+    assert!(undone.iter().all(|k| keys.contains(k) && k.contains(":web-")), "{undone:?}");
     assert!(items(&agent, &id).iter().all(|i| i["state"] == "ROLLED_BACK"));
 }
 
@@ -201,7 +197,7 @@ fn a_kill_in_the_middle_of_a_batch_runs_no_succeeded_item_again() {
         wait_until(&c, &mut events, &id, "the resumed instance", ended).await
     });
     assert_eq!(inst.state, apollo_shared::state::TaskState::Success, "{inst:?}");
-    let ran = counts(&lines(&agent, "witness"));
+    let ran = counts(&data_lines(&agent, "witness"));
     assert_eq!(ran.len(), 24, "{ran:?}");
     for host in &succeeded {
         assert_eq!(ran[host], 1, "{host} succeeded before the kill and ran again: {ran:?}");
@@ -374,4 +370,46 @@ fn a_dry_run_lists_the_items_and_the_batches_it_would_run() {
     let (_, r) = agent.cli_json(&["dry-run", "rolling", "-p", "hosts=web-01"]);
     let problem = r["steps"][0]["fanout"]["problem"].as_str().unwrap_or_default();
     assert!(problem.contains("not a list"), "{r:#}");
+}
+
+#[test]
+fn each_item_has_its_secrets_masked_its_own_timeout_and_the_item_limit_holds() {
+    let yaml = r#"task: fan
+on_failure: stop
+params:
+  hosts: {default: [a, slow, b]}
+secrets:
+  token: {env: APOLLO_E2E_FAN_TOKEN}
+steps:
+  - name: each
+    plugin: shell
+    retry: 0
+    timeout: 2s
+    foreach: "{{ params.hosts }}"
+    as: host
+    max_failures: 1
+    params:
+      command: 'echo "{{ host }} with {{ secrets.token }}"; if [ {{ host }} = slow ]; then sleep 30; fi'
+"#;
+    let agent = Agent::builder()
+        .env("APOLLO_E2E_FAN_TOKEN", "s3cr3t-fan-value")
+        .config("scheduler:\n  max_items: 3\n")
+        .task("fan.yaml", yaml)
+        .start();
+    let (code, inst) = agent.cli_json(&["run", "fan", "--wait"]);
+    assert_eq!((code, inst["state"].as_str()), (0, Some("SUCCESS")), "{inst:#}");
+    assert_eq!(inst["steps"][0]["output"]["failed"], serde_json::json!(["slow"]), "{inst:#}");
+    let id = inst["id"].as_str().unwrap();
+    let (_, doc) = agent.cli_json(&["show", id, "--items"]);
+    let text = doc.to_string();
+    assert!(!text.contains("s3cr3t-fan-value") && text.contains("with ***"), "{text}");
+    let slow = &doc[0]["items"][1];
+    assert!(slow["error"].as_str().unwrap_or_default().contains("timed out after 2s"), "{slow:#}");
+    let log = String::from_utf8_lossy(&agent.cli(&["logs", id, "--step", "each", "--item", "a"]).stdout).to_string();
+    assert!(log.contains("a with ***") && !log.contains("s3cr3t"), "{log}");
+    // More items than scheduler.max_items: refused when the step starts, naming the limit.
+    let (code, inst) = agent.cli_json(&["run", "fan", "--param", r#"hosts=["a","b","c","d"]"#, "--wait"]);
+    assert_eq!(code, 1, "{inst:#}");
+    let error = inst["steps"][0]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("4 items is more than scheduler.max_items (3) allows"), "{error}");
 }

@@ -38,14 +38,6 @@ fn agent() -> Agent {
     agent
 }
 
-fn lines(agent: &Agent, file: &str) -> Vec<String> {
-    std::fs::read_to_string(agent.path().join("data").join(file))
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_string)
-        .collect()
-}
-
 fn child_of(inst: &serde_json::Value) -> String {
     inst["steps"][1]["output"]["instance"]
         .as_str()
@@ -63,7 +55,7 @@ fn a_child_runs_while_its_parent_waits_holding_no_slot_and_its_outcome_is_the_st
     let agent = agent();
     let (code, inst) = agent.cli_json(&["run", "deploy", "--wait"]);
     assert_eq!((code, inst["state"].as_str()), (0, Some("SUCCESS")), "{inst:#}");
-    assert_eq!(lines(&agent, "witness"), ["prepare", "build", "verify", "announce"]);
+    assert_eq!(data_lines(&agent, "witness"), ["prepare", "build", "verify", "announce"]);
     let child = child_of(&inst);
     let out = &inst["steps"][1]["output"];
     assert_eq!((out["task"].as_str(), out["state"].as_str()), (Some("release"), Some("SUCCESS")), "{out:#}");
@@ -99,7 +91,7 @@ fn a_retry_of_the_parent_retries_its_failed_child_from_the_failed_step() {
     let (code, inst) = agent.cli_json(&["retry", id, "--wait"]);
     assert_eq!((code, inst["state"].as_str()), (0, Some("SUCCESS")), "{inst:#}");
     // The child's build ran once; its verify twice; the parent's prepare once.
-    assert_eq!(lines(&agent, "witness"), ["prepare", "build", "verify", "announce"]);
+    assert_eq!(data_lines(&agent, "witness"), ["prepare", "build", "verify", "announce"]);
     let (_, c) = agent.cli_json(&["show", &child]);
     assert_eq!((c["state"].as_str(), c["attempt"].as_u64()), (Some("SUCCESS"), Some(2)), "{c:#}");
 }
@@ -136,7 +128,7 @@ fn a_cancel_and_a_rollback_of_the_parent_reach_its_child() {
     let (id, child) = (inst["id"].as_str().unwrap().to_string(), child_of(&inst));
     let (code, inst) = agent.cli_json(&["rollback", &id, "--reason", "bad release", "--wait"]);
     assert_eq!((code, inst["state"].as_str()), (0, Some("ROLLED_BACK")), "{inst:#}");
-    assert_eq!(lines(&agent, "undone"), ["announce", "verify", "build", "prepare"]);
+    assert_eq!(data_lines(&agent, "undone"), ["announce", "verify", "build", "prepare"]);
     let (_, c) = agent.cli_json(&["show", &child]);
     assert_eq!(c["state"], "ROLLED_BACK", "{c:#}");
 }
@@ -214,7 +206,7 @@ fn a_kill_while_the_child_runs_or_before_it_lets_its_parent_go_loses_nothing() {
         wait_until(&c, &mut events, &id, "the parent's end", ended).await
     });
     assert_eq!(inst.state, apollo_shared::state::TaskState::Success, "{inst:?}");
-    assert_eq!(lines(&agent, "witness"), ["prepare", "build", "verify", "announce"]);
+    assert_eq!(data_lines(&agent, "witness"), ["prepare", "build", "verify", "announce"]);
 
     // Killed between the child's end and its parent's release: the
     // restarted agent lets the parent go.
