@@ -280,3 +280,11 @@ pub fn step_env(
         .map(|(k, v)| (k, v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string())))
         .collect())
 }
+
+/// The idempotency key of an item, its execute's and its rollback's: the
+/// step's, its index and its value (as far as it is safe in a file name).
+pub fn item_key(id: &str, seq: u32, idx: u32, label: &str) -> String {
+    let safe: String =
+        label.chars().take(64).map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect();
+    format!("{id}:{seq}:{idx}:{safe}")
+}

@@ -23,7 +23,6 @@ mod child;
 mod failure;
 mod fanout;
 use failure::Outcome;
-pub(super) use fanout::key as item_key;
 
 /// Runs an instance; true when it stopped on a store error (the scheduler
 /// takes it up again once the store can be written).

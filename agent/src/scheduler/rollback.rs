@@ -157,7 +157,7 @@ async fn undo_items(
                         _ => rendered,
                     };
                     // The key its execute had.
-                    let key = crate::scheduler::executor::item_key(id, seq, it.index, &it.label);
+                    let key = crate::steps::item_key(id, seq, it.index, &it.label);
                     let token = CancellationToken::new();
                     let call = Call {
                         params: &params,

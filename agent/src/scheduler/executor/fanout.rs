@@ -43,14 +43,6 @@ pub fn label(v: &Value) -> String {
     }
 }
 
-/// The idempotency key of an item, its execute's and its rollback's: the
-/// step's, its index and its value (as far as it is safe in a file name).
-pub fn key(id: &str, seq: u32, idx: u32, label: &str) -> String {
-    let safe: String =
-        label.chars().take(64).map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect();
-    format!("{id}:{seq}:{idx}:{safe}")
-}
-
 /// Runs the step's items; the step's output, or why it failed. A store
 /// error stops it (the items' rows say where it was).
 pub(super) async fn run(s: &Arc<Scheduler>, st: Step<'_>) -> Result<Result<Value, PluginError>, StoreError> {
@@ -215,7 +207,7 @@ async fn item(
     let result = async {
         let (params, env) = call?;
         crate::steps::validate_item(st.reg, &params).await?;
-        let key = key(st.id, st.seq, it.index, &it.label);
+        let key = crate::steps::item_key(st.id, st.seq, it.index, &it.label);
         let token = st.active.token.child_token();
         let c = Call {
             params: &params,
