@@ -57,7 +57,7 @@ async fn past_retention_every_finished_instance_is_archived_yet_browsable() {
 #[tokio::test]
 async fn past_archive_retention_an_instance_is_deleted_and_an_export_kept_it_first() {
     let agent = Agent::builder()
-        .config("scheduler:\n  retention: 1s\n  archive_retention: 2s\n  lease: 3s\n")
+        .config("scheduler:\n  retention: 1s\n  archive_retention: 1h\n  lease: 3s\n")
         .task("ok.yaml", "task: ok\nsteps:\n  - plugin: sleep\n")
         .start();
     let c = agent.client().await;
@@ -74,8 +74,11 @@ async fn past_archive_retention_an_instance_is_deleted_and_an_export_kept_it_fir
     let again = agent.cli(&["archive", "export", "--before", &tomorrow, file.to_str().unwrap()]);
     assert!(!again.status.success(), "an export never overwrites");
     assert!(String::from_utf8_lossy(&again.stderr).contains("cannot write the export there"));
-    // Deleted once past archive_retention (its end + 2 s): read by polling,
-    // as nothing is published for a deletion.
+    // Deleted once past archive_retention, lowered to 2 s (a restart, so
+    // the export above cannot race the deletion): read by polling, as
+    // nothing is published for a deletion.
+    let mut agent = agent;
+    shorten_archive_retention(&mut agent);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while agent.cli(&["show", &id]).status.success() {
         assert!(std::time::Instant::now() < deadline, "still archived after 30 s");
@@ -89,10 +92,20 @@ async fn past_archive_retention_an_instance_is_deleted_and_an_export_kept_it_fir
     assert_eq!((doc["id"].as_str(), doc["state"].as_str()), (Some(id.as_str()), Some("SUCCESS")), "{doc:#}");
     assert!(doc["transitions"].as_array().is_some_and(|t| t.len() >= 4), "{doc:#}");
     // Its dedup key goes with it; the store gives deleted pages back.
+    let c = agent.client().await;
     assert!(trigger_keyed(&c, "ok", "kept").await.created);
     let db = agent.path().join("data/apollo.db");
     let mode = std::process::Command::new("sqlite3").arg(&db).arg("PRAGMA auto_vacuum").output().unwrap();
     assert_eq!(String::from_utf8_lossy(&mode.stdout).trim(), "2", "incremental vacuum");
+}
+
+/// Restarts `agent` with `archive_retention: 2s` in place of `1h`.
+fn shorten_archive_retention(agent: &mut Agent) {
+    let config = agent.path().join("apollo.yaml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    assert_eq!(agent.stop().code(), Some(0));
+    std::fs::write(&config, text.replace("archive_retention: 1h", "archive_retention: 2s")).unwrap();
+    agent.spawn();
 }
 
 #[test]
@@ -113,8 +126,8 @@ fn an_archive_retention_shorter_than_the_retention_is_refused() {
 #[tokio::test]
 async fn on_postgresql_the_archive_ends_and_its_export_reads_back() {
     let schema = PgSchema::new("archive_ends");
-    let agent = Agent::builder()
-        .config(&format!("{}scheduler:\n  retention: 1s\n  archive_retention: 2s\n  lease: 3s\n", schema.config()))
+    let mut agent = Agent::builder()
+        .config(&format!("{}scheduler:\n  retention: 1s\n  archive_retention: 1h\n  lease: 3s\n", schema.config()))
         .task("ok.yaml", "task: ok\nsteps:\n  - plugin: sleep\n")
         .start();
     let c = agent.client().await;
@@ -126,6 +139,8 @@ async fn on_postgresql_the_archive_ends_and_its_export_reads_back() {
     let tomorrow = (chrono::Utc::now() + chrono::Duration::days(1)).format("%Y-%m-%d").to_string();
     let out = agent.cli(&["archive", "export", "--before", &tomorrow, file.to_str().unwrap()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("1 archived instance(s)"));
+    shorten_archive_retention(&mut agent);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while agent.cli(&["show", &id]).status.success() {
         assert!(std::time::Instant::now() < deadline, "still archived after 30 s");
