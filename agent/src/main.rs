@@ -93,6 +93,19 @@ enum PluginCmd {
         #[arg(long)]
         params: Option<String>,
     },
+    /// Write a new plugin on the Python SDK (sdk/python) and its tests:
+    /// `<dir>/NAME.py` and `<dir>/test_NAME.py`.
+    New {
+        /// The plugin's name (its file name: lower-case letters, digits, _ and -).
+        #[arg(id = "plugin", value_name = "NAME")]
+        name: String,
+        /// Python, on the SDK (the only language `new` writes).
+        #[arg(long, required = true)]
+        python: bool,
+        /// Where to write (default: the tasks directory's plugins/, where the agent registers it).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
 }
 
 /// The agent's exit statuses, on every man page.
@@ -133,6 +146,9 @@ fn examples(path: &str) -> Vec<(&'static str, &'static str)> {
                 "Check an external plugin before registering it:",
                 "apollo-agent plugin test tasks/plugins/inventory.py",
             )]
+        }
+        "apollo-agent plugin new" => {
+            vec![("A Python plugin and its tests in tasks/plugins/:", "apollo-agent plugin new restart_api --python")]
         }
         _ => Vec::new(),
     }
@@ -250,6 +266,26 @@ fn real_main(args: Args) -> anyhow::Result<ExitCode> {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             let ok = rt.block_on(apollo_agent::plugins::kit::run(&exe, params, &mut std::io::stdout()))?;
             Ok(if ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
+        }
+        Command::Plugin(PluginCmd::New { name, python: _, dir }) => {
+            let dir = dir.unwrap_or_else(|| cfg.tasks_dir().join("plugins"));
+            match apollo_agent::plugins::template::python(&name, &dir) {
+                Ok(w) => {
+                    let (plugin, test) = (w.plugin.display(), w.test.display());
+                    println!("wrote {plugin} (the plugin) and {test} (its tests)");
+                    println!("next (the SDK must be importable by the agent's python3: pip install ./sdk/python,");
+                    println!("or the apollo package's copy):");
+                    println!("  apollo-agent plugin test {plugin}");
+                    println!("  python3 {test}");
+                    println!("  a step:  - plugin: {name}");
+                    println!("             params: {{note: hello}}");
+                    Ok(ExitCode::SUCCESS)
+                }
+                Err(e) => {
+                    eprintln!("apollo-agent plugin new: {e}");
+                    Ok(ExitCode::from(1))
+                }
+            }
         }
         Command::Man { .. } | Command::Completions { .. } => Ok(ExitCode::SUCCESS),
         Command::Backup { file } => {

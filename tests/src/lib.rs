@@ -180,6 +180,9 @@ impl AgentBuilder {
     pub fn start(self) -> Agent {
         if self.bundled {
             copy_dir(&repo().join("tasks"), &self.dir.path().join("tasks"));
+            // The bundled Python plugin finds the SDK beside its tasks dir,
+            // as in the checkout (or installed, as the package does).
+            std::os::unix::fs::symlink(repo().join("sdk"), self.dir.path().join("sdk")).unwrap();
         }
         std::fs::create_dir_all(self.dir.path().join("tasks")).unwrap();
         if let Some(c) = &self.config {

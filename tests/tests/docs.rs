@@ -254,7 +254,7 @@ fn the_service_set_up_by_hand_installs_what_operations_md_says() {
     for bin in ["apollo-agent", "apollo", "apollo-tui"] {
         stub(&clone.join("target/release").join(bin), &format!("exec {} \"$@\"", bin_dir().join(bin).display()));
     }
-    for dir in ["packaging", "tasks"] {
+    for dir in ["packaging", "tasks", "sdk"] {
         std::os::unix::fs::symlink(repo().join(dir), clone.join(dir)).unwrap();
     }
     let script = recipe.replacen("ROOT=\n", &format!("ROOT={}\n", root.display()), 1);
@@ -304,8 +304,20 @@ fn the_service_set_up_by_hand_installs_what_operations_md_says() {
     let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     let no_group = text.lines().filter(|l| !l.trim().is_empty()).all(|l| l.contains("there is no group \"apollo\""));
     assert!(out.status.success() || no_group, "{text}");
-    let out =
-        Command::new(&agent).arg("check").arg(root.join("etc/apollo/tasks")).current_dir(tmp.path()).output().unwrap();
+    // The root's python3: the system one, with the root's dist-packages
+    // (where the recipe installed the SDK) as /usr/lib/python3/dist-packages.
+    let python = tmp.path().join("python-of-root");
+    std::fs::create_dir_all(&python).unwrap();
+    let real = String::from_utf8(Command::new("sh").args(["-c", "command -v python3"]).output().unwrap().stdout).unwrap();
+    let site = root.join("usr/lib/python3/dist-packages");
+    stub(&python.join("python3"), &format!("PYTHONPATH={} exec {} \"$@\"", site.display(), real.trim()));
+    let out = Command::new(&agent)
+        .arg("check")
+        .arg(root.join("etc/apollo/tasks"))
+        .current_dir(tmp.path())
+        .env("PATH", format!("{}:{}", python.display(), std::env::var("PATH").unwrap()))
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     let n = definitions(&repo().join("tasks"));
     assert!(out.status.success() && text.contains(&format!("{n} definition(s) valid, 0 problem(s)")), "{text}");

@@ -44,6 +44,7 @@ mod rollout;
 mod s3;
 mod screen;
 mod scripts;
+mod sdk;
 mod secrets;
 mod sources;
 mod ssh;

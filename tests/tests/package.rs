@@ -236,6 +236,9 @@ fn the_installed_package_serves_every_operator_and_upgrades_removes_and_purges_c
     // Root operates; the example runs as the README says.
     let (code, said) = apollo_as("root", &["run", "daily_report", "--wait"]);
     assert_eq!(code, Some(0), "{said}\n{}", agent_log());
+    // The Python example runs on the SDK the package installs for /usr/bin/python3.
+    let (code, said) = apollo_as("root", &["run", "provision_host", "--wait"]);
+    assert_eq!(code, Some(0), "{said}\n{}", agent_log());
     // A member of the group observes (the edited config): reads, and is told it may not change things.
     let (code, said) = apollo_as("apollo-t-member", &["ls"]);
     assert_eq!(code, Some(0), "{said}");

@@ -29,6 +29,7 @@ mod s3;
 mod shell;
 mod sleep;
 mod task;
+pub mod template;
 pub mod worker;
 
 pub use contract::{panic_message, unwinding, Call, ParamDoc, Plugin, PluginError};
