@@ -115,3 +115,83 @@ fn every_operator_action_is_the_operators_row_with_its_reason() {
     let human = String::from_utf8_lossy(&agent.cli(&["show", &queued]).stdout).to_string();
     assert!(human.contains("created by manual (queued behind)  (root (uid 0))"), "{human}");
 }
+
+/// `apollo timeline`: an instance that fails, is retried by an operator with
+/// a reason and succeeds, in all three formats; once archived, the same
+/// timeline from the archive.
+#[tokio::test]
+async fn a_timeline_lists_each_attempt_and_the_operators_retry_in_order_in_every_format() {
+    let agent = Agent::builder()
+        .config("scheduler:\n  retention: 3s\n")
+        .task(
+            "flaky.yaml",
+            "task: flaky\non_failure: stop\nsteps:\n  - name: check\n    plugin: shell\n    retry: 0\n    params:\n      command: test -e ok || { echo 'no ok file' >&2; exit 3; }\n",
+        )
+        .start();
+    let c = agent.client().await;
+    c.subscribe(&[apollo_shared::protocol::Topic::Tasks]).await.unwrap();
+    let mut pushed = c.take_events().unwrap();
+    let (code, inst) = agent.cli_json(&["run", "flaky", "--wait"]);
+    assert_eq!((code, inst["state"].as_str()), (1, Some("FAILED")), "{inst:#}");
+    let id = inst["id"].as_str().unwrap().to_string();
+    let work = agent.path().join("data/work").join(&id);
+    std::fs::write(work.join("ok"), "").unwrap();
+    let (code, _) = agent.cli_json(&["retry", &id, "--wait", "--reason", "created the ok file"]);
+    assert_eq!(code, 0);
+
+    let (code, t) = agent.cli_json(&["timeline", &id]);
+    assert_eq!(code, 0, "{t:#}");
+    let events = t["events"].as_array().unwrap();
+    let find = |pred: &dyn Fn(&Value) -> bool, what: &str| {
+        events.iter().position(pred).unwrap_or_else(|| panic!("no {what}: {t:#}"))
+    };
+    let failed = find(&|e| e["kind"] == "step" && e["to"] == "FAILED", "step failure");
+    let retry = find(&|e| e["kind"] == "instance" && e["to"] == "RETRYING" && e["operator"] == true, "operator retry");
+    let ok = find(&|e| e["kind"] == "step" && e["to"] == "SUCCESS", "step success");
+    assert!(failed < retry && retry < ok, "in order: {t:#}");
+    let f = &events[failed];
+    assert_eq!((f["step"].as_str(), f["from"].as_str()), (Some("check"), Some("RUNNING")), "{f:#}");
+    assert!(f["error"].as_str().unwrap().contains("exit code 3"), "{f:#}");
+    assert!(f["duration_secs"].as_f64().is_some(), "{f:#}");
+    let r = &events[retry];
+    assert!(r["reason"].as_str().unwrap().contains("created the ok file"), "{r:#}");
+    assert!(r["actor"].as_str().unwrap().ends_with("(uid 0)"), "{r:#}");
+    let offsets: Vec<f64> = events.iter().map(|e| e["offset_secs"].as_f64().unwrap()).collect();
+    assert!(offsets[0] == 0.0 && offsets.windows(2).all(|w| w[0] <= w[1]), "{offsets:?}");
+    assert_eq!(t["instances"][0]["state"], "SUCCESS");
+
+    let human = String::from_utf8_lossy(&agent.cli(&["timeline", &id]).stdout).to_string();
+    let lines: Vec<&str> = human.lines().collect();
+    let at =
+        |needle: &str| lines.iter().position(|l| l.contains(needle)).unwrap_or_else(|| panic!("{needle}: {human}"));
+    assert!(
+        at("check: RUNNING -> FAILED") < at("created the ok file")
+            && at("created the ok file") < at("check: RUNNING -> SUCCESS")
+    );
+    assert!(lines[0].starts_with("+00:00:00  "), "{human}");
+
+    let md = String::from_utf8_lossy(&agent.cli(&["timeline", &id, "--md"]).stdout).to_string();
+    for section in [
+        "## Timeline",
+        "- **Started:** flaky (manual by root",
+        "- **Lasted:**",
+        "- **Outcome:** flaky",
+        "SUCCESS",
+        "- **Who acted:** ",
+        "| + | UTC | instance | what | detail |",
+    ] {
+        assert!(md.contains(section), "{section}: {md}");
+    }
+    assert!(md.contains("created the ok file") && md.contains("check: RUNNING -> FAILED"), "{md}");
+
+    // Unknown ids are named; once archived, the timeline reads the archive.
+    let out = agent.cli(&["timeline", "01ZZZZZZZZZZZZZZZZZZZZZZZZ"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("01ZZZZZZZZZZZZZZZZZZZZZZZZ"));
+    wait_event(&mut pushed, "the instance archived", |e| {
+        e.kind() == apollo_shared::protocol::EventKind::InstanceArchived
+    })
+    .await;
+    let (code, archived) = agent.cli_json(&["timeline", &id]);
+    assert_eq!((code, archived["events"].as_array().map(Vec::len)), (0, Some(events.len())), "{archived:#}");
+}

@@ -308,7 +308,8 @@ fn the_service_set_up_by_hand_installs_what_operations_md_says() {
     // (where the recipe installed the SDK) as /usr/lib/python3/dist-packages.
     let python = tmp.path().join("python-of-root");
     std::fs::create_dir_all(&python).unwrap();
-    let real = String::from_utf8(Command::new("sh").args(["-c", "command -v python3"]).output().unwrap().stdout).unwrap();
+    let real =
+        String::from_utf8(Command::new("sh").args(["-c", "command -v python3"]).output().unwrap().stdout).unwrap();
     let site = root.join("usr/lib/python3/dist-packages");
     stub(&python.join("python3"), &format!("PYTHONPATH={} exec {} \"$@\"", site.display(), real.trim()));
     let out = Command::new(&agent)

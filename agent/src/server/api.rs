@@ -88,6 +88,7 @@ impl Api {
                 }
                 Err(e) => Err(store_err(e)),
             }),
+            Call::TasksTimeline(p) => answer::<m::TasksTimeline>(self.timeline(p).await),
             Call::TasksList(p) => answer::<m::TasksList>(self.list(p).await),
             Call::TasksRetry(p) => answer::<m::TasksRetry>(self.retry(p, actor).await),
             Call::StepsSkip(p) => answer::<m::StepsSkip>(self.skip(p, actor).await),
@@ -281,6 +282,19 @@ impl Api {
             });
         }
         Ok(DryRunResult { task: def.task.clone(), valid: steps.iter().all(|s| s.valid), steps })
+    }
+
+    /// Each instance as `tasks.get` reads it (hot, else archived), merged.
+    async fn timeline(&self, p: TimelineParams) -> Result<Timeline, RpcError> {
+        if p.ids.is_empty() || p.ids.len() > 100 {
+            let n = p.ids.len();
+            return Err(RpcError::new(code::INVALID_PARAMS, format!("tasks.timeline: {n} ids (expected 1 to 100)")));
+        }
+        let mut instances = Vec::with_capacity(p.ids.len());
+        for id in &p.ids {
+            instances.push(self.h.store.get(id).await.map_err(store_err)?);
+        }
+        Ok(Timeline::build(&instances))
     }
 
     async fn list(&self, p: ListParams) -> Result<ListResult, RpcError> {

@@ -8,6 +8,7 @@ use super::items::{ItemRun, ItemsParams};
 use super::rails::*;
 use super::rollouts::*;
 use super::status::*;
+use super::timeline::{Timeline, TimelineParams};
 use super::types::{self, *};
 use super::{code, RpcError};
 use serde::de::DeserializeOwned;
@@ -100,6 +101,8 @@ methods! {
     TasksList = "tasks.list" (ListParams) -> ListResult, false, "state?, task?, queue?, limit?, cursor?, archived?";
     /// One instance with its steps and history.
     TasksGet = "tasks.get" (IdParams) -> Instance, false, "id";
+    /// Instances' history as one time-ordered list of events, for a postmortem.
+    TasksTimeline = "tasks.timeline" (TimelineParams) -> Timeline, false, "ids";
     TasksTrigger = "tasks.trigger" (TriggerParams) -> TriggerResult, true, "task, params?, dedup_key?, reason?";
     /// What a run would do, without running anything.
     TasksDryRun = "tasks.dry_run" (TriggerParams) -> DryRunResult, false, "task, params?";

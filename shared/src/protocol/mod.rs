@@ -27,6 +27,7 @@ pub mod methods;
 mod rails;
 mod rollouts;
 mod status;
+mod timeline;
 mod types;
 pub use archive::*;
 pub use events::{AlertKind, Event, EventData, Raised, StepMoved};
@@ -35,6 +36,7 @@ pub use methods::{is_mutating, Call, Method, METHODS};
 pub use rails::*;
 pub use rollouts::*;
 pub use status::*;
+pub use timeline::*;
 pub use topics::*;
 pub use types::*;
 

@@ -84,6 +84,16 @@ pub(super) enum Cmd {
         #[arg(long, value_name = "FILE")]
         file: Option<PathBuf>,
     },
+    /// The instances' history as one time-ordered list: every step attempt with its duration
+    /// and error, every operator action with actor and reason (`+HH:MM:SS` beside UTC).
+    Timeline {
+        #[arg(required = true, add = ArgValueCandidates::new(docs::instances))]
+        ids: Vec<String>,
+        /// A Markdown section for a postmortem: a summary (what started it, how long, the
+        /// outcome, who acted), then every event.
+        #[arg(long)]
+        md: bool,
+    },
     /// Print an instance's logs: every step's, each attempt opened by a line naming it.
     Logs {
         #[arg(add = ArgValueCandidates::new(docs::instances))]

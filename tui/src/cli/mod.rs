@@ -21,6 +21,7 @@ mod items;
 mod pause;
 mod render;
 mod rollout;
+mod timeline;
 mod watch;
 
 use apollo_shared::state::Tone;
@@ -250,6 +251,7 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
             }
             Ok(ExitCode::SUCCESS)
         }
+        Cmd::Timeline { ids, md } => timeline::run(&client, ids, *md, json).await,
         Cmd::Show { id, items: true, .. } => items::show(&client, id, json, &out).await,
         Cmd::Show { id, items: false, .. } => {
             let inst = get(&client, id).await?;

@@ -1,0 +1,127 @@
+//! `tasks.timeline`: the instances chosen, their history rows merged into
+//! one time-ordered list of events, each step attempt's end with its
+//! duration and its error's first line, operators' actions marked — what a
+//! postmortem starts from. Built from what `tasks.get` returns (hot or
+//! archived), so it says nothing a `show` would not.
+
+use super::types::{Instance, Transition};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeSet, HashMap};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TimelineParams {
+    /// Instance ids (at least one).
+    pub ids: Vec<String>,
+}
+
+/// One instance of a timeline, as it stands.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TimelineInstance {
+    pub id: String,
+    pub task: String,
+    pub state: String,
+    pub trigger: String,
+    pub trace_id: String,
+    pub created_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// One event. `offset_secs` counts from the timeline's first event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TimelineEvent {
+    pub at: DateTime<Utc>,
+    pub offset_secs: f64,
+    pub instance: String,
+    /// `instance` (the instance moved) or `step`.
+    pub kind: String,
+    /// The step's name (step events).
+    pub step: Option<String>,
+    pub from: Option<String>,
+    pub to: String,
+    pub actor: String,
+    /// A person (or a trigger on their behalf) caused it, not the agent.
+    pub operator: bool,
+    pub reason: String,
+    /// A step attempt's end: how long it ran.
+    pub duration_secs: Option<f64>,
+    /// A failure's first line.
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Timeline {
+    pub instances: Vec<TimelineInstance>,
+    pub events: Vec<TimelineEvent>,
+}
+
+impl Timeline {
+    /// The events of `instances` (with their history, as `tasks.get` gives
+    /// them), in time order; rows of one instance keep their order.
+    pub fn build(instances: &[Instance]) -> Timeline {
+        let mut events = Vec::new();
+        for inst in instances {
+            let names: HashMap<u32, &str> = inst.steps.iter().flatten().map(|s| (s.seq, s.name.as_str())).collect();
+            let mut running: HashMap<u32, DateTime<Utc>> = HashMap::new();
+            for t in inst.transitions.iter().flatten() {
+                events.push(event(inst, t, &names, &mut running));
+            }
+        }
+        events.sort_by_key(|e| e.at); // stable: one instance's rows stay in order
+        if let Some(first) = events.first().map(|e| e.at) {
+            for e in &mut events {
+                e.offset_secs = (e.at - first).num_milliseconds() as f64 / 1000.0;
+            }
+        }
+        let instances = instances
+            .iter()
+            .map(|i| TimelineInstance {
+                id: i.id.clone(),
+                task: i.task.clone(),
+                state: i.state.as_str().to_string(),
+                trigger: i.trigger.clone(),
+                trace_id: i.trace_id.clone(),
+                created_at: i.created_at,
+                finished_at: i.finished_at,
+            })
+            .collect();
+        Timeline { instances, events }
+    }
+
+    /// The operators who acted, in the order they first did.
+    pub fn actors(&self) -> Vec<&str> {
+        let mut seen = BTreeSet::new();
+        self.events.iter().filter(|e| e.operator && seen.insert(e.actor.as_str())).map(|e| e.actor.as_str()).collect()
+    }
+}
+
+fn event(
+    inst: &Instance,
+    t: &Transition,
+    names: &HashMap<u32, &str>,
+    running: &mut HashMap<u32, DateTime<Utc>>,
+) -> TimelineEvent {
+    let mut duration_secs = None;
+    if let Some(seq) = t.step {
+        if t.to == "RUNNING" {
+            running.insert(seq, t.at);
+        } else if t.from.as_deref() == Some("RUNNING") {
+            duration_secs = running.remove(&seq).map(|s| (t.at - s).num_milliseconds() as f64 / 1000.0);
+        }
+    }
+    let failed = matches!(t.to.as_str(), "FAILED" | "RETRYING");
+    TimelineEvent {
+        at: t.at,
+        offset_secs: 0.0,
+        instance: inst.id.clone(),
+        kind: if t.step.is_some() { "step" } else { "instance" }.to_string(),
+        step: t.step.map(|s| names.get(&s).map(|n| n.to_string()).unwrap_or_else(|| format!("#{s}"))),
+        from: t.from.clone(),
+        to: t.to.clone(),
+        actor: t.actor.clone(),
+        operator: t.by_operator(),
+        reason: t.reason.clone(),
+        duration_secs,
+        error: failed.then(|| t.reason.lines().next().unwrap_or_default().to_string()).filter(|e| !e.is_empty()),
+    }
+}
