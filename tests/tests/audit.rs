@@ -195,3 +195,42 @@ async fn a_timeline_lists_each_attempt_and_the_operators_retry_in_order_in_every
     let (code, archived) = agent.cli_json(&["timeline", &id]);
     assert_eq!((code, archived["events"].as_array().map(Vec::len)), (0, Some(events.len())), "{archived:#}");
 }
+
+/// A sub-runbook's child joins its parent's trace: one trace id gives both
+/// instances' timeline; a window says what it read, and an empty one is
+/// no error.
+#[test]
+fn a_timeline_by_trace_id_joins_a_parent_and_its_child_and_an_empty_window_says_so() {
+    let agent = Agent::builder()
+        .task("child.yaml", "task: child\nsteps:\n  - name: work\n    plugin: sleep\n")
+        .task("parent.yaml", "task: parent\nsteps:\n  - name: call\n    task: child\n")
+        .task("other.yaml", "task: other\nsteps:\n  - plugin: sleep\n")
+        .start();
+    let (code, parent) = agent.cli_json(&["run", "parent", "--wait"]);
+    assert_eq!(code, 0, "{parent:#}");
+    assert_eq!(agent.cli_json(&["run", "other", "--wait"]).0, 0);
+    let trace = parent["trace_id"].as_str().unwrap();
+    let (code, t) = agent.cli_json(&["timeline", "--trace", trace]);
+    assert_eq!(code, 0, "{t:#}");
+    let mut tasks: Vec<&str> = t["instances"].as_array().unwrap().iter().map(|i| i["task"].as_str().unwrap()).collect();
+    tasks.sort();
+    assert_eq!(tasks, ["child", "parent"], "{t:#}");
+    assert_eq!(t["read"], serde_json::json!(["hot", "archive"]));
+    let child = t["instances"].as_array().unwrap().iter().find(|i| i["task"] == "child").unwrap()["id"].clone();
+    let steps: Vec<(&str, &str)> = t["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["kind"] == "step" && e["to"] == "SUCCESS")
+        .map(|e| (e["step"].as_str().unwrap(), e["instance"].as_str().unwrap()))
+        .collect();
+    assert_eq!(steps.len(), 2, "{t:#}");
+    assert_eq!(steps[0], ("work", child.as_str().unwrap()), "the child's step ends before its parent's: {t:#}");
+    assert_eq!(steps[1].0, "call");
+
+    let (_, by_task) = agent.cli_json(&["timeline", "--since", "1h", "--task", "other"]);
+    assert_eq!(by_task["instances"].as_array().map(Vec::len), Some(1), "{by_task:#}");
+    let empty = agent.cli(&["timeline", "--since", "1h", "--queue", "nothing-here"]);
+    assert_eq!(empty.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&empty.stdout).contains("no instance in the window (read: hot, archive)"));
+}

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 mod logs;
+mod timeline;
 mod undo;
 
 /// The methods' state: the store, catalog and plugins are the scheduler's.
@@ -157,6 +158,7 @@ impl Api {
             trigger,
             actor: actor.into(),
             event: None,
+            trace_id: None,
         };
         self.triggers.create(r).await
     }
@@ -282,19 +284,6 @@ impl Api {
             });
         }
         Ok(DryRunResult { task: def.task.clone(), valid: steps.iter().all(|s| s.valid), steps })
-    }
-
-    /// Each instance as `tasks.get` reads it (hot, else archived), merged.
-    async fn timeline(&self, p: TimelineParams) -> Result<Timeline, RpcError> {
-        if p.ids.is_empty() || p.ids.len() > 100 {
-            let n = p.ids.len();
-            return Err(RpcError::new(code::INVALID_PARAMS, format!("tasks.timeline: {n} ids (expected 1 to 100)")));
-        }
-        let mut instances = Vec::with_capacity(p.ids.len());
-        for id in &p.ids {
-            instances.push(self.h.store.get(id).await.map_err(store_err)?);
-        }
-        Ok(Timeline::build(&instances))
     }
 
     async fn list(&self, p: ListParams) -> Result<ListResult, RpcError> {

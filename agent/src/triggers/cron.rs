@@ -151,6 +151,7 @@ impl CronRunner {
                             trigger: format!("cron {}", f.at.to_rfc3339()),
                             actor: "scheduler".into(),
                             event: None,
+                            trace_id: None,
                         })
                         .await;
                     if let Err(e) = r {

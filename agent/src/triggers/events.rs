@@ -50,6 +50,8 @@ impl Triggers {
             .map(|l| l.def.task.clone())
             .collect();
         let mut created = Vec::new();
+        // The instances one event starts share a trace.
+        let trace = format!("{:032x}", rand::random::<u128>());
         for task in listeners {
             let r = self
                 .create(Request {
@@ -59,6 +61,7 @@ impl Triggers {
                     trigger: format!("event {}", p.name),
                     actor: actor.to_string(),
                     event: Some(data.clone()),
+                    trace_id: Some(trace.clone()),
                 })
                 .await?;
             if r.created {

@@ -52,6 +52,8 @@ pub struct Request {
     pub trigger: String,
     pub actor: String,
     pub event: Option<Value>,
+    /// The trace it joins (a sub-runbook's child: its parent's); else a new one.
+    pub trace_id: Option<String>,
 }
 
 pub fn store_error(e: StoreError) -> RpcError {
@@ -159,7 +161,7 @@ impl Triggers {
             ));
         }
         let id = self.new_id();
-        let trace_id = format!("{:032x}", rand::random::<u128>());
+        let trace_id = r.trace_id.unwrap_or_else(|| format!("{:032x}", rand::random::<u128>()));
         let work_dir = self.h.data_dir.join("work").join(&id);
         let work_dir = std::path::absolute(&work_dir).unwrap_or(work_dir);
         let ctx = Context {
@@ -260,11 +262,22 @@ impl crate::handles::Children for ChildMaker {
         by: String,
     ) -> futures::future::BoxFuture<'a, Result<String, String>> {
         Box::pin(async move {
-            let trigger = match crate::store::parent_of(Some(&key)) {
-                Some((parent, seq)) => format!("step {seq} of {parent}"),
-                None => "a parent step".to_string(),
+            let (trigger, trace_id) = match crate::store::parent_of(Some(&key)) {
+                // The child joins its parent's trace, so one trace id finds both.
+                Some((parent, seq)) => {
+                    (format!("step {seq} of {parent}"), self.0.h.store.get(&parent).await.ok().map(|p| p.trace_id))
+                }
+                None => ("a parent step".to_string(), None),
             };
-            let r = Request { task: task.to_string(), params, dedup_key: Some(key), trigger, actor: by, event: None };
+            let r = Request {
+                task: task.to_string(),
+                params,
+                dedup_key: Some(key),
+                trigger,
+                actor: by,
+                event: None,
+                trace_id,
+            };
             self.0.create(r).await.map(|t| t.id).map_err(|e| e.message)
         })
     }

@@ -102,7 +102,7 @@ methods! {
     /// One instance with its steps and history.
     TasksGet = "tasks.get" (IdParams) -> Instance, false, "id";
     /// Instances' history as one time-ordered list of events, for a postmortem.
-    TasksTimeline = "tasks.timeline" (TimelineParams) -> Timeline, false, "ids";
+    TasksTimeline = "tasks.timeline" (TimelineParams) -> Timeline, false, "ids, or since?, until?, queue?, task?, trace?";
     TasksTrigger = "tasks.trigger" (TriggerParams) -> TriggerResult, true, "task, params?, dedup_key?, reason?";
     /// What a run would do, without running anything.
     TasksDryRun = "tasks.dry_run" (TriggerParams) -> DryRunResult, false, "task, params?";

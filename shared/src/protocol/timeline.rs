@@ -11,8 +11,22 @@ use std::collections::{BTreeSet, HashMap};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TimelineParams {
-    /// Instance ids (at least one).
+    /// Instance ids; without them, the instances of a window:
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ids: Vec<String>,
+    /// Created at or after this (default: 24 hours ago)…
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<DateTime<Utc>>,
+    /// …and at or before this (default: now).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
+    /// Only the instances of this trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<String>,
 }
 
 /// One instance of a timeline, as it stands.
@@ -53,6 +67,9 @@ pub struct TimelineEvent {
 pub struct Timeline {
     pub instances: Vec<TimelineInstance>,
     pub events: Vec<TimelineEvent>,
+    /// What was read: `hot` and `archive` for a window.
+    #[serde(default)]
+    pub read: Vec<String>,
 }
 
 impl Timeline {
@@ -85,7 +102,7 @@ impl Timeline {
                 finished_at: i.finished_at,
             })
             .collect();
-        Timeline { instances, events }
+        Timeline { instances, events, read: Vec::new() }
     }
 
     /// The operators who acted, in the order they first did.

@@ -86,9 +86,23 @@ pub(super) enum Cmd {
     },
     /// The instances' history as one time-ordered list: every step attempt with its duration
     /// and error, every operator action with actor and reason (`+HH:MM:SS` beside UTC).
+    /// Without ids, the instances created in a window (default: the last 24 h), hot and archived.
     Timeline {
-        #[arg(required = true, add = ArgValueCandidates::new(docs::instances))]
+        #[arg(add = ArgValueCandidates::new(docs::instances))]
         ids: Vec<String>,
+        /// The window's start: `2h`, `30m`, `7d` ago, or an RFC 3339 time.
+        #[arg(long, conflicts_with = "ids")]
+        since: Option<String>,
+        /// The window's end (default: now), as --since.
+        #[arg(long, conflicts_with = "ids")]
+        until: Option<String>,
+        #[arg(long, conflicts_with = "ids")]
+        queue: Option<String>,
+        #[arg(long, conflicts_with = "ids")]
+        task: Option<String>,
+        /// Only the instances of this trace id (in the window).
+        #[arg(long, conflicts_with = "ids")]
+        trace: Option<String>,
         /// A Markdown section for a postmortem: a summary (what started it, how long, the
         /// outcome, who acted), then every event.
         #[arg(long)]

@@ -35,7 +35,9 @@ use crate::client::Client;
 use crate::contexts::{Context, Contexts};
 use crate::local::{self, LocalAgent};
 use apollo_shared::protocol::methods as m;
-use apollo_shared::protocol::{LimitParams, ListParams, Method, NoParams, PublishParams, Topic, TriggerParams};
+use apollo_shared::protocol::{
+    LimitParams, ListParams, Method, NoParams, PublishParams, TimelineParams, Topic, TriggerParams,
+};
 use apollo_shared::state::{OperatorAction, TaskState};
 use serde_json::{json, Map, Value};
 use std::process::ExitCode;
@@ -251,7 +253,17 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
             }
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Timeline { ids, md } => timeline::run(&client, ids, *md, json).await,
+        Cmd::Timeline { ids, since, until, queue, task, trace, md } => {
+            let p = TimelineParams {
+                ids: ids.clone(),
+                since: since.as_deref().map(|s| timeline::when("--since", s)).transpose()?,
+                until: until.as_deref().map(|s| timeline::when("--until", s)).transpose()?,
+                queue: queue.clone(),
+                task: task.clone(),
+                trace: trace.clone(),
+            };
+            timeline::run(&client, p, *md, json).await
+        }
         Cmd::Show { id, items: true, .. } => items::show(&client, id, json, &out).await,
         Cmd::Show { id, items: false, .. } => {
             let inst = get(&client, id).await?;

@@ -5,11 +5,12 @@ use super::failure::Failure;
 use super::render::{print_json, Out};
 use apollo_shared::protocol::methods as m;
 use apollo_shared::protocol::{Timeline, TimelineEvent, TimelineParams};
+use chrono::{DateTime, Utc};
 use std::fmt::Write;
 use std::process::ExitCode;
 
-pub async fn run(client: &crate::client::Client, ids: &[String], md: bool, json: bool) -> Result<ExitCode, Failure> {
-    let t = client.request::<m::TasksTimeline>(TimelineParams { ids: ids.to_vec() }).await?;
+pub async fn run(client: &crate::client::Client, p: TimelineParams, md: bool, json: bool) -> Result<ExitCode, Failure> {
+    let t = client.request::<m::TasksTimeline>(p).await?;
     if json {
         print_json(&t);
     } else if md {
@@ -18,6 +19,16 @@ pub async fn run(client: &crate::client::Client, ids: &[String], md: bool, json:
         table(&Out::new(), &t);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A window's bound: a time ago (`2h`) or an RFC 3339 time.
+pub fn when(flag: &str, text: &str) -> Result<DateTime<Utc>, Failure> {
+    if let Ok(t) = DateTime::parse_from_rfc3339(text) {
+        return Ok(t.with_timezone(&Utc));
+    }
+    super::act::since(text).map_err(|_| {
+        Failure::Usage(format!("{flag} {text:?}: expected a time ago (90s, 30m, 2h, 7d) or an RFC 3339 time"))
+    })
 }
 
 /// `+01:02:03` from seconds.
@@ -66,7 +77,8 @@ fn detail(e: &TimelineEvent) -> String {
 
 fn table(out: &Out, t: &Timeline) {
     if t.events.is_empty() {
-        println!("no events");
+        let read = if t.read.is_empty() { String::new() } else { format!(" (read: {})", t.read.join(", ")) };
+        println!("no instance in the window{read}");
         return;
     }
     for e in &t.events {
@@ -100,6 +112,9 @@ pub fn markdown(t: &Timeline) -> String {
             "- **Who acted:** {}",
             if actors.is_empty() { "nobody".to_string() } else { actors.join(", ") }
         );
+    }
+    if !t.read.is_empty() {
+        let _ = writeln!(s, "- **Read:** {}", t.read.join(", "));
     }
     s.push_str("\n| + | UTC | instance | what | detail |\n|---|---|---|---|---|\n");
     for e in &t.events {

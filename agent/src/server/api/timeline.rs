@@ -1,0 +1,78 @@
+//! tasks.timeline: the instances chosen by id, or by a window (created
+//! since/until, a queue, a task, a trace id), each read as `tasks.get` reads
+//! it (hot, else archived) and merged into one list.
+
+use super::*;
+use crate::store::ListFilter;
+
+/// The most instances one timeline holds.
+const MAX_INSTANCES: usize = 1000;
+/// A window's default start: the last 24 hours.
+const DEFAULT_WINDOW_HOURS: i64 = 24;
+
+impl Api {
+    pub(super) async fn timeline(&self, p: TimelineParams) -> Result<Timeline, RpcError> {
+        let bad = |m: String| RpcError::new(code::INVALID_PARAMS, format!("tasks.timeline: {m}"));
+        if p.ids.len() > MAX_INSTANCES {
+            return Err(bad(format!("{} ids (expected at most {MAX_INSTANCES})", p.ids.len())));
+        }
+        let window = p.ids.is_empty();
+        let (ids, read) = if window { self.window(&p).await? } else { (p.ids.clone(), Vec::new()) };
+        let mut instances = Vec::with_capacity(ids.len());
+        for id in &ids {
+            instances.push(self.h.store.get(id).await.map_err(store_err)?);
+        }
+        let mut t = Timeline::build(&instances);
+        t.read = read;
+        Ok(t)
+    }
+
+    /// The ids of the instances the window holds, oldest first, and which
+    /// parts of the store were read (the hot table, the archive).
+    async fn window(&self, p: &TimelineParams) -> Result<(Vec<String>, Vec<String>), RpcError> {
+        let since = p.since.unwrap_or_else(|| chrono::Utc::now() - chrono::Duration::hours(DEFAULT_WINDOW_HOURS));
+        let until = p.until.unwrap_or_else(chrono::Utc::now);
+        let mut ids = Vec::new();
+        let mut read = Vec::new();
+        // Ids are ULIDs, their time first: the lowest id after `until`.
+        let after_until = ulid::Ulid::from_parts((until.timestamp_millis() + 1).max(0) as u64, 0).to_string();
+        for archived in [false, true] {
+            let mut before = Some(after_until.clone());
+            loop {
+                let filter = ListFilter {
+                    state: None,
+                    task: p.task.clone(),
+                    queue: p.queue.clone(),
+                    limit: 500,
+                    before: before.clone(),
+                    since: Some(since),
+                };
+                let page =
+                    if archived { self.listing.list_archived(filter).await } else { self.listing.list(filter).await }
+                        .map_err(store_err)?;
+                let n = page.len();
+                before = page.last().map(|i| i.id.clone());
+                for i in page {
+                    if p.trace.as_ref().is_none_or(|t| *t == i.trace_id) {
+                        ids.push(i.id);
+                    }
+                }
+                if ids.len() > MAX_INSTANCES {
+                    return Err(RpcError::new(
+                        code::INVALID_PARAMS,
+                        format!(
+                            "tasks.timeline: more than {MAX_INSTANCES} instances in the window; narrow it (since, until, queue, task)"
+                        ),
+                    ));
+                }
+                if n < 500 {
+                    break;
+                }
+            }
+            read.push(if archived { "archive" } else { "hot" }.to_string());
+        }
+        ids.sort();
+        ids.dedup();
+        Ok((ids, read))
+    }
+}
