@@ -230,3 +230,22 @@ fn the_figures_on_screen_stay_equal_to_a_fresh_read() {
     assert!((shell["stats"]["failure_rate"].as_f64().unwrap() - 5.0 / 9.0).abs() < 1e-9, "{shell:#}");
     assert_eq!(c.quit(), 0);
 }
+
+#[test]
+fn t_shows_the_selected_instances_timeline_and_writes_it_as_markdown() {
+    let agent = Agent::builder().task("gate.yaml", GATE).start();
+    let failed = failed_gate(&agent);
+    let file = std::env::temp_dir().join(format!("apollo-timeline-{failed}.md"));
+    let _ = std::fs::remove_file(&file);
+    let sock = agent.socket.display().to_string();
+    let mut c = Console::start(agent.path(), &["--socket", &sock], None);
+    c.wait_for(&[&failed]);
+    c.keys("T");
+    c.wait_for(&["timeline written to", "PENDING -> RUNNING", "-> FAILED"]);
+    let md = std::fs::read_to_string(&file).unwrap();
+    assert!(md.contains("## Timeline") && md.contains(&format!("gate {failed} FAILED")), "{md}");
+    std::fs::remove_file(&file).unwrap();
+    c.keys("x"); // any other key closes the overlay
+    c.wait_for(&["tasks (1)"]);
+    assert_eq!(c.quit(), 0);
+}

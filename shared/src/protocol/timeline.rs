@@ -8,8 +8,9 @@ use super::types::{Instance, Transition};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashMap};
+use std::fmt::Write;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct TimelineParams {
     /// Instance ids; without them, the instances of a window:
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -105,6 +106,29 @@ impl Timeline {
         Timeline { instances, events, read: Vec::new() }
     }
 
+    /// One line per event: `+HH:MM:SS  UTC  task…id  step: FROM -> TO  detail`.
+    pub fn lines(&self) -> Vec<String> {
+        let t = self;
+        self.events
+            .iter()
+            .map(|e| {
+                format!(
+                    "{}  {}  {}  {}  {}",
+                    offset(e.offset_secs),
+                    e.at.format("%Y-%m-%d %H:%M:%S%.3fZ"),
+                    who(t, e),
+                    what(e),
+                    detail(e)
+                )
+            })
+            .collect()
+    }
+
+    /// A Markdown section to paste into a postmortem: a summary, then every event.
+    pub fn markdown(&self) -> String {
+        markdown(self)
+    }
+
     /// The operators who acted, in the order they first did.
     pub fn actors(&self) -> Vec<&str> {
         let mut seen = BTreeSet::new();
@@ -141,4 +165,87 @@ fn event(
         duration_secs,
         error: failed.then(|| t.reason.lines().next().unwrap_or_default().to_string()).filter(|e| !e.is_empty()),
     }
+}
+
+/// `+01:02:03` from seconds.
+fn offset(secs: f64) -> String {
+    let s = secs.max(0.0) as u64;
+    format!("+{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+}
+
+fn duration(secs: f64) -> String {
+    if secs < 1.0 {
+        format!("{}ms", (secs * 1000.0).round() as u64)
+    } else if secs < 60.0 {
+        format!("{secs:.1}s")
+    } else {
+        let s = secs as u64;
+        format!("{}m{:02}s", s / 60, s % 60)
+    }
+}
+
+/// The instance column: the task and the id's last 6 characters.
+fn who(t: &Timeline, e: &TimelineEvent) -> String {
+    let task = t.instances.iter().find(|i| i.id == e.instance).map(|i| i.task.as_str()).unwrap_or("?");
+    format!("{task}…{}", &e.instance[e.instance.len().saturating_sub(6)..])
+}
+
+fn what(e: &TimelineEvent) -> String {
+    let moved = format!("{} -> {}", e.from.as_deref().unwrap_or("-"), e.to);
+    match &e.step {
+        Some(s) => format!("{s}: {moved}"),
+        None => moved,
+    }
+}
+
+/// What a row says after the move: how long, by whom (an operator), why.
+fn detail(e: &TimelineEvent) -> String {
+    let mut d = String::new();
+    if let Some(secs) = e.duration_secs {
+        let _ = write!(d, "after {}  ", duration(secs));
+    }
+    if e.operator {
+        let _ = write!(d, "{}: ", e.actor);
+    }
+    d.push_str(e.error.as_deref().unwrap_or(&e.reason));
+    d
+}
+
+/// A section to paste into a postmortem: a summary, then every event.
+fn markdown(t: &Timeline) -> String {
+    let mut s = String::from("## Timeline\n\n");
+    let (first, last) = (t.events.first(), t.events.last());
+    if let (Some(first), Some(last)) = (first, last) {
+        let started = t.instances.iter().min_by_key(|i| i.created_at);
+        if let Some(i) = started {
+            let _ = writeln!(s, "- **Started:** {} ({}), {}", i.task, i.trigger, first.at.format("%Y-%m-%d %H:%M:%SZ"));
+        }
+        let _ =
+            writeln!(s, "- **Lasted:** {} (to {})", duration(last.offset_secs), last.at.format("%Y-%m-%d %H:%M:%SZ"));
+        let outcome: Vec<String> = t.instances.iter().map(|i| format!("{} {} {}", i.task, i.id, i.state)).collect();
+        let _ = writeln!(s, "- **Outcome:** {}", outcome.join("; "));
+        let actors = t.actors();
+        let _ = writeln!(
+            s,
+            "- **Who acted:** {}",
+            if actors.is_empty() { "nobody".to_string() } else { actors.join(", ") }
+        );
+    }
+    if !t.read.is_empty() {
+        let _ = writeln!(s, "- **Read:** {}", t.read.join(", "));
+    }
+    s.push_str("\n| + | UTC | instance | what | detail |\n|---|---|---|---|---|\n");
+    for e in &t.events {
+        let cell = |v: String| v.replace('|', "\\|").replace('\n', " ");
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} |",
+            offset(e.offset_secs),
+            e.at.format("%Y-%m-%d %H:%M:%S%.3fZ"),
+            cell(who(t, e)),
+            cell(what(e)),
+            cell(detail(e))
+        );
+    }
+    s
 }

@@ -63,6 +63,13 @@ impl App {
                 }
             }
             News::DryRun(r) => self.mode = Mode::DryRun(r),
+            News::Timeline { lines, file } => {
+                match &file {
+                    Ok(path) => self.say(format!("timeline written to {path} (Markdown)"), false),
+                    Err(e) => self.say(e.clone(), true),
+                }
+                self.mode = Mode::Results(lines);
+            }
             News::Done(Ok(m)) => self.say(m, false),
             News::Done(Err(m)) => self.say(m, true),
             News::Triggered(id) => {

@@ -239,6 +239,8 @@ pub enum Action {
     Tab,
     Run,
     DryRun,
+    /// The selected instance's timeline, shown and written as Markdown.
+    Timeline,
     Retry,
     /// Skip the failed step shown in the step view.
     Skip,
@@ -313,6 +315,12 @@ pub enum News {
         reset: bool,
     },
     DryRun(DryRunResult),
+    /// An instance's timeline, a line per event, and where its Markdown was
+    /// written (or why it was not).
+    Timeline {
+        lines: Vec<String>,
+        file: Result<String, String>,
+    },
     /// An action's outcome, as the agent worded it.
     Done(Result<String, String>),
     /// A triggered instance to open.
@@ -340,6 +348,10 @@ pub enum Cmd {
     DryRun {
         task: String,
         params: Map<String, Value>,
+    },
+    /// An instance's timeline (`tasks.timeline`), its Markdown written to a file.
+    Timeline {
+        id: String,
     },
     /// Attach to another context (the console starts over on it).
     Switch(crate::contexts::Context),

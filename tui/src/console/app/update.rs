@@ -272,6 +272,13 @@ impl App {
                     Vec::new()
                 }
             },
+            Action::Timeline => match self.focused_instance() {
+                Some(i) => vec![Cmd::Timeline { id: i.id.clone() }],
+                None => {
+                    self.say("select an instance (:tasks) to see its timeline", true);
+                    Vec::new()
+                }
+            },
             Action::DryRun => match self.focused_task() {
                 Some(task) => vec![Cmd::DryRun { task, params: Map::new() }],
                 None => {

@@ -49,6 +49,20 @@ pub(super) async fn act(client: &Client, cmd: Cmd, news: &mpsc::Sender<News>) ->
                 Err(e) => News::Done(Err(e)),
             }
         }
+        Cmd::Timeline { id } => {
+            let p = apollo_shared::protocol::TimelineParams { ids: vec![id.clone()], ..Default::default() };
+            match answer(client.request::<m::TasksTimeline>(p).await)? {
+                Ok(t) => {
+                    // Written where the console runs, for the postmortem.
+                    let path = std::env::temp_dir().join(format!("apollo-timeline-{id}.md"));
+                    let file = std::fs::write(&path, t.markdown())
+                        .map(|()| path.display().to_string())
+                        .map_err(|e| format!("cannot write {}: {e}", path.display()));
+                    News::Timeline { lines: t.lines(), file }
+                }
+                Err(e) => News::Done(Err(e)),
+            }
+        }
         Cmd::Act { action, id, reason } => {
             let reason = reason.unwrap_or_else(|| "from the console".into());
             match answer(client.operate(action, &id, Some(&reason)).await)? {
