@@ -53,4 +53,5 @@ mod subtasks;
 mod systemd;
 mod timeouts;
 mod triggers;
+mod upgrade;
 mod workers;
