@@ -187,7 +187,11 @@ async fn a_timeline_lists_each_attempt_and_the_operators_retry_in_order_in_every
     // Unknown ids are named; once archived, the timeline reads the archive.
     let out = agent.cli(&["timeline", "01ZZZZZZZZZZZZZZZZZZZZZZZZ"]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("01ZZZZZZZZZZZZZZZZZZZZZZZZ"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no instance 01ZZZZZZZZZZZZZZZZZZZZZZZZ (not among"));
+    let typo = format!("{}X", &id[..25]);
+    let out = agent.cli(&["timeline", &typo]);
+    let said = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(said.contains(&format!("no instance {typo} (did you mean {id}?)")), "{said}");
     wait_event(&mut pushed, "the instance archived", |e| {
         e.kind() == apollo_shared::protocol::EventKind::InstanceArchived
     })

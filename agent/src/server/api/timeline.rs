@@ -20,11 +20,32 @@ impl Api {
         let (ids, read) = if window { self.window(&p).await? } else { (p.ids.clone(), Vec::new()) };
         let mut instances = Vec::with_capacity(ids.len());
         for id in &ids {
-            instances.push(self.h.store.get(id).await.map_err(store_err)?);
+            match self.h.store.get(id).await {
+                Ok(i) => instances.push(i),
+                Err(crate::store::StoreError::NotFound(_)) => return Err(self.unknown(id).await),
+                Err(e) => return Err(store_err(e)),
+            }
         }
         let mut t = Timeline::build(&instances);
         t.read = read;
         Ok(t)
+    }
+
+    /// An id that is no instance, hot or archived: named, with the closest
+    /// id among the latest instances (a mistyped character or two).
+    async fn unknown(&self, id: &str) -> RpcError {
+        let mut known = Vec::new();
+        for archived in [false, true] {
+            let f = ListFilter { state: None, task: None, queue: None, limit: 500, before: None, since: None };
+            let page = if archived { self.listing.list_archived(f).await } else { self.listing.list(f).await };
+            known.extend(page.unwrap_or_default().into_iter().map(|i| i.id));
+        }
+        let names: Vec<&str> = known.iter().map(String::as_str).collect();
+        let hint = match apollo_shared::text::closest(id, &names) {
+            Some(c) => format!(" (did you mean {c}?)"),
+            None => " (not among the latest 500 instances or the archive's)".to_string(),
+        };
+        RpcError::new(code::NOT_FOUND, format!("tasks.timeline: no instance {id}{hint}"))
     }
 
     /// The ids of the instances the window holds, oldest first, and which
