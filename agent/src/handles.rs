@@ -38,6 +38,7 @@ pub trait Children: Send + Sync {
         params: serde_json::Map<String, serde_json::Value>,
         key: String,
         by: String,
+        trace_id: String,
     ) -> futures::future::BoxFuture<'a, Result<String, String>>;
 }
 

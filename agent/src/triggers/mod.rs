@@ -260,14 +260,12 @@ impl crate::handles::Children for ChildMaker {
         params: Map<String, Value>,
         key: String,
         by: String,
+        trace_id: String,
     ) -> futures::future::BoxFuture<'a, Result<String, String>> {
         Box::pin(async move {
-            let (trigger, trace_id) = match crate::store::parent_of(Some(&key)) {
-                // The child joins its parent's trace, so one trace id finds both.
-                Some((parent, seq)) => {
-                    (format!("step {seq} of {parent}"), self.0.h.store.get(&parent).await.ok().map(|p| p.trace_id))
-                }
-                None => ("a parent step".to_string(), None),
+            let trigger = match crate::store::parent_of(Some(&key)) {
+                Some((parent, seq)) => format!("step {seq} of {parent}"),
+                None => "a parent step".to_string(),
             };
             let r = Request {
                 task: task.to_string(),
@@ -276,7 +274,8 @@ impl crate::handles::Children for ChildMaker {
                 trigger,
                 actor: by,
                 event: None,
-                trace_id,
+                // The child joins its parent's trace, so one trace id finds both.
+                trace_id: Some(trace_id),
             };
             self.0.create(r).await.map(|t| t.id).map_err(|e| e.message)
         })

@@ -65,7 +65,7 @@ pub(super) async fn gate(
                 return Ok(Gate::Ended(Err(PluginError::permanent("sub-runbooks cannot be started here"))));
             };
             let by = format!("{} (step {} of {id})", s.store.agent(), step.name);
-            match maker.create(task, params, child_key(id, step.seq), by).await {
+            match maker.create(task, params, child_key(id, step.seq), by, ctx.trace_id.clone()).await {
                 Ok(child) => {
                     tracing::info!(step = %step.name, child = %child, "child instance created");
                     s.store.get(&child).await?
