@@ -332,7 +332,9 @@ impl Scheduler {
             let id = inst.id.clone();
             // Plugin calls catch their own panics; one anywhere else in the
             // executor must not leave the instance RUNNING with nobody on it.
-            let run = std::panic::AssertUnwindSafe(executor::run(&me, inst, first, &active)).catch_unwind();
+            // Boxed: the executor's future is kilobytes, and the task that
+            // holds it inline is copied on each move into the runtime.
+            let run = std::panic::AssertUnwindSafe(Box::pin(executor::run(&me, inst, first, &active))).catch_unwind();
             let stalled = match run.await {
                 Ok(stalled) => stalled,
                 Err(payload) => {
