@@ -49,9 +49,12 @@ impl Context {
         serde_json::to_value(self).unwrap_or(Value::Null)
     }
 
-    /// Merges a step's output, refusing it when it breaks a limit.
-    pub fn merge_output(&mut self, step: &str, output: Value, limits: Limits) -> Result<(), String> {
-        let size = serde_json::to_vec(&output).map(|v| v.len()).unwrap_or(usize::MAX);
+    /// Merges a step's output, refusing it when it breaks a limit. Returns
+    /// the output and the whole context as the JSON text that is stored,
+    /// each serialized once (their sizes are the limits' measure).
+    pub fn merge_output(&mut self, step: &str, output: Value, limits: Limits) -> Result<(String, String), String> {
+        let text = output.to_string();
+        let size = text.len();
         if size > limits.step_output_bytes {
             return Err(format!(
                 "output of step {step:?} is {size} bytes, over the {} byte limit for one step's output: \
@@ -60,7 +63,8 @@ impl Context {
             ));
         }
         self.steps.insert(step.to_string(), output);
-        let total = serde_json::to_vec(self).map(|v| v.len()).unwrap_or(usize::MAX);
+        let context = serde_json::to_string(self).unwrap_or_default();
+        let total = context.len();
         if total > limits.context_bytes {
             self.steps.remove(step);
             return Err(format!(
@@ -69,7 +73,7 @@ impl Context {
                 limits.context_bytes
             ));
         }
-        Ok(())
+        Ok((text, context))
     }
 }
 
@@ -85,8 +89,10 @@ mod tests {
         let e = c.merge_output("parse", json!("x".repeat(200)), limits).unwrap_err();
         assert!(e.contains("store it in a file and return its path"), "{e}");
         assert!(c.steps.is_empty());
-        c.merge_output("a", json!("x".repeat(90)), limits).unwrap();
+        let (output, context) = c.merge_output("a", json!("x".repeat(90)), limits).unwrap();
         assert_eq!(c.steps["a"], json!("x".repeat(90)));
+        assert_eq!(output, json!("x".repeat(90)).to_string());
+        assert_eq!(serde_json::from_str::<Context>(&context).unwrap(), c);
     }
 
     #[test]

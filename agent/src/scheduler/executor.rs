@@ -340,15 +340,13 @@ async fn run_step(
         true => result,
         false => result.map(|out| mask.value(&out)).map_err(|e| PluginError { message: mask.text(&e.message), ..e }),
     };
-    let result = result
-        .and_then(|out| ctx.merge_output(&d.name, out.clone(), limits).map_err(PluginError::permanent).map(|_| out));
+    let result = result.and_then(|out| ctx.merge_output(&d.name, out, limits).map_err(PluginError::permanent));
     // The tests make the executor itself panic here (`executor.after_step=panic(…)`).
     fail::fail_point!("executor.after_step");
     crate::crash_point!("executor.before_step_commit");
     async {
         match result {
-            Ok(output) => {
-                let context = ctx.to_value();
+            Ok((output, context)) => {
                 // The next step starts in the same write, unless the agent is
                 // shutting down: then it waits for the next start.
                 // An approval step is not started here: its decision is

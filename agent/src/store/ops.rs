@@ -246,8 +246,8 @@ impl Store {
         &self,
         id: &str,
         seq: u32,
-        output: &Value,
-        context: &Value,
+        output: &str,
+        context: &str,
         then: Then<'_>,
     ) -> Result<Followed> {
         let write = super::model::Success {

@@ -69,10 +69,17 @@ impl Driver for Sqlite {
             After::Start(n, ..) => i64::from(n),
             _ => -1,
         };
+        // A range of the key, not `IN (?2, ?3)`: an IN list of parameters
+        // builds a temporary b-tree on every call. The steps between (ones
+        // skipped on the way) are read and left out.
+        let (lo, hi) = match next {
+            -1 => (i64::from(seq), i64::from(seq)),
+            n => (i64::from(seq).min(n), i64::from(seq).max(n)),
+        };
         let rows = c.query(
             "SELECT i.state, i.lease_owner, s.seq, s.state, s.attempts FROM task_instances i \
-             LEFT JOIN step_runs s ON s.instance_id = i.id AND s.seq IN (?2, ?3) WHERE i.id = ?1",
-            p![id, seq, next],
+             LEFT JOIN step_runs s ON s.instance_id = i.id AND s.seq BETWEEN ?2 AND ?3 WHERE i.id = ?1",
+            p![id, lo, hi],
         )?;
         let Some(first) = rows.first() else { return Err(StoreError::NotFound(format!("no instance {id}"))) };
         let (state, owner): (String, Option<String>) = (first.get(0)?, first.get(1)?);
@@ -81,7 +88,7 @@ impl Driver for Sqlite {
         }
         let mut steps = HashMap::new();
         for r in &rows {
-            if let Some(s) = r.get::<Option<u32>>(2)? {
+            if let Some(s) = r.get::<Option<u32>>(2)?.filter(|&s| s == seq || i64::from(s) == next) {
                 let st: String = r.get(3)?;
                 steps.insert(s, (st.parse::<StepState>().map_err(StoreError::Invalid)?, r.get::<u32>(4)?));
             }
