@@ -207,7 +207,10 @@ async fn a_claim_takes_all_of_an_instances_locks_or_none_and_an_end_releases_the
     assert!(store.claim(10, lease(), QueuePolicy::default()).await.unwrap().is_empty());
     // L1's end releases db:eu and dns: L2 runs; L3 still waits for db:us.
     store.step_start("L1", 0, "1.0.0", &json!({})).await.unwrap();
-    store.step_success("L1", 0, &json!({}), &json!({}), apollo_agent::store::Then::Finish).await.unwrap();
+    store
+        .step_success("L1", 0, &json!({}).to_string(), &json!({}).to_string(), apollo_agent::store::Then::Finish)
+        .await
+        .unwrap();
     assert_eq!(ids(&store.claim(10, lease(), QueuePolicy::default()).await.unwrap()), ["L2"]);
     store.close();
 }
@@ -309,7 +312,7 @@ async fn claims_go_by_priority_then_age_within_queue_and_task_limits(db: TestDb)
     assert_eq!(claimed, ["C1", "B1", "A2", "A3", "A1"]);
     assert!(store.claim(10, lease(), limits.clone()).await.unwrap().is_empty());
     store.step_start("C1", 0, "1.0.0", &json!({})).await.unwrap();
-    store.step_success("C1", 0, &json!({}), &json!({}), Then::Nothing).await.unwrap();
+    store.step_success("C1", 0, &json!({}).to_string(), &json!({}).to_string(), Then::Nothing).await.unwrap();
     store.finish_success("C1").await.unwrap();
     let next: Vec<String> = store.claim(10, lease(), limits).await.unwrap().into_iter().map(|i| i.id).collect();
     assert_eq!(next, ["C2"]);
@@ -402,7 +405,10 @@ async fn transitions_the_table_forbids_are_refused(db: TestDb) {
     assert!(matches!(store.finish_rolled_back("T1").await, Err(StoreError::Illegal(_))));
     store.claim(1, lease(), QueuePolicy::default()).await.unwrap();
     store.step_start("T1", 0, "1.0.0", &json!({})).await.unwrap();
-    store.step_success("T1", 0, &json!({"n": 1}), &json!({"n": 1}), Then::Nothing).await.unwrap();
+    store
+        .step_success("T1", 0, &json!({"n": 1}).to_string(), &json!({"n": 1}).to_string(), Then::Nothing)
+        .await
+        .unwrap();
     store.finish_success("T1").await.unwrap();
     // SUCCESS is final.
     assert!(matches!(store.manual_retry("T1", "again", "op").await, Err(StoreError::Illegal(_))));
@@ -422,7 +428,8 @@ async fn a_steps_success_starts_the_next_step_or_ends_the_instance_in_one_write(
     store.claim(1, lease(), QueuePolicy::default()).await.unwrap();
     store.step_start("S1", 0, "1.0.0", &json!({})).await.unwrap();
     let start = Then::Start { seq: 1, version: "1.0.0", params: &json!({"p": 1}) };
-    let followed = store.step_success("S1", 0, &json!({"n": 1}), &json!({"n": 1}), start).await.unwrap();
+    let followed =
+        store.step_success("S1", 0, &json!({"n": 1}).to_string(), &json!({"n": 1}).to_string(), start).await.unwrap();
     assert_eq!(followed, Followed::Started(1));
     let inst = store.get("S1").await.unwrap();
     let steps = inst.steps.clone().unwrap();
@@ -432,7 +439,8 @@ async fn a_steps_success_starts_the_next_step_or_ends_the_instance_in_one_write(
     // A follow-up the table refuses (step 0 cannot start again: it is
     // SUCCESS) leaves the step's SUCCESS recorded, and says nothing followed.
     let again = Then::Start { seq: 0, version: "1.0.0", params: &json!({}) };
-    let followed = store.step_success("S1", 1, &json!({}), &json!({"n": 2}), again).await.unwrap();
+    let followed =
+        store.step_success("S1", 1, &json!({}).to_string(), &json!({"n": 2}).to_string(), again).await.unwrap();
     assert_eq!(followed, Followed::Nothing);
     let inst = store.get("S1").await.unwrap();
     assert_eq!(inst.steps.as_ref().unwrap()[1].state, StepState::Success);
@@ -453,7 +461,8 @@ async fn a_steps_success_starts_the_next_step_or_ends_the_instance_in_one_write(
     store.create(new("S2", "t", "q", 50, None, None), "test").await.unwrap();
     store.claim(1, lease(), QueuePolicy::default()).await.unwrap();
     store.step_start("S2", 0, "1.0.0", &json!({})).await.unwrap();
-    let followed = store.step_success("S2", 0, &json!({}), &json!({}), Then::Finish).await.unwrap();
+    let followed =
+        store.step_success("S2", 0, &json!({}).to_string(), &json!({}).to_string(), Then::Finish).await.unwrap();
     assert_eq!(followed, Followed::Finished);
     let inst = store.get("S2").await.unwrap();
     assert_eq!(inst.state, TaskState::Success);
@@ -493,7 +502,7 @@ async fn steps_successes_written_together_move_each_instance_as_alone(db: TestDb
                     1 => Then::Finish,
                     _ => Then::Nothing,
                 };
-                (i, s.step_success(&id, 0, &output, &json!({"c": i}), then).await)
+                (i, s.step_success(&id, 0, &output.to_string(), &json!({"c": i}).to_string(), then).await)
             }));
         }
         for h in handles {
@@ -668,7 +677,10 @@ async fn finished_instances_past_retention_move_to_the_archive_and_stay_readable
     let first = store.list(apollo_agent::store::ListFilter { limit: 10, ..Default::default() }).await.unwrap();
     let running = first.iter().find(|i| i.state == TaskState::Running).unwrap().id.clone();
     store.step_start(&running, 0, "1.0.0", &json!({})).await.unwrap();
-    store.step_success(&running, 0, &json!({"ok": true}), &json!({}), Then::Nothing).await.unwrap();
+    store
+        .step_success(&running, 0, &json!({"ok": true}).to_string(), &json!({}).to_string(), Then::Nothing)
+        .await
+        .unwrap();
     store.finish_success(&running).await.unwrap();
     // Everything finished before "now + 1s" is past a zero retention window.
     let moved = store.archive(chrono::Utc::now() + chrono::Duration::seconds(1), 100).await.unwrap();
@@ -696,7 +708,7 @@ async fn dedicated_and_ordered_queues_shape_the_claims(db: TestDb) {
     assert_eq!(ids(store.claim(10, lease(), policy.clone()).await.unwrap()), ["O1"]);
     assert!(store.claim(10, lease(), policy.clone()).await.unwrap().is_empty(), "O2 waits for O1");
     store.step_start("O1", 0, "1.0.0", &json!({})).await.unwrap();
-    store.step_success("O1", 0, &json!({}), &json!({}), Then::Nothing).await.unwrap();
+    store.step_success("O1", 0, &json!({}).to_string(), &json!({}).to_string(), Then::Nothing).await.unwrap();
     store.finish_success("O1").await.unwrap();
     assert_eq!(ids(store.claim(10, lease(), policy.clone()).await.unwrap()), ["O2"]);
     // The agent the queue is dedicated to claims X1.
