@@ -4,7 +4,7 @@
 
 use super::api::Api;
 use crate::triggers::store_error as store_err;
-use apollo_shared::protocol::{code, Instance, Pause, PauseEnd, PauseScope, PauseStart, RpcError};
+use apollo_shared::protocol::{code, Instance, LockHolder, Pause, PauseEnd, PauseScope, PauseStart, RpcError};
 use apollo_shared::state::TaskState;
 use chrono::{DateTime, Utc};
 
@@ -102,9 +102,13 @@ impl Api {
 
     /// Says why instances still to run wait, when a pause or freeze window
     /// covers them or another instance holds a lock they take (and nothing
-    /// else already says why).
+    /// else already says why). A lock wait the claim recorded names the
+    /// holder it met; the holder now is named instead.
     pub(super) async fn mark_waiting(&self, items: &mut [Instance]) {
-        let waits = |i: &Instance| matches!(i.state, TaskState::Pending | TaskState::Retrying) && i.waiting.is_none();
+        let waits = |i: &Instance| {
+            matches!(i.state, TaskState::Pending | TaskState::Retrying)
+                && i.waiting.as_deref().is_none_or(|w| w.starts_with(LockHolder::WAITING))
+        };
         if !items.iter().any(waits) {
             return;
         }

@@ -11,6 +11,7 @@ use super::rows::{ts, INSTANCE_COLS};
 use super::value::p;
 use super::write::{move_task_from, step_fail, task_state};
 use super::Result;
+use apollo_shared::protocol::LockHolder;
 use apollo_shared::state::TaskState;
 use chrono::Utc;
 use std::collections::HashMap;
@@ -29,11 +30,46 @@ pub(super) fn take_turn(conn: &mut dyn Conn) -> Result<()> {
     driver.take_turn(conn)
 }
 
-/// A runnable instance: priority, id, task, queue, max_active, state,
-/// def_hash, pins, locks (JSON), and the whole row with its step 0 when the
-/// claim read it (see [`claim_noting`]).
-type Candidate =
-    (i64, String, String, String, Option<u32>, String, String, Option<String>, Option<String>, Option<Box<Claimed>>);
+/// A runnable instance as a claim weighs it (the columns of
+/// [`CANDIDATE_COLS`], in order), with the whole row and its step 0 when
+/// the claim read them (see [`claim_noting`]).
+struct Candidate {
+    priority: i64,
+    id: String,
+    task: String,
+    queue: String,
+    max_active: Option<u32>,
+    state: String,
+    def_hash: String,
+    pins: Option<String>,
+    /// The locks it takes (JSON).
+    locks: Option<String>,
+    /// Why it waits, as last recorded.
+    waiting: Option<String>,
+    whole: Option<Box<Claimed>>,
+}
+
+/// What a claim reads of each runnable row, in [`Candidate`]'s order; the
+/// drivers' head queries select these first.
+pub const CANDIDATE_COLS: &str = "priority, id, task, queue, max_active, state, def_hash, pins, locks, waiting";
+
+impl Candidate {
+    fn read(r: &super::value::Row, whole: Option<Box<Claimed>>) -> Result<Candidate> {
+        Ok(Candidate {
+            priority: r.get(0)?,
+            id: r.get(1)?,
+            task: r.get(2)?,
+            queue: r.get(3)?,
+            max_active: r.get(4)?,
+            state: r.get(5)?,
+            def_hash: r.get(6)?,
+            pins: r.get(7)?,
+            locks: r.get(8)?,
+            waiting: r.get(9)?,
+            whole,
+        })
+    }
+}
 
 /// A claim's first steps made ready before the instances move (see
 /// [`claim_noting`]): given an instance as the claim will leave it, the
@@ -147,11 +183,12 @@ pub fn claim_noting(
             }
             // The row as read, when the query brought it (PostgreSQL, with
             // `first`), with its step 0.
-            let whole = match r.0.len() > 9 {
+            let at = CANDIDATE_COLS.split(',').count();
+            let whole = match r.0.len() > at {
                 true => {
                     let n = INSTANCE_COLS.split(',').count();
-                    let mut inst = super::rows::instance(&super::value::Row(r.0[9..9 + n].to_vec()))?;
-                    let step0 = super::value::Row(r.0[9 + n..].to_vec());
+                    let mut inst = super::rows::instance(&super::value::Row(r.0[at..at + n].to_vec()))?;
+                    let step0 = super::value::Row(r.0[at + n..].to_vec());
                     inst.steps = Some(match step0.get::<Option<u32>>(0)? {
                         Some(_) => vec![super::rows::step(&step0)?],
                         None => Vec::new(),
@@ -160,39 +197,27 @@ pub fn claim_noting(
                 }
                 false => None,
             };
-            candidates.push((
-                r.get(0)?,
-                r.get(1)?,
-                r.get(2)?,
-                queue,
-                r.get(4)?,
-                r.get(5)?,
-                r.get(6)?,
-                r.get(7)?,
-                r.get(8)?,
-                whole,
-            ));
+            candidates.push(Candidate::read(&r, whole)?);
         }
     }
     // Nothing in the scope of a pause or an open freeze window (read in this
     // transaction: on PostgreSQL the same for every agent's claim).
     if !candidates.is_empty() {
-        let (dropped, ends) =
-            super::pauses::hold_back(c, &policy.frozen, &mut candidates, |(_, _, task, queue, ..)| (queue, task))?;
+        let (dropped, ends) = super::pauses::hold_back(c, &policy.frozen, &mut candidates, |w| (&w.queue, &w.task))?;
         held_back |= dropped;
         if let Some(cell) = &policy.pause_ends {
             cell.set(ends);
         }
     }
-    candidates.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
+    candidates.sort_by(|a, b| b.priority.cmp(&a.priority).then_with(|| a.id.cmp(&b.id)));
     // Tasks of affinity queues owned by another live agent are theirs.
-    if candidates.iter().any(|c| policy.affinity.contains_key(&c.3)) {
+    if candidates.iter().any(|w| policy.affinity.contains_key(&w.queue)) {
         let live = super::affinity::live_agents(c)?;
-        candidates.retain(|(_, _, task, queue, ..)| match policy.affinity.get(queue) {
+        candidates.retain(|w| match policy.affinity.get(&w.queue) {
             None => true,
             Some(only) => {
                 let serving = super::affinity::serving(&live, only, &policy.me);
-                super::affinity::owner(task, &serving) == Some(policy.me.as_str())
+                super::affinity::owner(&w.task, &serving) == Some(policy.me.as_str())
             }
         });
     }
@@ -202,11 +227,11 @@ pub fn claim_noting(
         let mut verdicts: HashMap<(String, Option<String>), bool> = HashMap::new();
         let mut kept = Vec::with_capacity(candidates.len());
         for cand in candidates {
-            let key = (cand.6.clone(), cand.7.clone());
+            let key = (cand.def_hash.clone(), cand.pins.clone());
             let runs = match verdicts.get(&key) {
                 Some(v) => *v,
                 None => {
-                    let v = capable.runs(c, &cand.6, cand.7.as_deref())?;
+                    let v = capable.runs(c, &cand.def_hash, cand.pins.as_deref())?;
                     verdicts.insert(key, v);
                     v
                 }
@@ -214,7 +239,11 @@ pub fn claim_noting(
             if runs {
                 kept.push(cand);
             } else {
-                capable.passed.lock().expect("passed").insert((cand.2.clone(), cand.6.clone(), cand.7.clone()));
+                capable.passed.lock().expect("passed").insert((
+                    cand.task.clone(),
+                    cand.def_hash.clone(),
+                    cand.pins.clone(),
+                ));
             }
         }
         candidates = kept;
@@ -223,8 +252,8 @@ pub fn claim_noting(
     let mut chosen: Vec<(String, TaskState, Option<Box<Claimed>>)> = Vec::new();
     // The locks under way (read once, when a candidate takes any), and those
     // this claim takes: all of an instance's locks with its claim, or none.
-    let mut locked: Option<HashMap<String, String>> = None;
-    for (_, id, task, queue, max_active, state, _, _, locks, whole) in candidates {
+    let mut locked: Option<HashMap<String, LockHolder>> = None;
+    for Candidate { id, task, queue, max_active, state, locks, waiting, whole, .. } in candidates {
         if chosen.len() >= n {
             held_back = true;
             break;
@@ -232,11 +261,14 @@ pub fn claim_noting(
         let wants: Vec<String> = locks.as_deref().and_then(|l| serde_json::from_str(l).ok()).unwrap_or_default();
         if !wants.is_empty() {
             if locked.is_none() {
-                locked = Some(lock_holders(c)?.into_iter().map(|h| (h.lock, h.id)).collect());
+                locked = Some(lock_holders(c)?.into_iter().map(|h| (h.lock.clone(), h)).collect());
             }
             let held = locked.as_ref().expect("read above");
             // (A parked or retrying instance holds its own locks: not in its way.)
-            if wants.iter().any(|l| held.get(l).is_some_and(|holder| *holder != id)) {
+            if let Some(holder) = wants.iter().find_map(|l| held.get(l).filter(|h| h.id != id)) {
+                if waiting.is_none() {
+                    note_lock_wait(c, &id, &state, holder, agent)?;
+                }
                 held_back = true;
                 continue;
             }
@@ -255,14 +287,16 @@ pub fn claim_noting(
                 continue;
             }
         }
+        if let Some(held) = locked.as_mut() {
+            for l in wants {
+                let holder =
+                    LockHolder { lock: l.clone(), id: id.clone(), task: task.clone(), since: None, agent: None };
+                held.insert(l, holder);
+            }
+        }
         if let Some((per_queue, per_task)) = running.as_mut() {
             *per_queue.entry(queue).or_default() += 1;
             *per_task.entry(task).or_default() += 1;
-        }
-        if let Some(held) = locked.as_mut() {
-            for l in wants {
-                held.insert(l, id.clone());
-            }
         }
         chosen.push((id, state.parse::<TaskState>().map_err(super::StoreError::Invalid)?, whole));
     }
@@ -356,15 +390,24 @@ fn running_counts<'a>(c: &dyn Db, running: &'a mut Option<Running>) -> Result<&'
 /// RETRYING), when it may start now.
 fn ordered_head(c: &dyn Db, task: &str, queue: &str) -> Result<Option<Candidate>> {
     let head = c.query_opt(
-        "SELECT priority, id, task, queue, max_active, state, def_hash, pins, locks, \
+        "SELECT priority, id, task, queue, max_active, state, def_hash, pins, locks, waiting, \
          CASE WHEN next_run_at IS NULL OR next_run_at <= apollo_now() THEN 1 ELSE 0 END \
          FROM task_instances INDEXED BY task_instances_runnable_task \
          WHERE task = ?1 AND queue = ?2 AND state IN ('PENDING', 'RETRYING') ORDER BY id LIMIT 1",
         p![task, queue],
     )?;
     let Some(r) = head else { return Ok(None) };
-    if !r.get::<bool>(9)? {
+    if !r.get::<bool>(10)? {
         return Ok(None);
     }
-    Ok(Some((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?, r.get(8)?, None)))
+    Ok(Some(Candidate::read(&r, None)?))
+}
+
+/// Records that instance `id` (in `state`) waits for a lock `holder`
+/// holds: its `waiting` and a history row, once per wait (a claim that
+/// finds it waiting already writes nothing; its claim clears it).
+fn note_lock_wait(c: &dyn Db, id: &str, state: &str, holder: &LockHolder, agent: &str) -> Result<()> {
+    let line = holder.waiting_line();
+    c.execute("UPDATE task_instances SET waiting = ?2 WHERE id = ?1", p![id, line.as_str()])?;
+    history(c, id, None, Some(state), state, &line, agent)
 }

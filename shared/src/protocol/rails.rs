@@ -126,10 +126,13 @@ pub struct LockInfo {
 }
 
 impl LockHolder {
+    /// How every [`waiting_line`](Self::waiting_line) begins.
+    pub const WAITING: &'static str = "waiting for lock ";
+
     /// Why an instance that wants this lock waits.
     pub fn waiting_line(&self) -> String {
         let since = self.since.as_deref().map(|s| format!(" since {s}")).unwrap_or_default();
-        format!("waiting for lock {} held by {} (task {}){since}", self.lock, self.id, self.task)
+        format!("{}{} held by {} (task {}){since}", Self::WAITING, self.lock, self.id, self.task)
     }
 }
 

@@ -5,6 +5,7 @@
 use super::moves;
 use crate::store::db::{Conn, Db, Driver};
 use crate::store::history::{not_held, read_step_row, read_task_state};
+use crate::store::leases::CANDIDATE_COLS;
 use crate::store::model::{ClaimMove, ClaimsMade, NewInstance, StepRow, StepStart, Success, TaskMove};
 use crate::store::rows::{INSTANCE_COLS, RUNNABLE_TASKS, STEP_COLS};
 use crate::store::value::{p, Row, V};
@@ -122,19 +123,16 @@ impl Driver for Postgres {
                              WHERE instance_id = h.id AND seq = 0) s0 ON true"
                         ),
                     ),
-                    false => (
-                        "i.priority, i.id, i.task, i.queue, i.max_active, i.state, i.def_hash, i.pins, i.locks".into(),
-                        String::new(),
-                        String::new(),
-                    ),
+                    false => (cols("i", CANDIDATE_COLS), String::new(), String::new()),
                 };
                 format!(
-                    "{RUNNABLE_TASKS} SELECT h.priority, h.id, h.task, h.queue, h.max_active, h.state, h.def_hash, h.pins, h.locks{outer} FROM t \
+                    "{RUNNABLE_TASKS} SELECT {}{outer} FROM t \
                      CROSS JOIN LATERAL (SELECT {inner} \
                      FROM task_instances i WHERE i.task = t.task AND i.state IN ('PENDING', 'RETRYING') \
                        AND (i.next_run_at IS NULL OR i.next_run_at <= apollo_now()) \
                      ORDER BY i.priority DESC, i.id LIMIT ?1 FOR UPDATE SKIP LOCKED) h{first} \
-                     WHERE t.task IS NOT NULL"
+                     WHERE t.task IS NOT NULL",
+                    cols("h", CANDIDATE_COLS)
                 )
             };
             [sql(false), sql(true)]

@@ -4,6 +4,7 @@
 
 use crate::store::db::{Db, Driver};
 use crate::store::history::{not_held, parse_state, read_step_row, read_task_state, STEP_RUNNING, STEP_SUCCESS};
+use crate::store::leases::CANDIDATE_COLS;
 use crate::store::model::{After, StepRow, Success};
 use crate::store::rows::{parse_ts, ts, RUNNABLE_TASKS};
 use crate::store::value::{p, Row, V};
@@ -157,11 +158,13 @@ impl Driver for Sqlite {
             c.column(&format!("{RUNNABLE_TASKS} SELECT task FROM t WHERE task IS NOT NULL"), &[])?;
         for task in names {
             let rows = c.query(
-                "SELECT priority, id, task, queue, max_active, state, def_hash, pins, locks FROM task_instances \
+                &format!(
+                    "SELECT {CANDIDATE_COLS} FROM task_instances \
                  INDEXED BY task_instances_runnable_task \
                  WHERE task = ?1 AND state IN ('PENDING', 'RETRYING') \
                    AND (next_run_at IS NULL OR next_run_at <= apollo_now()) \
-                 ORDER BY priority DESC, id LIMIT ?2",
+                 ORDER BY priority DESC, id LIMIT ?2"
+                ),
                 p![task.as_str(), n],
             )?;
             heads.insert(task, rows);
