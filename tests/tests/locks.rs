@@ -13,7 +13,7 @@ use std::path::Path;
 
 /// A task that takes `res:{{ params.r }}` and, while it runs, holds the
 /// witness directory `<w>/lock-<r>` (an overlap is written down).
-fn holder(task: &str, w: &Path) -> String {
+pub(crate) fn holder(task: &str, w: &Path) -> String {
     let w = w.display();
     format!(
         r#"task: {task}

@@ -51,6 +51,7 @@ mod ssh;
 mod storage;
 mod subtasks;
 mod systemd;
+mod timeline;
 mod timeouts;
 mod triggers;
 mod upgrade;

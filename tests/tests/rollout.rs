@@ -21,7 +21,7 @@ fn ver(version: &str, fails: bool) -> String {
 
 /// Writes the versions' executables into `dir/bin` and returns their
 /// `plugins:` registrations (one name, several versions).
-fn versions(dir: &Path, list: &[(&str, bool)]) -> String {
+pub(crate) fn versions(dir: &Path, list: &[(&str, bool)]) -> String {
     use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(dir.join("bin")).unwrap();
     let mut conf = String::from("plugins:\n");

@@ -329,3 +329,35 @@ fn on_a_production_context_an_approval_needs_the_task_name_before_its_reason() {
     typed(&mut app, "CHG-7");
     assert_eq!(key(&mut app, KeyCode::Enter), [Cmd::Approve { id, deny: false, reason: "CHG-7".into() }]);
 }
+
+#[test]
+fn t_asks_for_the_timeline_of_the_selected_the_marked_or_the_filtered_instances() {
+    let mut app = fixtures::app();
+    let ids = |cmds: Vec<Cmd>| match cmds.as_slice() {
+        [Cmd::Timeline { ids }] => ids.clone(),
+        other => panic!("{other:?}"),
+    };
+    let all: Vec<String> = app.visible_tasks().iter().map(|i| i.id.clone()).collect();
+    assert!(all.len() > 2, "{all:?}");
+    // The selected instance alone.
+    assert_eq!(ids(key(&mut app, KeyCode::Char('T'))), vec![all[0].clone()]);
+    // A filter: every instance it keeps.
+    key(&mut app, KeyCode::Char('/'));
+    typed(&mut app, "flaky");
+    key(&mut app, KeyCode::Enter);
+    let kept: Vec<String> = app.visible_tasks().iter().map(|i| i.id.clone()).collect();
+    assert!(!kept.is_empty() && kept.len() < all.len(), "{kept:?}");
+    assert_eq!(ids(key(&mut app, KeyCode::Char('T'))), kept);
+    // Marks win over the filter.
+    key(&mut app, KeyCode::Char('/'));
+    for _ in 0.."flaky".len() {
+        key(&mut app, KeyCode::Backspace);
+    }
+    key(&mut app, KeyCode::Enter);
+    key(&mut app, KeyCode::Char(' '));
+    key(&mut app, KeyCode::Down);
+    key(&mut app, KeyCode::Char(' '));
+    assert_eq!(app.marked.len(), 2);
+    let marked: Vec<String> = app.marked.iter().cloned().collect();
+    assert_eq!(ids(key(&mut app, KeyCode::Char('T'))), marked);
+}

@@ -11,19 +11,8 @@ use super::pool::Store;
 use super::value::p;
 use super::write::move_task_from;
 use super::Result;
+use apollo_shared::protocol::child_key;
 use apollo_shared::state::TaskState;
-
-/// The dedup key of step `seq`'s child of instance `parent`.
-pub fn child_key(parent: &str, seq: u32) -> String {
-    format!("child:{parent}:{seq}")
-}
-
-/// The parent instance and step of a child, from its dedup key.
-pub fn parent_of(dedup_key: Option<&str>) -> Option<(String, u32)> {
-    let rest = dedup_key?.strip_prefix("child:")?;
-    let (id, seq) = rest.rsplit_once(':')?;
-    Some((id.to_string(), seq.parse().ok()?))
-}
 
 /// Parks a RUNNING instance until its child ends.
 fn park(c: &dyn Db, id: &str, waiting: &str, agent: &str) -> Result<()> {

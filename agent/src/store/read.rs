@@ -3,8 +3,8 @@
 
 use super::db::Db;
 use super::rows::{self, parse_ts, ts, SUMMARY_COLS};
-use super::rows::{add_earlier_attempts, instance_with_steps, transitions};
 use super::value::{p, V};
+use super::whole::whole;
 use super::{Result, Store, StoreError};
 use apollo_shared::protocol::{Alert, AuditEntry, EventRecord, Instance, QueueStats};
 use apollo_shared::state::{StepState, TaskState};
@@ -75,20 +75,7 @@ impl Store {
     /// One instance with its steps and history; archived instances too.
     pub async fn get(&self, id: &str) -> Result<Instance> {
         let id = id.to_string();
-        self.read(move |c| match instance_with_steps(c, &id) {
-            Ok(mut inst) => {
-                add_earlier_attempts(c, &mut inst)?;
-                super::items::add_counts(c, &mut inst)?;
-                inst.transitions = Some(transitions(c, &id)?);
-                Ok(inst)
-            }
-            Err(StoreError::NotFound(m)) => {
-                let doc: Option<String> = c.value("SELECT doc FROM archive WHERE id = ?1", p![id.as_str()])?;
-                doc.and_then(|d| serde_json::from_str(&d).ok()).ok_or(StoreError::NotFound(m))
-            }
-            Err(e) => Err(e),
-        })
-        .await
+        self.read(move |c| whole(c, &id)?.ok_or_else(|| StoreError::NotFound(format!("no instance {id}")))).await
     }
 
     /// An instance's steps as `steps.logs` needs them: (seq, name, state,

@@ -183,6 +183,8 @@ CREATE INDEX step_runs_plugin ON step_runs(plugin, finished_at) WHERE finished_a
     FANOUT,
     // 21: the archive's deletion past its retention.
     ARCHIVE_ENDS,
+    // 22: an instance's alerts, for its timeline.
+    ALERTS_BY_INSTANCE,
 ];
 
 /// The newest SQLite schema this build knows.
@@ -365,6 +367,7 @@ $$;
     LISTING_INDEXES,
     FANOUT,
     ARCHIVE_ENDS,
+    ALERTS_BY_INSTANCE,
 ];
 
 /// The newest PostgreSQL schema this build knows.

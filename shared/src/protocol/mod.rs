@@ -21,6 +21,7 @@ use serde_json::Value;
 #[macro_use]
 mod topics;
 mod archive;
+mod children;
 mod events;
 mod items;
 pub mod methods;
@@ -30,6 +31,7 @@ mod status;
 mod timeline;
 mod types;
 pub use archive::*;
+pub use children::{child_key, parent_of};
 pub use events::{AlertKind, Event, EventData, Raised, StepMoved};
 pub use items::*;
 pub use methods::{is_mutating, Call, Method, METHODS};

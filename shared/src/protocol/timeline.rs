@@ -1,10 +1,15 @@
-//! `tasks.timeline`: the instances chosen, their history rows merged into
-//! one time-ordered list of events, each step attempt's end with its
-//! duration and its error's first line, operators' actions marked — what a
+//! `tasks.timeline`: the instances chosen (and the children their
+//! sub-runbook steps made), their history rows merged into one
+//! time-ordered list of events, each step attempt's end with its duration
+//! and its error's first line, operators' actions marked — what a
 //! postmortem starts from. Built from what `tasks.get` returns (hot or
-//! archived), so it says nothing a `show` would not.
+//! archived), with what held or touched those instances beside them: the
+//! operators' pauses over their queue or task, the rollouts whose arms they
+//! ran, and the alerts raised about them.
 
-use super::types::{Instance, Transition};
+use super::children::parent_of;
+use super::rails::LockHolder;
+use super::types::{Alert, Instance, Transition};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeSet, HashMap};
@@ -40,6 +45,26 @@ pub struct TimelineInstance {
     pub trace_id: String,
     pub created_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
+    /// The instance whose sub-runbook step made this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+}
+
+/// What a timeline shows beside its instances without being one of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BesideKind {
+    /// An operator's pause whose scope covered an instance while it lived.
+    Pause,
+    /// A rollout of a plugin version whose arm an instance ran.
+    Rollout,
+}
+
+/// A pause or a rollout, with its history rows (begun, ended).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Beside {
+    pub kind: BesideKind,
+    pub id: String,
+    pub rows: Vec<Transition>,
 }
 
 /// One event. `offset_secs` counts from the timeline's first event.
@@ -47,8 +72,16 @@ pub struct TimelineInstance {
 pub struct TimelineEvent {
     pub at: DateTime<Utc>,
     pub offset_secs: f64,
+    /// The instance's id; a pause's (`pause-…`) or a rollout's id for those.
     pub instance: String,
-    /// `instance` (the instance moved) or `step`.
+    /// `instance` (the instance moved), `step` (one of its steps moved),
+    /// `lock` (it began to wait for a lock another instance held: `reason`
+    /// names the lock and the holder; the wait ends at its next claim),
+    /// `pause` (an operator's pause over its queue, task or everything
+    /// began or ended: `to` is `paused` or `resumed`), `rollout` (a rollout
+    /// whose arm it ran started, was promoted or aborted: `to` is `running`,
+    /// `promoted` or `aborted`) or `alert` (`to` is the alert's kind,
+    /// `reason` its message).
     pub kind: String,
     /// The step's name (step events).
     pub step: Option<String>,
@@ -75,16 +108,43 @@ pub struct Timeline {
 
 impl Timeline {
     /// The events of `instances` (with their history, as `tasks.get` gives
-    /// them), in time order; rows of one instance keep their order.
-    pub fn build(instances: &[Instance]) -> Timeline {
+    /// them), of what was `beside` them and of their alerts, in time order;
+    /// rows of one instance keep their order.
+    pub fn build(instances: &[Instance], beside: &[Beside], alerts: &[Alert]) -> Timeline {
         let mut events = Vec::new();
         for inst in instances {
             let names: HashMap<u32, &str> = inst.steps.iter().flatten().map(|s| (s.seq, s.name.as_str())).collect();
             let mut running: HashMap<u32, DateTime<Utc>> = HashMap::new();
             for t in inst.transitions.iter().flatten() {
-                events.push(event(inst, t, &names, &mut running));
+                events.push(event(&inst.id, t, &names, &mut running));
             }
         }
+        for b in beside {
+            let kind = match b.kind {
+                BesideKind::Pause => "pause",
+                BesideKind::Rollout => "rollout",
+            };
+            let none = HashMap::new();
+            events.extend(
+                b.rows
+                    .iter()
+                    .map(|t| TimelineEvent { kind: kind.into(), ..event(&b.id, t, &none, &mut HashMap::new()) }),
+            );
+        }
+        events.extend(alerts.iter().map(|a| TimelineEvent {
+            at: a.at,
+            offset_secs: 0.0,
+            instance: a.instance.clone().unwrap_or_default(),
+            kind: "alert".into(),
+            step: None,
+            from: None,
+            to: a.kind.as_str().to_string(),
+            actor: "agent".into(),
+            operator: false,
+            reason: a.message.clone(),
+            duration_secs: None,
+            error: None,
+        }));
         events.sort_by_key(|e| e.at); // stable: one instance's rows stay in order
         if let Some(first) = events.first().map(|e| e.at) {
             for e in &mut events {
@@ -101,6 +161,7 @@ impl Timeline {
                 trace_id: i.trace_id.clone(),
                 created_at: i.created_at,
                 finished_at: i.finished_at,
+                parent: parent_of(i.dedup_key.as_deref()).map(|(id, _)| id),
             })
             .collect();
         Timeline { instances, events, read: Vec::new() }
@@ -137,7 +198,7 @@ impl Timeline {
 }
 
 fn event(
-    inst: &Instance,
+    instance: &str,
     t: &Transition,
     names: &HashMap<u32, &str>,
     running: &mut HashMap<u32, DateTime<Utc>>,
@@ -151,11 +212,16 @@ fn event(
         }
     }
     let failed = matches!(t.to.as_str(), "FAILED" | "RETRYING");
+    let kind = match t.step {
+        Some(_) => "step",
+        None if t.from.as_deref() == Some(&t.to) && t.reason.starts_with(LockHolder::WAITING) => "lock",
+        None => "instance",
+    };
     TimelineEvent {
         at: t.at,
         offset_secs: 0.0,
-        instance: inst.id.clone(),
-        kind: if t.step.is_some() { "step" } else { "instance" }.to_string(),
+        instance: instance.to_string(),
+        kind: kind.to_string(),
         step: t.step.map(|s| names.get(&s).map(|n| n.to_string()).unwrap_or_else(|| format!("#{s}"))),
         from: t.from.clone(),
         to: t.to.clone(),
@@ -184,13 +250,25 @@ fn duration(secs: f64) -> String {
     }
 }
 
-/// The instance column: the task and the id's last 6 characters.
+/// The instance column: the task and the id's last 6 characters (for a
+/// pause or a rollout: the kind and its id's).
 fn who(t: &Timeline, e: &TimelineEvent) -> String {
+    let tail = &e.instance[e.instance.len().saturating_sub(6)..];
+    if matches!(e.kind.as_str(), "pause" | "rollout") {
+        return format!("{}…{tail}", e.kind);
+    }
     let task = t.instances.iter().find(|i| i.id == e.instance).map(|i| i.task.as_str()).unwrap_or("?");
-    format!("{task}…{}", &e.instance[e.instance.len().saturating_sub(6)..])
+    format!("{task}…{tail}")
 }
 
 fn what(e: &TimelineEvent) -> String {
+    match e.kind.as_str() {
+        "alert" => return format!("alert {}", e.to),
+        "lock" => return "waits for a lock".to_string(),
+        "rollout" => return format!("rollout {}", e.to),
+        "pause" => return e.to.clone(),
+        _ => {}
+    }
     let moved = format!("{} -> {}", e.from.as_deref().unwrap_or("-"), e.to);
     match &e.step {
         Some(s) => format!("{s}: {moved}"),
@@ -222,7 +300,14 @@ fn markdown(t: &Timeline) -> String {
         }
         let _ =
             writeln!(s, "- **Lasted:** {} (to {})", duration(last.offset_secs), last.at.format("%Y-%m-%d %H:%M:%SZ"));
-        let outcome: Vec<String> = t.instances.iter().map(|i| format!("{} {} {}", i.task, i.id, i.state)).collect();
+        let outcome: Vec<String> = t
+            .instances
+            .iter()
+            .map(|i| {
+                let child = i.parent.as_deref().map(|p| format!(" (child of {p})")).unwrap_or_default();
+                format!("{} {} {}{child}", i.task, i.id, i.state)
+            })
+            .collect();
         let _ = writeln!(s, "- **Outcome:** {}", outcome.join("; "));
         let actors = t.actors();
         let _ = writeln!(

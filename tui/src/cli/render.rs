@@ -2,8 +2,8 @@
 //! (never when NO_COLOR is set or stdout is not a terminal).
 
 use apollo_shared::protocol::{
-    AgentInfo, AgentStatus, Alert, AuditEntry, DefInfo, DryRunResult, EventRecord, Instance, PluginInfo, PluginStats,
-    PoolStats, QueueStats,
+    parent_of, AgentInfo, AgentStatus, Alert, AuditEntry, DefInfo, DryRunResult, EventRecord, Instance, PluginInfo,
+    PluginStats, PoolStats, QueueStats,
 };
 use apollo_shared::state::Tone;
 use chrono::{DateTime, Utc};
@@ -182,12 +182,8 @@ pub fn instance(out: &Out, i: &Instance) {
     if !i.locks.is_empty() {
         println!("  locks: {}", i.locks.join(", "));
     }
-    if let Some(parent) = i.dedup_key.as_deref().and_then(|k| k.strip_prefix("child:")) {
-        println!(
-            "  child of {} (a sub-runbook; apollo show {})",
-            parent.replace(':', " step "),
-            parent.rsplit_once(':').map_or(parent, |p| p.0)
-        );
+    if let Some((parent, seq)) = parent_of(i.dedup_key.as_deref()) {
+        println!("  child of {parent} step {seq} (a sub-runbook; apollo show {parent})");
     }
     for (plugin, pin) in i.pins.iter().flatten() {
         let arm = if pin.new { "new" } else { "old" };

@@ -1,6 +1,7 @@
 //! tasks.timeline: the instances chosen by id, or by a window (created
-//! since/until, a queue, a task, a trace id), each read as `tasks.get` reads
-//! it (hot, else archived) and merged into one list.
+//! since/until, a queue, a task, a trace id), with their children, each
+//! read as `tasks.get` reads it (hot, else archived) in one read of the
+//! store and merged into one list with what held or touched them.
 
 use super::*;
 use crate::store::ListFilter;
@@ -18,15 +19,11 @@ impl Api {
         }
         let window = p.ids.is_empty();
         let (ids, read) = if window { self.window(&p).await? } else { (p.ids.clone(), Vec::new()) };
-        let mut instances = Vec::with_capacity(ids.len());
-        for id in &ids {
-            match self.h.store.get(id).await {
-                Ok(i) => instances.push(i),
-                Err(crate::store::StoreError::NotFound(_)) => return Err(self.unknown(id).await),
-                Err(e) => return Err(store_err(e)),
-            }
+        let found = self.h.store.timeline(ids, MAX_INSTANCES).await.map_err(store_err)?;
+        if let Some(id) = found.missing.first() {
+            return Err(self.unknown(id).await);
         }
-        let mut t = Timeline::build(&instances);
+        let mut t = Timeline::build(&found.instances, &found.beside, &found.alerts);
         t.read = read;
         Ok(t)
     }

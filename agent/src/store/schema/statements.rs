@@ -119,3 +119,7 @@ pub(super) const FANOUT: &str = "CREATE TABLE step_items (\
 /// The archive's oldest ends first, for `scheduler.archive_retention`
 /// (both backends).
 pub(super) const ARCHIVE_ENDS: &str = "CREATE INDEX archive_finished ON archive(finished_at);";
+
+/// An instance's alerts, for its timeline (both backends).
+pub(super) const ALERTS_BY_INSTANCE: &str =
+    "CREATE INDEX alerts_instance ON alerts(instance_id, id) WHERE instance_id IS NOT NULL;";

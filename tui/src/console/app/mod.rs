@@ -337,6 +337,20 @@ impl App {
         }
     }
 
+    /// The instances `T` shows in one timeline: in the tasks view the
+    /// marked ones, else every one the filter keeps when a filter is set
+    /// (an incident's instances, found by `state:failed queue:x`), else the
+    /// selected one; elsewhere the instance open.
+    fn timeline_ids(&self) -> Vec<String> {
+        if self.view == View::Tasks && !self.marked.is_empty() {
+            return self.marked.iter().cloned().collect();
+        }
+        if self.view == View::Tasks && !self.filter(View::Tasks).trim().is_empty() {
+            return self.visible_tasks().iter().map(|i| i.id.clone()).collect();
+        }
+        self.focused_instance().map(|i| vec![i.id.clone()]).unwrap_or_default()
+    }
+
     /// The task the current view is about, for run and dry-run.
     fn focused_task(&self) -> Option<String> {
         match self.view {

@@ -349,9 +349,9 @@ pub enum Cmd {
         task: String,
         params: Map<String, Value>,
     },
-    /// An instance's timeline (`tasks.timeline`), its Markdown written to a file.
+    /// The instances' timeline (`tasks.timeline`), its Markdown written to a file.
     Timeline {
-        id: String,
+        ids: Vec<String>,
     },
     /// Attach to another context (the console starts over on it).
     Switch(crate::contexts::Context),

@@ -272,13 +272,14 @@ impl App {
                     Vec::new()
                 }
             },
-            Action::Timeline => match self.focused_instance() {
-                Some(i) => vec![Cmd::Timeline { id: i.id.clone() }],
-                None => {
+            Action::Timeline => {
+                let ids = self.timeline_ids();
+                if ids.is_empty() {
                     self.say("select an instance (:tasks) to see its timeline", true);
-                    Vec::new()
+                    return Vec::new();
                 }
-            },
+                vec![Cmd::Timeline { ids }]
+            }
             Action::DryRun => match self.focused_task() {
                 Some(task) => vec![Cmd::DryRun { task, params: Map::new() }],
                 None => {

@@ -49,12 +49,17 @@ pub(super) async fn act(client: &Client, cmd: Cmd, news: &mpsc::Sender<News>) ->
                 Err(e) => News::Done(Err(e)),
             }
         }
-        Cmd::Timeline { id } => {
-            let p = apollo_shared::protocol::TimelineParams { ids: vec![id.clone()], ..Default::default() };
+        Cmd::Timeline { ids } => {
+            // Named after the instance, or the first of several and how many.
+            let name = match ids.len() {
+                1 => ids[0].clone(),
+                n => format!("{}-and-{}-more", ids[0], n - 1),
+            };
+            let p = apollo_shared::protocol::TimelineParams { ids, ..Default::default() };
             match answer(client.request::<m::TasksTimeline>(p).await)? {
                 Ok(t) => {
                     // Written where the console runs, for the postmortem.
-                    let path = std::env::temp_dir().join(format!("apollo-timeline-{id}.md"));
+                    let path = std::env::temp_dir().join(format!("apollo-timeline-{name}.md"));
                     let file = std::fs::write(&path, t.markdown())
                         .map(|()| path.display().to_string())
                         .map_err(|e| format!("cannot write {}: {e}", path.display()));
