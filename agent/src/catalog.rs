@@ -126,6 +126,12 @@ pub fn check_builtin_params(d: &TaskDef, file: &str, registry: &Registry) -> Vec
         let Ok(reg) = registry.resolve(&s.plugin, s.version.as_deref()) else { continue };
         let error =
             |message| DefError { file: file.into(), line: s.line, field: format!("steps[{i}].params"), message };
+        if let Some(gate) = s.foreach.as_ref().and_then(|f| f.gate.as_ref()) {
+            if let Err(message) = crate::plugins::approval::check_gate(&gate.params) {
+                let field = format!("steps[{i}].approve_after_batch");
+                out.push(DefError { file: file.into(), line: s.line, field, message });
+            }
+        }
         if let Some(message) = unknown_param(&reg.plugin.describe(), &s.plugin, &s.params) {
             out.push(error(message));
             continue;

@@ -249,6 +249,18 @@ fn render(params: &Map<String, Value>, ctx: &Context, secrets: &Secrets) -> Resu
     render_field(params, ctx, "params", secrets)
 }
 
+/// A fan-out step's `approve_after_batch` params, rendered over the context
+/// and its secrets (`None`: the step has no gate).
+pub fn gate_params(
+    def: &TaskDef,
+    seq: u32,
+    ctx: &Context,
+    secrets: &Secrets,
+) -> Option<Result<Map<String, Value>, PluginError>> {
+    let g = def.steps[seq as usize].foreach.as_ref()?.gate.as_ref()?;
+    Some(render_field(&g.params, ctx, "approve_after_batch", secrets))
+}
+
 /// The plugin's check of rendered params.
 async fn validate(reg: &Registration, params: &Map<String, Value>) -> Result<(), PluginError> {
     crate::plugins::unwinding(&reg.name, reg.plugin.validate(params)).await.map_err(|e| PluginError {

@@ -13,7 +13,7 @@ fn hosts(n: usize) -> String {
 
 /// The rolling restart: each item appends its host to `witness` and fails
 /// while `fail-<host>` exists; its undo appends to `undone`.
-fn rolling(n: usize, extra: &str) -> String {
+pub(crate) fn rolling(n: usize, extra: &str) -> String {
     let w = "$APOLLO_WORK_DIR/../..";
     format!(
         r#"task: rolling
@@ -41,7 +41,7 @@ steps:
     )
 }
 
-fn counts(lines: &[String]) -> BTreeMap<String, usize> {
+pub(crate) fn counts(lines: &[String]) -> BTreeMap<String, usize> {
     let mut m = BTreeMap::new();
     for l in lines {
         *m.entry(l.clone()).or_insert(0) += 1;
@@ -207,7 +207,7 @@ fn a_kill_in_the_middle_of_a_batch_runs_no_succeeded_item_again() {
 }
 
 /// `apollo-agent check FILE`.
-fn check(file: &std::path::Path) -> std::process::Output {
+pub(crate) fn check(file: &std::path::Path) -> std::process::Output {
     std::process::Command::new(agent_bin())
         .current_dir(file.parent().unwrap())
         .arg("check")

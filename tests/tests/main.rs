@@ -26,6 +26,7 @@ mod fanout;
 mod faults;
 mod fleet;
 mod follow;
+mod gates;
 mod hooks;
 mod hostile;
 mod instructions;

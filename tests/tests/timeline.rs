@@ -337,3 +337,39 @@ fn a_timeline_shows_the_rollout_its_arm_came_from_and_a_parents_child() {
     let md = String::from_utf8_lossy(&agent.cli(&["timeline", pid, "--md"]).stdout).to_string();
     assert!(md.contains(&format!("child {child_id} SUCCESS (child of {pid})")), "{md}");
 }
+
+/// A timeline too large for one answer (1,000 instances, 5,000 events:
+/// more than a frame holds) comes in pages, which the CLI joins: every
+/// event, in order.
+#[tokio::test]
+async fn a_timeline_larger_than_one_answer_comes_whole_in_pages() {
+    let agent = Agent::builder()
+        .config("scheduler:\n  concurrency: 16\n")
+        .task("tick.yaml", "task: tick\nqueue: ticks\nsteps:\n  - plugin: sleep\n")
+        .start();
+    let c = agent.client().await;
+    for _ in 0..1000 {
+        trigger(&c, "tick", serde_json::json!({})).await;
+    }
+    loop {
+        let s = status(&c).await.unwrap();
+        if s.counts.get("SUCCESS").and_then(Value::as_u64) == Some(1000) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let p = apollo_shared::protocol::TimelineParams {
+        queue: Some("ticks".into()),
+        until: Some(chrono::Utc::now()),
+        ..Default::default()
+    };
+    let first = c.request::<m::TasksTimeline>(p).await.unwrap();
+    assert!(first.next_event.is_some() && first.events.len() < 5000, "one answer holds part of it");
+    let (code, t) = agent.cli_json(&["timeline", "--since", "1h", "--queue", "ticks"]);
+    assert_eq!(code, 0);
+    let events = t["events"].as_array().unwrap();
+    assert_eq!((t["instances"].as_array().unwrap().len(), events.len()), (1000, 5000));
+    let at: Vec<chrono::DateTime<chrono::Utc>> = events.iter().map(|e| e["at"].as_str().unwrap().parse().unwrap()).collect();
+    assert!(at.windows(2).all(|w| w[0] <= w[1]), "in time order across the pages");
+    assert!(t.get("next_event").is_none(), "{:?}", t.get("next_event"));
+}

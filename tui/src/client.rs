@@ -4,7 +4,7 @@
 use apollo_shared::protocol::methods as m;
 use apollo_shared::protocol::{
     ClientInfo, Event, Hello, HelloResult, IdParams, Instance, Method, Request, Response, RpcError, SubscribeParams,
-    Topic, MAX_FRAME_BYTES, PROTOCOL_VERSION,
+    Timeline, TimelineParams, Topic, MAX_FRAME_BYTES, PROTOCOL_VERSION,
 };
 use apollo_shared::state::OperatorAction;
 use futures::StreamExt;
@@ -198,6 +198,20 @@ impl Client {
             OperatorAction::Rollback => self.request::<m::TasksRollback>(p).await,
             OperatorAction::Cancel => self.request::<m::TasksCancel>(p).await,
         }
+    }
+
+    /// A whole timeline, page after page (a large one does not fit in one
+    /// answer); a window's end is fixed first, so the pages agree.
+    pub async fn timeline(&self, mut p: TimelineParams) -> Result<Timeline, ClientError> {
+        if p.ids.is_empty() && p.until.is_none() {
+            p.until = Some(chrono::Utc::now());
+        }
+        let mut t = self.request::<m::TasksTimeline>(p.clone()).await?;
+        while let Some(next) = t.next_event {
+            p.from_event = Some(next);
+            t.extend(self.request::<m::TasksTimeline>(p.clone()).await?);
+        }
+        Ok(t)
     }
 
     pub async fn hello(&self, client: &str) -> Result<HelloResult, ClientError> {

@@ -163,6 +163,37 @@ pub fn check_templated(p: &Map<String, Value>) -> Result<(), String> {
     }
 }
 
+/// What a decision (as the scheduler gives it: `decision`, `by`,
+/// `reason`, `at`, `on_timeout`) means: the step's output when it lets the
+/// work go on, else why not.
+pub fn verdict(d: &Value) -> Result<Value, String> {
+    let (decision, by, reason) = (d["decision"].as_str().unwrap_or(""), &d["by"], &d["reason"]);
+    let by_s = by.as_str().unwrap_or("?");
+    let reason_s = reason.as_str().unwrap_or("");
+    let out = json!({"decision": decision, "by": by, "reason": reason, "at": d["at"]});
+    match (decision, d["on_timeout"].as_str()) {
+        ("approved", _) => Ok(out),
+        ("timed_out", Some("approve")) => {
+            Ok(json!({"decision": "approved", "by": "timeout", "reason": reason, "at": d["at"]}))
+        }
+        ("denied", _) => Err(format!("approval denied by {by_s}: {reason_s}")),
+        ("timed_out", _) => Err(format!("approval timed out: {reason_s}")),
+        (other, _) => Err(format!("approval {other} by {by_s}: {reason_s}")),
+    }
+}
+
+/// A fan-out's `approve_after_batch` params, checked at load as an
+/// approval step's are.
+pub fn check_gate(p: &Map<String, Value>) -> Result<(), String> {
+    let templated = p
+        .values()
+        .any(|v| apollo_shared::template::strings(v, "").iter().any(|(_, t)| t.contains("{{") || t.contains("{%")));
+    match templated {
+        true => check_templated(p),
+        false => Approval.check_params(p),
+    }
+}
+
 impl Plugin for Approval {
     fn uses_work_dir(&self) -> bool {
         false
@@ -215,19 +246,7 @@ impl Plugin for Approval {
             let Some(d) = call.params.get(DECISION) else {
                 return Err(PluginError::permanent("an approval step runs only once decided (apollo approve)"));
             };
-            let (decision, by, reason) = (d["decision"].as_str().unwrap_or(""), &d["by"], &d["reason"]);
-            let by_s = by.as_str().unwrap_or("?");
-            let reason_s = reason.as_str().unwrap_or("");
-            let out = json!({"decision": decision, "by": by, "reason": reason, "at": d["at"]});
-            match (decision, d["on_timeout"].as_str()) {
-                ("approved", _) => Ok(out),
-                ("timed_out", Some("approve")) => {
-                    Ok(json!({"decision": "approved", "by": "timeout", "reason": reason, "at": d["at"]}))
-                }
-                ("denied", _) => Err(PluginError::permanent(format!("approval denied by {by_s}: {reason_s}"))),
-                ("timed_out", _) => Err(PluginError::permanent(format!("approval timed out: {reason_s}"))),
-                (other, _) => Err(PluginError::permanent(format!("approval {other} by {by_s}: {reason_s}"))),
-            }
+            verdict(d).map_err(PluginError::permanent)
         })
     }
     fn rollback<'a>(&'a self, _call: Call<'a>, _output: Option<&'a Value>) -> BoxFuture<'a, Result<(), PluginError>> {

@@ -78,6 +78,20 @@ pub(super) async fn start(
     Ok(r.started(attempt?, checked))
 }
 
+/// Takes up step `step`, left RUNNING while its instance was parked (a
+/// fan-out at its gate, now decided): no new attempt, the same goes on.
+pub(super) async fn resume(
+    s: &Arc<Scheduler>,
+    def: &TaskDef,
+    step: &apollo_shared::protocol::StepRun,
+    ctx: &Context,
+    pins: Option<&Pins>,
+) -> Started {
+    let r = ready(&s.registry.view(pins), def, step.seq, ctx);
+    let checked = check(&r).await;
+    r.started(step.attempts.max(1), checked)
+}
+
 /// Runs one plugin call under the step's watchdog, for execute and rollback
 /// alike: at the timeout the call's token fires (a subprocess gets SIGTERM to
 /// its group, then SIGKILL after the grace) and the call has the grace to end

@@ -3,7 +3,7 @@
 //! decides what a failure leads to (retry, rollback, stop).
 
 use super::approvals::{gate, is_approval, with_decision, Gate};
-use super::calls::{durably, start, watchdog};
+use super::calls::{durably, resume, start, watchdog};
 use super::rollback::rollback;
 use super::state::finished;
 use super::{Active, Scheduler};
@@ -150,6 +150,8 @@ async fn run_inner(
         }
         let now = match started.take() {
             Some(now) => *now,
+            // A fan-out parked at its gate goes on where it stood.
+            None if step.state == StepState::Running => resume(s, &def, step, &ctx, inst.pins.as_ref()).await,
             None => {
                 if s.is_shutting_down() {
                     tracing::info!(step = %step.name, "shutting down before this step; it resumes at the next start");
@@ -197,7 +199,8 @@ async fn run_inner(
             }
         };
         let next = todo.get(i + 1).map(|n| n.seq);
-        match run_step(s, (&inst.id, inst.pins.as_ref()), &def, step, now, next, &mut ctx, &work_dir, active).await? {
+        let at = (inst.id.as_str(), inst.attempt, inst.pins.as_ref());
+        match run_step(s, at, &def, step, now, next, &mut ctx, &work_dir, active).await? {
             Outcome::Done(next) => started = next,
             Outcome::Finished => {
                 succeeded(&inst.task);
@@ -230,7 +233,7 @@ fn succeeded(task: &str) {
 #[allow(clippy::too_many_arguments)]
 async fn run_step(
     s: &Arc<Scheduler>,
-    (id, pins): (&str, Option<&Pins>),
+    (id, attempt_of_instance, pins): (&str, u32, Option<&Pins>),
     def: &TaskDef,
     step: &StepRun,
     now: Started,
@@ -268,10 +271,15 @@ async fn run_step(
         // A sub-runbook's step: its child's outcome.
         (_, _) if given.is_some() => Err(given.expect("given")),
         (Some(_), Ok((reg, ..))) => {
-            let st = fanout::Step { id, seq: step.seq, def, reg: &reg, ctx, work_dir, active, masker: &mask };
+            let attempt = attempt_of_instance;
+            let st = fanout::Step { id, attempt, seq: step.seq, def, reg: &reg, ctx, work_dir, active, masker: &mask };
             // Boxed: its state stays off the executor's future, which every
             // instance's spawn copies (the instruction guard measures it).
-            Err(Box::pin(fanout::run(s, st).instrument(span.clone())).await?)
+            match Box::pin(fanout::run(s, st).instrument(span.clone())).await? {
+                // At its gate: the instance is parked, the executor ends.
+                fanout::Fanned::Parked => return Ok(Outcome::Ended),
+                fanout::Fanned::Ended(r) => Err(r),
+            }
         }
         (_, prepared) => Ok(prepared),
     };

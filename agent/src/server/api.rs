@@ -393,8 +393,15 @@ fn dry_fanout(f: &apollo_shared::def::Fanout, over: &Value, max: usize) -> (DryR
     let mut map = Map::new();
     map.insert("foreach".into(), f.foreach.clone());
     let rendered = apollo_shared::template::render(&map, over, true).map(|(m, _)| m.get("foreach").cloned());
-    let mut out =
-        DryRunFanout { items: Vec::new(), count: 0, batches: Vec::new(), budget: 0, parallel: 0, problem: None };
+    let mut out = DryRunFanout {
+        items: Vec::new(),
+        count: 0,
+        batches: Vec::new(),
+        budget: 0,
+        parallel: 0,
+        problem: None,
+        approve_after: f.gate.as_ref().map(|g| g.after),
+    };
     let items = match rendered {
         Ok(Some(Value::Array(items))) => items,
         Ok(other) => {

@@ -83,6 +83,22 @@ fn skippable(c: &dyn Db, id: &str, seq: u32) -> Result<()> {
     if steps.iter().any(|s| s.0 == seq && approval(&s.3)) {
         return Err(StoreError::Invalid(format!("step {}", gate(&named))));
     }
+    // A fan-out whose approval between batches was denied (or timed out
+    // denying) is not skipped past either.
+    let asked: Vec<(Option<String>, String)> = c
+        .query("SELECT decision, on_timeout FROM approvals WHERE instance_id = ?1 AND seq = ?2", p![id, seq])?
+        .iter()
+        .map(|r| Ok((r.get(0)?, r.get(1)?)))
+        .collect::<Result<_>>()?;
+    let approved = |(d, t): &(Option<String>, String)| {
+        d.as_deref() == Some("approved") || (d.as_deref() == Some("timed_out") && t == "approve")
+    };
+    if !asked.is_empty() && !asked.iter().any(approved) {
+        return Err(StoreError::Invalid(format!(
+            "step {named:?} was stopped by its approval between batches (approve_after_batch): it is decided by its \
+             approvers or its timeout, not skipped; `apollo retry {id}` asks again"
+        )));
+    }
     let first = steps.iter().find(|s| !s.4 && s.2 != StepState::Success.as_str() && s.2 != StepState::Skipped.as_str());
     match first.filter(|s| s.2 == StepState::Failed.as_str()) {
         Some(f) if f.0 == seq => Ok(()),
@@ -128,7 +144,9 @@ fn refuse_while_rolling_back(c: &dyn Db, id: &str) -> Result<()> {
 /// Cancels an instance that is waiting (PENDING or RETRYING): it passes
 /// through RUNNING to FAILED, as the table requires, without running a step.
 /// Its steps keep their states, so an operator's retry resumes it where it
-/// stood, as after a cancel of a running instance.
+/// stood, as after a cancel of a running instance — but for a fan-out step
+/// parked at its gate (RUNNING while its instance waits), which fails as
+/// cancelled, its items' ledger kept.
 pub fn cancel_waiting(c: &dyn Db, id: &str, reason: &str, actor: &str) -> Result<()> {
     let from = task_state(c, id)?;
     if !matches!(from, TaskState::Pending | TaskState::Retrying) {
@@ -140,7 +158,18 @@ pub fn cancel_waiting(c: &dyn Db, id: &str, reason: &str, actor: &str) -> Result
     // A parked instance's approval is moot now.
     super::approvals::cancel(c, id, actor)?;
     c.execute("UPDATE task_instances SET approval = NULL, next_run_at = NULL WHERE id = ?1", p![id])?;
+    fail_running_steps(c, id, reason, actor)?;
     fail(c, id, reason, FailurePlan::Stop, actor)
+}
+
+/// Marks the instance's RUNNING steps failed as cancelled.
+fn fail_running_steps(c: &dyn Db, id: &str, reason: &str, actor: &str) -> Result<()> {
+    let running: Vec<u32> =
+        c.column("SELECT seq FROM step_runs WHERE instance_id = ?1 AND state = 'RUNNING'", p![id])?;
+    for seq in running {
+        step_fail(c, id, seq, &format!("cancelled: {reason}"), false, actor)?;
+    }
+    Ok(())
 }
 
 /// Cancels a RUNNING instance that no executor works on (its lease has run
@@ -154,10 +183,6 @@ pub fn cancel_orphan(c: &dyn Db, id: &str, reason: &str, actor: &str) -> Result<
     if expired != Some(true) {
         return Err(StoreError::Invalid(format!("instance {id} is not RUNNING with an expired lease")));
     }
-    let running: Vec<u32> =
-        c.column("SELECT seq FROM step_runs WHERE instance_id = ?1 AND state = 'RUNNING'", p![id])?;
-    for seq in running {
-        step_fail(c, id, seq, &format!("cancelled: {reason}"), false, actor)?;
-    }
+    fail_running_steps(c, id, reason, actor)?;
     fail(c, id, reason, FailurePlan::Stop, actor)
 }

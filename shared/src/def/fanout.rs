@@ -77,6 +77,23 @@ pub struct Fanout {
     pub max_parallel: Option<u32>,
     /// Failures allowed over the whole step before no further item starts.
     pub max_failures: Size,
+    /// An approval between two batches (`approve_after_batch:`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate: Option<BatchGate>,
+}
+
+/// An approval that stands between batch `after` and the next
+/// (`approve_after_batch:`): once batch `after` has ended, the instance
+/// parks until an approver decides, as at an approval step, and the
+/// batches after it start only if approved.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BatchGate {
+    /// The batch after which it asks (1: after the canary).
+    pub after: u32,
+    /// The approval's params as an approval step takes them (`message`,
+    /// `approvers`, `timeout`, `on_timeout`, `distinct_approver`); the
+    /// message has a default.
+    pub params: Map<String, Value>,
 }
 
 impl Fanout {
@@ -134,7 +151,7 @@ impl Fanout {
 /// problems go to `at` (field, message).
 pub(super) fn parse(m: &Map<String, Value>, at: &mut dyn FnMut(&str, String)) -> Option<Fanout> {
     let Some(foreach) = m.get("foreach").filter(|v| !v.is_null()) else {
-        for field in ["as", "batches", "max_parallel", "max_failures"] {
+        for field in ["as", "batches", "max_parallel", "max_failures", "approve_after_batch"] {
             if m.contains_key(field) {
                 at(field, format!("`{field}:` goes with `foreach:` (a fan-out step); this step has none"));
             }
@@ -219,13 +236,69 @@ pub(super) fn parse(m: &Map<String, Value>, at: &mut dyn FnMut(&str, String)) ->
             Size::Count(0)
         }),
     };
-    let f = Fanout { foreach: foreach.clone(), name, batches, max_parallel, max_failures };
+    let gate = m.get("approve_after_batch").filter(|v| !v.is_null()).and_then(|v| gate(v, &batches, at));
+    let f = Fanout { foreach: foreach.clone(), name, batches, max_parallel, max_failures, gate };
     if let Some(items) = f.literal() {
         if let Err(e) = f.plan(items.len()) {
             at("batches", e);
         }
     }
     Some(f)
+}
+
+/// The fields an approval step's params may have, which a gate takes too.
+const GATE_FIELDS: &[&str] = &["batch", "message", "approvers", "timeout", "on_timeout", "distinct_approver"];
+
+/// `approve_after_batch:` as written: the batch's number, or a mapping of
+/// `batch` and the approval's params. Its approval params are checked by
+/// the agent (who the approvers are is the host's business).
+fn gate(v: &Value, batches: &[Size], at: &mut dyn FnMut(&str, String)) -> Option<BatchGate> {
+    const FIELD: &str = "approve_after_batch";
+    let (after, mut params) = match v {
+        Value::Number(_) => (v.clone(), Map::new()),
+        Value::Object(m) => {
+            if let Some(k) = m.keys().find(|k| !GATE_FIELDS.contains(&k.as_str())) {
+                let hint =
+                    crate::text::closest(k, GATE_FIELDS).map(|c| format!("did you mean {c:?}? ")).unwrap_or_default();
+                at(FIELD, format!("unknown field {k:?} ({hint}expected one of: {})", GATE_FIELDS.join(", ")));
+                return None;
+            }
+            let mut params = m.clone();
+            (params.remove("batch").unwrap_or(Value::Null), params)
+        }
+        other => {
+            at(FIELD, format!("expected the batch after which to ask (e.g. 1), or a mapping with `batch:` and the approval's message and approvers, found {}", show(other)));
+            return None;
+        }
+    };
+    let Some(after) = after.as_u64().filter(|n| *n >= 1).and_then(|n| u32::try_from(n).ok()) else {
+        at(
+            FIELD,
+            format!(
+                "batch: expected the number of the batch after which to ask (1 for the first), found {}",
+                show(&after)
+            ),
+        );
+        return None;
+    };
+    if batches.is_empty() {
+        at(FIELD, "the step has one batch, so nothing comes after it: give `batches:` (e.g. [1, \"100%\"]: a canary, then the rest)".into());
+        return None;
+    }
+    if after as usize >= batches.len() {
+        at(
+            FIELD,
+            format!(
+                "batch {after} is the last of the {} in `batches:`, so nothing comes after it to approve",
+                batches.len()
+            ),
+        );
+        return None;
+    }
+    params
+        .entry("message")
+        .or_insert_with(|| Value::String(format!("batch {after} has ended: start the batches after it?")));
+    Some(BatchGate { after, params })
 }
 
 #[cfg(test)]

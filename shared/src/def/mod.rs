@@ -19,7 +19,7 @@ mod secrets;
 mod steps;
 mod templates;
 pub use errors::{DefError, DefErrors};
-pub use fanout::{Fanout, Size, MAX_ITEMS};
+pub use fanout::{BatchGate, Fanout, Size, MAX_ITEMS};
 pub use secrets::{Masker, SecretSource, MASK};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -156,6 +156,7 @@ pub(crate) const STEP_FIELDS: &[&str] = &[
     "batches",
     "max_parallel",
     "max_failures",
+    "approve_after_batch",
     "task",
 ];
 

@@ -25,6 +25,7 @@ pub(super) struct Scope<'a> {
 /// Every template string of a step, with its field (`params.command`).
 fn templates(step: &StepDef) -> Vec<(String, String)> {
     let (params, env) = (Value::Object(step.params.clone()), Value::Object(step.env.clone()));
+    let gate = step.foreach.as_ref().and_then(|f| f.gate.as_ref()).map(|g| Value::Object(g.params.clone()));
     let mut out = template::strings(&params, "params");
     out.extend(template::strings(&env, "env"));
     if let Some(w) = &step.when {
@@ -32,6 +33,9 @@ fn templates(step: &StepDef) -> Vec<(String, String)> {
     }
     if let Some(f) = &step.foreach {
         out.extend(template::strings(&f.foreach, "foreach"));
+    }
+    if let Some(g) = &gate {
+        out.extend(template::strings(g, "approve_after_batch"));
     }
     out.into_iter().filter(|(_, t)| t.contains("{{") || t.contains("{%")).map(|(f, t)| (f, t.to_string())).collect()
 }

@@ -115,6 +115,9 @@ pub struct DryRunFanout {
     /// batches short of them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub problem: Option<String>,
+    /// The batch after which an approval is asked (`approve_after_batch`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approve_after: Option<u32>,
 }
 
 impl DryRunFanout {
@@ -126,8 +129,9 @@ impl DryRunFanout {
         let sizes: Vec<String> = self.batches.iter().map(u32::to_string).collect();
         let shown: Vec<&str> = self.items.iter().take(8).map(String::as_str).collect();
         let more = if self.items.len() > 8 { ", …" } else { "" };
+        let gate = self.approve_after.map(|b| format!(", an approval after batch {b}")).unwrap_or_default();
         format!(
-            "items: {} in {} batch(es) ({}), failure budget {}, up to {} at once: {}{more}",
+            "items: {} in {} batch(es) ({}){gate}, failure budget {}, up to {} at once: {}{more}",
             self.count,
             self.batches.len(),
             sizes.join(", "),

@@ -33,6 +33,10 @@ pub struct TimelineParams {
     /// Only the instances of this trace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<String>,
+    /// The events from this one on (a timeline too large for one answer
+    /// comes in pages: ask again with the answer's `next_event`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_event: Option<u32>,
 }
 
 /// One instance of a timeline, as it stands.
@@ -104,6 +108,10 @@ pub struct Timeline {
     /// What was read: `hot` and `archive` for a window.
     #[serde(default)]
     pub read: Vec<String>,
+    /// More events follow: ask again with `from_event` set to this (and
+    /// the same ids or window, its `until` fixed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_event: Option<u32>,
 }
 
 impl Timeline {
@@ -164,7 +172,34 @@ impl Timeline {
                 parent: parent_of(i.dedup_key.as_deref()).map(|(id, _)| id),
             })
             .collect();
-        Timeline { instances, events, read: Vec::new() }
+        Timeline { instances, events, read: Vec::new(), next_event: None }
+    }
+
+    /// The events from `from` on that fit in `budget` bytes of JSON (at
+    /// least one), with `next_event` set when more follow.
+    pub fn page(mut self, from: usize, budget: usize) -> Timeline {
+        let mut events = self.events.split_off(from.min(self.events.len()));
+        let mut used = serde_json::to_vec(&self.instances).map_or(0, |v| v.len());
+        let mut fit = 0;
+        for e in &events {
+            used += serde_json::to_vec(e).map_or(0, |v| v.len()) + 1;
+            if used > budget && fit > 0 {
+                break;
+            }
+            fit += 1;
+        }
+        if fit < events.len() {
+            self.next_event = Some((from + fit) as u32);
+        }
+        events.truncate(fit);
+        self.events = events;
+        self
+    }
+
+    /// A following page's events added to this one's.
+    pub fn extend(&mut self, page: Timeline) {
+        self.events.extend(page.events);
+        self.next_event = page.next_event;
     }
 
     /// One line per event: `+HH:MM:SS  UTC  task…id  step: FROM -> TO  detail`.

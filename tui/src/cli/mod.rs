@@ -261,6 +261,7 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
                 queue: queue.clone(),
                 task: task.clone(),
                 trace: trace.clone(),
+                from_event: None,
             };
             timeline::run(&client, p, *md, json).await
         }

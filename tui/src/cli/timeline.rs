@@ -3,13 +3,12 @@
 
 use super::failure::Failure;
 use super::render::{print_json, Out};
-use apollo_shared::protocol::methods as m;
 use apollo_shared::protocol::{Timeline, TimelineParams};
 use chrono::{DateTime, Utc};
 use std::process::ExitCode;
 
 pub async fn run(client: &crate::client::Client, p: TimelineParams, md: bool, json: bool) -> Result<ExitCode, Failure> {
-    let t = client.request::<m::TasksTimeline>(p).await?;
+    let t = client.timeline(p).await?;
     if json {
         print_json(&t);
     } else if md {

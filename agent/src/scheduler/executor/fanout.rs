@@ -10,6 +10,7 @@
 use crate::handles::StopReason;
 use crate::logs::StepLog;
 use crate::plugins::{Call, PluginError, Registration};
+use crate::scheduler::approvals;
 use crate::scheduler::calls::watchdog;
 use crate::scheduler::{Active, Scheduler};
 use crate::secrets::Secrets;
@@ -26,6 +27,8 @@ use std::sync::Arc;
 /// What one fan-out step needs of its instance.
 pub(super) struct Step<'a> {
     pub id: &'a str,
+    /// The instance's attempt (its gate's request is this attempt's).
+    pub attempt: u32,
     pub seq: u32,
     pub def: &'a TaskDef,
     pub reg: &'a Registration,
@@ -43,15 +46,33 @@ pub fn label(v: &Value) -> String {
     }
 }
 
-/// Runs the step's items; the step's output, or why it failed. A store
-/// error stops it (the items' rows say where it was).
-pub(super) async fn run(s: &Arc<Scheduler>, st: Step<'_>) -> Result<Result<Value, PluginError>, StoreError> {
+/// How a fan-out step's run ended.
+pub(super) enum Fanned {
+    /// Its output, or why it failed.
+    Ended(Result<Value, PluginError>),
+    /// Parked at its gate (`approve_after_batch`) until it is decided.
+    Parked,
+}
+
+/// Runs the step's items; the step's output, or why it failed, or its park
+/// at its gate. A store error stops it (the items' rows say where it was).
+pub(super) async fn run(s: &Arc<Scheduler>, st: Step<'_>) -> Result<Fanned, StoreError> {
+    Ok(match batches(s, st).await? {
+        Ok(Some(out)) => Fanned::Ended(Ok(out)),
+        Ok(None) => Fanned::Parked,
+        Err(e) => Fanned::Ended(Err(e)),
+    })
+}
+
+/// [`run`]'s body: `Ok(None)` when it parked.
+async fn batches(s: &Arc<Scheduler>, st: Step<'_>) -> Result<Result<Option<Value>, PluginError>, StoreError> {
     let d = &st.def.steps[st.seq as usize];
     let f = d.foreach.as_ref().expect("a fan-out step");
     let secrets = match crate::secrets::resolve(st.def) {
         Ok(x) => x,
         Err(e) => return Ok(Err(PluginError::permanent(e))),
     };
+    let empty = || Ok(Ok(Some(output(&[], s.config().scheduler.step_output_bytes))));
     let mut items = s.store.items(st.id, st.seq).await?;
     let plan = match items.is_empty() {
         true => match first_plan(s, &st, &secrets).await? {
@@ -59,7 +80,7 @@ pub(super) async fn run(s: &Arc<Scheduler>, st: Step<'_>) -> Result<Result<Value
                 items = s.store.items(st.id, st.seq).await?;
                 p
             }
-            Ok(None) => return Ok(Ok(output(&[], s.config().scheduler.step_output_bytes))),
+            Ok(None) => return empty(),
             Err(e) => return Ok(Err(e)),
         },
         false => {
@@ -87,6 +108,21 @@ pub(super) async fn run(s: &Arc<Scheduler>, st: Step<'_>) -> Result<Result<Value
         }
         if failed.len() as u32 > plan.budget || stopped {
             break;
+        }
+        // The gate before the batches after its own: asked once the batch
+        // it follows has ended (not when that batch is what fails).
+        if f.gate.as_ref().is_some_and(|g| g.after + 1 == batch) {
+            let counts = counts(&s.store.items(st.id, st.seq).await?, batch - 1);
+            let step = (d.name.as_str(), st.seq);
+            match approvals::batch_gate(s, (st.id, st.attempt), st.def, step, st.ctx, &counts).await? {
+                approvals::BatchGate::Go => {}
+                approvals::BatchGate::Parked => return Ok(Ok(None)),
+                approvals::BatchGate::Stop(why) => {
+                    let why = st.masker.text(&why);
+                    s.store.items_not_started(st.id, st.seq, &format!("not started: {why}")).await?;
+                    return Ok(Err(PluginError::permanent(format!("after batch {}: {why}", batch - 1))));
+                }
+            }
         }
         let size = items.iter().filter(|i| i.batch == batch).count();
         s.store.items_batch(st.id, st.seq, FanoutPlan { batch, ..plan }, todo.len()).await?;
@@ -134,7 +170,22 @@ pub(super) async fn run(s: &Arc<Scheduler>, st: Step<'_>) -> Result<Result<Value
         ))));
     }
     let items = s.store.items(st.id, st.seq).await?;
-    Ok(Ok(output(&items, s.config().scheduler.step_output_bytes)))
+    Ok(Ok(Some(output(&items, s.config().scheduler.step_output_bytes))))
+}
+
+/// How the batches up to `last` went, for the gate's message.
+fn counts(items: &[ItemRun], last: u32) -> String {
+    let so_far: Vec<&ItemRun> = items.iter().filter(|i| i.batch <= last).collect();
+    let ok = so_far.iter().filter(|i| i.state == StepState::Success).count();
+    let failed: Vec<&str> = so_far.iter().filter(|i| i.state == StepState::Failed).map(|i| i.label.as_str()).collect();
+    let mut said = format!("batches 1-{last}: {ok} of {} items ok", so_far.len());
+    if last == 1 {
+        said = format!("batch 1: {ok} of {} items ok", so_far.len());
+    }
+    if !failed.is_empty() {
+        said.push_str(&format!(", failed: {}", apollo_shared::text::one_line(&failed.join(", "), 200)));
+    }
+    said
 }
 
 fn budget(f: &apollo_shared::def::Fanout, n: usize) -> u32 {

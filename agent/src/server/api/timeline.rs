@@ -25,7 +25,9 @@ impl Api {
         }
         let mut t = Timeline::build(&found.instances, &found.beside, &found.alerts);
         t.read = read;
-        Ok(t)
+        // What fits in one answer, room left for the frame's envelope.
+        let budget = apollo_shared::protocol::MAX_FRAME_BYTES - 64 * 1024;
+        Ok(t.page(p.from_event.unwrap_or(0) as usize, budget))
     }
 
     /// An id that is no instance, hot or archived: named, with the closest

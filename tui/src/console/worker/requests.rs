@@ -56,7 +56,7 @@ pub(super) async fn act(client: &Client, cmd: Cmd, news: &mpsc::Sender<News>) ->
                 n => format!("{}-and-{}-more", ids[0], n - 1),
             };
             let p = apollo_shared::protocol::TimelineParams { ids, ..Default::default() };
-            match answer(client.request::<m::TasksTimeline>(p).await)? {
+            match answer(client.timeline(p).await)? {
                 Ok(t) => {
                     // Written where the console runs, for the postmortem.
                     let path = std::env::temp_dir().join(format!("apollo-timeline-{name}.md"));
