@@ -207,10 +207,7 @@ async fn a_claim_takes_all_of_an_instances_locks_or_none_and_an_end_releases_the
     assert!(store.claim(10, lease(), QueuePolicy::default()).await.unwrap().is_empty());
     // L1's end releases db:eu and dns: L2 runs; L3 still waits for db:us.
     store.step_start("L1", 0, "1.0.0", &json!({})).await.unwrap();
-    store
-        .step_success("L1", 0, &json!({}).to_string(), &json!({}).to_string(), apollo_agent::store::Then::Finish)
-        .await
-        .unwrap();
+    store.step_success("L1", 0, &json!({}).to_string(), apollo_agent::store::Then::Finish).await.unwrap();
     assert_eq!(ids(&store.claim(10, lease(), QueuePolicy::default()).await.unwrap()), ["L2"]);
     store.close();
 }
@@ -312,7 +309,7 @@ async fn claims_go_by_priority_then_age_within_queue_and_task_limits(db: TestDb)
     assert_eq!(claimed, ["C1", "B1", "A2", "A3", "A1"]);
     assert!(store.claim(10, lease(), limits.clone()).await.unwrap().is_empty());
     store.step_start("C1", 0, "1.0.0", &json!({})).await.unwrap();
-    store.step_success("C1", 0, &json!({}).to_string(), &json!({}).to_string(), Then::Nothing).await.unwrap();
+    store.step_success("C1", 0, &json!({}).to_string(), Then::Nothing).await.unwrap();
     store.finish_success("C1").await.unwrap();
     let next: Vec<String> = store.claim(10, lease(), limits).await.unwrap().into_iter().map(|i| i.id).collect();
     assert_eq!(next, ["C2"]);
@@ -405,16 +402,15 @@ async fn transitions_the_table_forbids_are_refused(db: TestDb) {
     assert!(matches!(store.finish_rolled_back("T1").await, Err(StoreError::Illegal(_))));
     store.claim(1, lease(), QueuePolicy::default()).await.unwrap();
     store.step_start("T1", 0, "1.0.0", &json!({})).await.unwrap();
-    store
-        .step_success("T1", 0, &json!({"n": 1}).to_string(), &json!({"n": 1}).to_string(), Then::Nothing)
-        .await
-        .unwrap();
+    store.step_success("T1", 0, &json!({"n": 1}).to_string(), Then::Nothing).await.unwrap();
     store.finish_success("T1").await.unwrap();
     // SUCCESS is final.
     assert!(matches!(store.manual_retry("T1", "again", "op").await, Err(StoreError::Illegal(_))));
     let inst = store.get("T1").await.unwrap();
     assert_eq!(inst.state, TaskState::Success);
-    assert_eq!(inst.context, json!({"n": 1}));
+    // The context is made again from the row and the steps' outputs.
+    assert_eq!(inst.context["steps"], json!({"a": {"n": 1}}));
+    assert_eq!((inst.context["task_id"].as_str(), inst.context["trace_id"].as_str()), (Some("T1"), Some("trace-T1")));
     assert_eq!(inst.lease_owner, None, "a finished instance is held by nobody");
     store.close();
 }
@@ -428,19 +424,17 @@ async fn a_steps_success_starts_the_next_step_or_ends_the_instance_in_one_write(
     store.claim(1, lease(), QueuePolicy::default()).await.unwrap();
     store.step_start("S1", 0, "1.0.0", &json!({})).await.unwrap();
     let start = Then::Start { seq: 1, version: "1.0.0", params: &json!({"p": 1}) };
-    let followed =
-        store.step_success("S1", 0, &json!({"n": 1}).to_string(), &json!({"n": 1}).to_string(), start).await.unwrap();
+    let followed = store.step_success("S1", 0, &json!({"n": 1}).to_string(), start).await.unwrap();
     assert_eq!(followed, Followed::Started(1));
     let inst = store.get("S1").await.unwrap();
     let steps = inst.steps.clone().unwrap();
     assert_eq!((steps[0].state, steps[1].state), (StepState::Success, StepState::Running));
     assert_eq!(steps[1].params, Some(json!({"p": 1})));
-    assert_eq!(inst.context, json!({"n": 1}));
+    assert_eq!(inst.context["steps"], json!({"a": {"n": 1}}));
     // A follow-up the table refuses (step 0 cannot start again: it is
     // SUCCESS) leaves the step's SUCCESS recorded, and says nothing followed.
     let again = Then::Start { seq: 0, version: "1.0.0", params: &json!({}) };
-    let followed =
-        store.step_success("S1", 1, &json!({}).to_string(), &json!({"n": 2}).to_string(), again).await.unwrap();
+    let followed = store.step_success("S1", 1, &json!({}).to_string(), again).await.unwrap();
     assert_eq!(followed, Followed::Nothing);
     let inst = store.get("S1").await.unwrap();
     assert_eq!(inst.steps.as_ref().unwrap()[1].state, StepState::Success);
@@ -461,8 +455,7 @@ async fn a_steps_success_starts_the_next_step_or_ends_the_instance_in_one_write(
     store.create(new("S2", "t", "q", 50, None, None), "test").await.unwrap();
     store.claim(1, lease(), QueuePolicy::default()).await.unwrap();
     store.step_start("S2", 0, "1.0.0", &json!({})).await.unwrap();
-    let followed =
-        store.step_success("S2", 0, &json!({}).to_string(), &json!({}).to_string(), Then::Finish).await.unwrap();
+    let followed = store.step_success("S2", 0, &json!({}).to_string(), Then::Finish).await.unwrap();
     assert_eq!(followed, Followed::Finished);
     let inst = store.get("S2").await.unwrap();
     assert_eq!(inst.state, TaskState::Success);
@@ -502,7 +495,7 @@ async fn steps_successes_written_together_move_each_instance_as_alone(db: TestDb
                     1 => Then::Finish,
                     _ => Then::Nothing,
                 };
-                (i, s.step_success(&id, 0, &output.to_string(), &json!({"c": i}).to_string(), then).await)
+                (i, s.step_success(&id, 0, &output.to_string(), then).await)
             }));
         }
         for h in handles {
@@ -532,7 +525,7 @@ async fn steps_successes_written_together_move_each_instance_as_alone(db: TestDb
         if i % 4 != 3 {
             want.extend([(Some(0), "RUNNING"), (Some(0), "SUCCESS")]);
             assert_eq!(steps[0].output, Some(json!({"i": i})), "M{i:03}");
-            assert_eq!(inst.context, json!({"c": i}), "M{i:03}");
+            assert_eq!(inst.context["steps"]["a"], json!({"i": i}), "M{i:03}");
         }
         match i % 4 {
             0 => {
@@ -677,10 +670,7 @@ async fn finished_instances_past_retention_move_to_the_archive_and_stay_readable
     let first = store.list(apollo_agent::store::ListFilter { limit: 10, ..Default::default() }).await.unwrap();
     let running = first.iter().find(|i| i.state == TaskState::Running).unwrap().id.clone();
     store.step_start(&running, 0, "1.0.0", &json!({})).await.unwrap();
-    store
-        .step_success(&running, 0, &json!({"ok": true}).to_string(), &json!({}).to_string(), Then::Nothing)
-        .await
-        .unwrap();
+    store.step_success(&running, 0, &json!({"ok": true}).to_string(), Then::Nothing).await.unwrap();
     store.finish_success(&running).await.unwrap();
     // Everything finished before "now + 1s" is past a zero retention window.
     let moved = store.archive(chrono::Utc::now() + chrono::Duration::seconds(1), 100).await.unwrap();
@@ -708,7 +698,7 @@ async fn dedicated_and_ordered_queues_shape_the_claims(db: TestDb) {
     assert_eq!(ids(store.claim(10, lease(), policy.clone()).await.unwrap()), ["O1"]);
     assert!(store.claim(10, lease(), policy.clone()).await.unwrap().is_empty(), "O2 waits for O1");
     store.step_start("O1", 0, "1.0.0", &json!({})).await.unwrap();
-    store.step_success("O1", 0, &json!({}).to_string(), &json!({}).to_string(), Then::Nothing).await.unwrap();
+    store.step_success("O1", 0, &json!({}).to_string(), Then::Nothing).await.unwrap();
     store.finish_success("O1").await.unwrap();
     assert_eq!(ids(store.claim(10, lease(), policy.clone()).await.unwrap()), ["O2"]);
     // The agent the queue is dedicated to claims X1.
@@ -761,4 +751,36 @@ async fn announcements_reach_the_other_agents_whatever_their_text() {
     stop.cancel();
     a.close();
     b.close();
+}
+
+/// SQLite numbers history rows from the clock: after a restart with the
+/// clock gone back, an unfinished instance's new rows still come after its
+/// old ones (the numbering starts above them at open).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_sqlite_an_instances_history_stays_in_order_across_a_restart_with_the_clock_gone_back() {
+    let db = TestDb::sqlite();
+    let store = db.open();
+    store.put_def("h1", "t", "t.yaml", "task: t").await.unwrap();
+    store.create(new("K1", "t", "q", 50, None, None), "test").await.unwrap();
+    store.close();
+    // A row written while the clock was an hour ahead of where it is now.
+    let ahead = chrono::Utc::now().timestamp_micros() + 3_600_000_000;
+    let c = rusqlite::Connection::open(db.dir.path().join("apollo.db")).unwrap();
+    c.execute(
+        "INSERT INTO transitions (instance_id, id, step_seq, from_state, to_state, reason, actor, at) \
+         VALUES ('K1', ?1, NULL, 'PENDING', 'PENDING', 'written an hour ahead', 'agent:test', ?1)",
+        [ahead],
+    )
+    .unwrap();
+    drop(c);
+    let store = db.open();
+    store.claim(1, lease(), QueuePolicy::default()).await.unwrap();
+    let inst = store.get("K1").await.unwrap();
+    let reasons: Vec<String> = inst.transitions.unwrap().into_iter().map(|t| t.reason).collect();
+    assert_eq!(
+        reasons[reasons.len() - 2..],
+        ["written an hour ahead".to_string(), "claimed".to_string()],
+        "{reasons:?}"
+    );
+    store.close();
 }

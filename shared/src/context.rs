@@ -49,10 +49,60 @@ impl Context {
         serde_json::to_value(self).unwrap_or(Value::Null)
     }
 
+    /// What the store keeps of a new instance's context: only what its row
+    /// and its steps' outputs do not say — the work dir (as its root when
+    /// it is `<root>/<id>`) and the event. [`Context::of`] makes the whole
+    /// context again.
+    pub fn stored(&self) -> Value {
+        let mut m = Map::new();
+        let suffix = format!("/{}", self.task_id);
+        match self.work_dir.strip_suffix(&suffix).filter(|root| !root.is_empty() && !self.task_id.is_empty()) {
+            Some(root) => m.insert("work_root".into(), Value::String(root.to_string())),
+            None => m.insert("work_dir".into(), Value::String(self.work_dir.clone())),
+        };
+        if let Some(e) = &self.event {
+            m.insert("event".into(), e.clone());
+        }
+        Value::Object(m)
+    }
+
+    /// The whole context of `inst` with its steps: what the store kept of
+    /// it (`inst.context`: the stored form, or a whole context an earlier
+    /// version kept, whose fields stand), the instance's row (task, id,
+    /// trace id, params, attempt) and each succeeded step's output, by
+    /// name, in step order — as `merge_output` built it step by step.
+    pub fn of(inst: &crate::protocol::Instance) -> Context {
+        let kept = inst.context.as_object();
+        let get = |k: &str| kept.and_then(|m| m.get(k));
+        let text = |k: &str, or: &str| get(k).and_then(Value::as_str).unwrap_or(or).to_string();
+        let work_dir = match (get("work_dir").and_then(Value::as_str), get("work_root").and_then(Value::as_str)) {
+            (Some(dir), _) => dir.to_string(),
+            (None, Some(root)) => format!("{root}/{}", inst.id),
+            (None, None) => String::new(),
+        };
+        let mut steps = get("steps").and_then(Value::as_object).cloned().unwrap_or_default();
+        for st in inst.steps.iter().flatten() {
+            let done = matches!(st.state, crate::state::StepState::Success | crate::state::StepState::RolledBack);
+            if let (true, Some(out)) = (done, &st.output) {
+                steps.insert(st.name.clone(), out.clone());
+            }
+        }
+        Context {
+            task: text("task", &inst.task),
+            task_id: text("task_id", &inst.id),
+            trace_id: text("trace_id", &inst.trace_id),
+            params: get("params").or(Some(&inst.params)).and_then(Value::as_object).cloned().unwrap_or_default(),
+            work_dir,
+            event: get("event").cloned(),
+            attempt: get("attempt").and_then(Value::as_u64).map_or(inst.attempt, |a| a as u32),
+            steps,
+        }
+    }
+
     /// Merges a step's output, refusing it when it breaks a limit. Returns
-    /// the output and the whole context as the JSON text that is stored,
-    /// each serialized once (their sizes are the limits' measure).
-    pub fn merge_output(&mut self, step: &str, output: Value, limits: Limits) -> Result<(String, String), String> {
+    /// the output as the JSON text that is stored (its size, and the whole
+    /// context's serialized, are the limits' measure).
+    pub fn merge_output(&mut self, step: &str, output: Value, limits: Limits) -> Result<String, String> {
         let text = output.to_string();
         let size = text.len();
         if size > limits.step_output_bytes {
@@ -63,8 +113,7 @@ impl Context {
             ));
         }
         self.steps.insert(step.to_string(), output);
-        let context = serde_json::to_string(self).unwrap_or_default();
-        let total = context.len();
+        let total = self.size();
         if total > limits.context_bytes {
             self.steps.remove(step);
             return Err(format!(
@@ -73,7 +122,24 @@ impl Context {
                 limits.context_bytes
             ));
         }
-        Ok((text, context))
+        Ok(text)
+    }
+
+    /// The length of the context as JSON, counted without building it.
+    pub fn size(&self) -> usize {
+        struct Count(usize);
+        impl std::io::Write for Count {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0 += b.len();
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut n = Count(0);
+        let _ = serde_json::to_writer(&mut n, self);
+        n.0
     }
 }
 
@@ -89,10 +155,74 @@ mod tests {
         let e = c.merge_output("parse", json!("x".repeat(200)), limits).unwrap_err();
         assert!(e.contains("store it in a file and return its path"), "{e}");
         assert!(c.steps.is_empty());
-        let (output, context) = c.merge_output("a", json!("x".repeat(90)), limits).unwrap();
+        let output = c.merge_output("a", json!("x".repeat(90)), limits).unwrap();
         assert_eq!(c.steps["a"], json!("x".repeat(90)));
         assert_eq!(output, json!("x".repeat(90)).to_string());
-        assert_eq!(serde_json::from_str::<Context>(&context).unwrap(), c);
+        assert_eq!(c.size(), serde_json::to_string(&c).unwrap().len());
+    }
+
+    /// What the store keeps and its steps' outputs make the context the
+    /// executor built step by step; a whole context an earlier version kept
+    /// stands, with the outputs of steps that succeeded since.
+    #[test]
+    fn the_stored_form_and_the_steps_outputs_make_the_whole_context_again() {
+        use crate::protocol::{Instance, StepRun};
+        use crate::state::StepState;
+        let mut c = Context {
+            task: "t".into(),
+            task_id: "01ID".into(),
+            trace_id: "tr".into(),
+            params: json!({"x": 1}).as_object().cloned().unwrap(),
+            work_dir: "/data/work/01ID".into(),
+            event: Some(json!({"e": true})),
+            attempt: 1,
+            steps: Map::new(),
+        };
+        assert_eq!(c.stored(), json!({"work_root": "/data/work", "event": {"e": true}}));
+        let limits = Limits::default();
+        let step = |seq: u32, name: &str, state: StepState, output: Option<Value>| StepRun {
+            seq,
+            name: name.into(),
+            plugin: "p".into(),
+            plugin_version: None,
+            state,
+            attempts: 1,
+            failures: 0,
+            params: None,
+            output,
+            error: None,
+            started_at: None,
+            finished_at: None,
+            earlier: Vec::new(),
+            passed: false,
+            timeout: None,
+            items: None,
+        };
+        let a = c.merge_output("a", json!({"n": 1}), limits).unwrap();
+        let b = c.merge_output("b", json!([2]), limits).unwrap();
+        let mut inst: Instance = serde_json::from_value(json!({
+            "id": "01ID", "task": "t", "def_hash": "h", "state": "RUNNING", "attempt": 1, "trace_id": "tr",
+            "priority": 50, "queue": "q", "trigger": "manual", "dedup_key": null, "params": {"x": 1},
+            "created_at": "2026-12-06T00:00:00Z", "started_at": null, "finished_at": null, "next_run_at": null,
+            "error": null, "context": c.stored()
+        }))
+        .unwrap();
+        inst.steps = Some(vec![
+            step(0, "a", StepState::Success, serde_json::from_str(&a).ok()),
+            step(1, "b", StepState::RolledBack, serde_json::from_str(&b).ok()),
+            step(2, "c", StepState::Failed, Some(json!("not merged"))),
+        ]);
+        assert_eq!(Context::of(&inst), c);
+        // A work dir that is not <root>/<id> is kept whole.
+        let odd = Context { work_dir: "/elsewhere".into(), ..c.clone() };
+        assert_eq!(odd.stored()["work_dir"], "/elsewhere");
+        // A whole context kept by an earlier version: its fields stand.
+        let mut old = c.clone();
+        old.attempt = 7;
+        old.steps.remove("b");
+        inst.context = old.to_value();
+        let made = Context::of(&inst);
+        assert_eq!((made.attempt, made.steps.len()), (7, 2));
     }
 
     #[test]

@@ -178,6 +178,14 @@ impl AgentBuilder {
     }
 
     pub fn start(self) -> Agent {
+        let mut agent = self.start_stopped();
+        agent.spawn();
+        agent
+    }
+
+    /// The agent's directory made, its process not started yet (for a
+    /// first start with fail points: `run_until_exit`).
+    pub fn start_stopped(self) -> Agent {
         if self.bundled {
             copy_dir(&repo().join("tasks"), &self.dir.path().join("tasks"));
             // The bundled Python plugin finds the SDK beside its tasks dir,
@@ -189,9 +197,7 @@ impl AgentBuilder {
             std::fs::write(self.dir.path().join("apollo.yaml"), c).unwrap();
         }
         let socket = self.socket.clone().unwrap_or_else(|| self.dir.path().join("agent.sock"));
-        let mut agent = Agent { dir: self.dir, child: None, socket, env: self.env, under: self.under };
-        agent.spawn();
-        agent
+        Agent { dir: self.dir, child: None, socket, env: self.env, under: self.under }
     }
 }
 

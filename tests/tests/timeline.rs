@@ -369,7 +369,8 @@ async fn a_timeline_larger_than_one_answer_comes_whole_in_pages() {
     assert_eq!(code, 0);
     let events = t["events"].as_array().unwrap();
     assert_eq!((t["instances"].as_array().unwrap().len(), events.len()), (1000, 5000));
-    let at: Vec<chrono::DateTime<chrono::Utc>> = events.iter().map(|e| e["at"].as_str().unwrap().parse().unwrap()).collect();
+    let at: Vec<chrono::DateTime<chrono::Utc>> =
+        events.iter().map(|e| e["at"].as_str().unwrap().parse().unwrap()).collect();
     assert!(at.windows(2).all(|w| w[0] <= w[1]), "in time order across the pages");
     assert!(t.get("next_event").is_none(), "{:?}", t.get("next_event"));
 }

@@ -354,7 +354,7 @@ async fn run_step(
     crate::crash_point!("executor.before_step_commit");
     async {
         match result {
-            Ok((output, context)) => {
+            Ok(output) => {
                 // The next step starts in the same write, unless the agent is
                 // shutting down: then it waits for the next start.
                 // An approval step is not started here: its decision is
@@ -379,7 +379,7 @@ async fn run_step(
                         _ => Followed::Nothing,
                     })
                 };
-                let write = || s.store.step_success(id, step.seq, &output, &context, then);
+                let write = || s.store.step_success(id, step.seq, &output, then);
                 let checked = async {
                     match &following {
                         Some((_, r)) => check(r).await,

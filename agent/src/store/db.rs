@@ -6,7 +6,7 @@
 //! portable — the history rows, the transition checks, why a move was
 //! refused — is written once, in `history.rs` and `write.rs`.
 
-use super::model::{ClaimMove, ClaimsMade, NewInstance, StepRow, StepStart, Success, TaskMove};
+use super::model::{ClaimMove, ClaimsMade, Hist, NewInstance, StepRow, StepStart, Success, TaskMove};
 use super::value::{FromV, Row, V};
 use super::Result;
 use apollo_shared::state::TaskState;
@@ -114,6 +114,10 @@ pub trait Driver: Sync {
     /// Step `seq` of an instance `agent` holds RUNNING; refused (naming who
     /// holds it) when it does not.
     fn held_step(&self, c: &dyn Db, id: &str, seq: u32, agent: &str) -> Result<StepRow>;
+
+    /// History rows, stamped with the time now (each row's reason bounded
+    /// to one line first).
+    fn history(&self, c: &dyn Db, rows: &[Hist]) -> Result<()>;
 
     /// An instance's move in one statement (`None`: not made).
     fn move_task(&self, _c: &dyn Db, _m: &TaskMove) -> Result<Option<TaskState>> {

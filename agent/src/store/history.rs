@@ -3,7 +3,7 @@
 //! use these; a refused move changes nothing and says why.
 
 use super::db::Db;
-use super::model::{Also, StepRow};
+use super::model::{Also, Hist, StepRow};
 use super::rows::ts;
 use super::value::{p, V};
 use super::{Result, StoreError};
@@ -20,10 +20,20 @@ pub(super) fn history(
     reason: &str,
     actor: &str,
 ) -> Result<()> {
-    c.execute(
-        "INSERT INTO transitions (instance_id, step_seq, from_state, to_state, reason, actor, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-        p![id, step, from, to, super::rows::reason(reason), actor, ts(Utc::now())],
-    )?;
+    c.driver().history(c, &[Hist { id, step, from, to, reason, actor }])
+}
+
+/// History rows as PostgreSQL keeps them: numbered by the database, their
+/// time as text.
+pub(super) fn numbered_by_the_database(c: &dyn Db, rows: &[Hist]) -> Result<()> {
+    let now = ts(Utc::now());
+    for h in rows {
+        c.execute(
+            "INSERT INTO transitions (instance_id, step_seq, from_state, to_state, reason, actor, at) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            p![h.id, h.step, h.from, h.to, super::rows::reason(h.reason), h.actor, now.as_str()],
+        )?;
+    }
     Ok(())
 }
 

@@ -193,6 +193,7 @@ pub fn claim_noting(
                         Some(_) => vec![super::rows::step(&step0)?],
                         None => Vec::new(),
                     });
+                    super::rows::compose(&mut inst);
                     Some(Box::new(inst))
                 }
                 false => None,
@@ -345,6 +346,7 @@ pub fn claim_noting(
             Some((Some(row), steps)) => {
                 let mut inst = super::rows::instance(&super::value::Row(row.0[1..].to_vec()))?;
                 inst.steps = Some(steps.iter().map(super::rows::step).collect::<Result<_>>()?);
+                super::rows::compose(&mut inst);
                 claimed.push(inst);
             }
             // SQLite, or a move PostgreSQL's statement did not make: the

@@ -62,7 +62,17 @@ pub struct Copied {
 /// A table's rows (parents before children), and their checksum: SHA-256 over each value
 /// in a canonical form (so both databases' reads compare).
 fn read_table(db: &dyn Db, table: &str, cols: &str, key: &str) -> super::Result<(Vec<Vec<V>>, String)> {
-    let rows = db.query(&format!("SELECT {cols} FROM {table} ORDER BY {key}"), &[])?;
+    let mut rows = db.query(&format!("SELECT {cols} FROM {table} ORDER BY {key}"), &[])?;
+    // SQLite keeps a history row's time as microseconds, PostgreSQL as text.
+    if table == "transitions" {
+        let at = cols.split(',').position(|c| c.trim() == "at").expect("at");
+        for r in &mut rows {
+            if let Some(V::Int(us)) = r.0.get(at) {
+                r.0[at] =
+                    V::Text(chrono::DateTime::from_timestamp_micros(*us).map(super::rows::ts).unwrap_or_default());
+            }
+        }
+    }
     // The rows' canonical texts, sorted: the two databases may order text
     // keys differently (collations), never the set of rows.
     let mut texts: Vec<String> = rows

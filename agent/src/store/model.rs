@@ -19,7 +19,8 @@ pub struct NewInstance {
     pub priority: u8,
     pub max_active: Option<u32>,
     pub params: Map<String, Value>,
-    /// The initial context (trace id, params, work dir, event).
+    /// What the store keeps of the initial context (`Context::stored`: the
+    /// work dir and the event; the rest is the row's and its steps').
     pub context: Value,
     pub trace_id: String,
     pub trigger: String,
@@ -107,6 +108,18 @@ pub struct ClaimMove<'a> {
     pub retry: bool,
 }
 
+/// A history row to write: the move of the instance (`step` `None`) or of
+/// one step, with why and by whom; the driver stamps its time.
+#[derive(Debug, Clone, Copy)]
+pub struct Hist<'a> {
+    pub id: &'a str,
+    pub step: Option<u32>,
+    pub from: Option<&'a str>,
+    pub to: &'a str,
+    pub reason: &'a str,
+    pub actor: &'a str,
+}
+
 /// What a driver's claim made: for each move, the row as moved (`None`: not
 /// made) and the instance's steps; and each first step started, with its
 /// attempt.
@@ -122,9 +135,9 @@ pub struct ClaimsMade {
 pub struct Success {
     pub id: String,
     pub seq: u32,
-    /// The step's output and the instance's new context, as JSON.
+    /// The step's output, as JSON (the context is made again from the
+    /// steps' outputs: `Context::of`).
     pub output: String,
-    pub context: String,
     /// The next step to start: its seq, plugin version and params as JSON.
     pub next: Option<(u32, String, String)>,
     /// Ends the instance SUCCESS (when `next` is `None`).

@@ -242,19 +242,11 @@ impl Store {
     /// A follow-up the store refuses leaves the SUCCESS recorded and returns
     /// [`Followed::Nothing`]: the caller then makes that move on its own, and
     /// learns exactly why it is refused.
-    pub async fn step_success(
-        &self,
-        id: &str,
-        seq: u32,
-        output: &str,
-        context: &str,
-        then: Then<'_>,
-    ) -> Result<Followed> {
+    pub async fn step_success(&self, id: &str, seq: u32, output: &str, then: Then<'_>) -> Result<Followed> {
         let write = super::model::Success {
             id: id.to_string(),
             seq,
             output: output.to_string(),
-            context: context.to_string(),
             next: owned_start(&then),
             finish: matches!(then, Then::Finish),
             actor: self.agent().to_string(),

@@ -209,7 +209,7 @@ impl Store {
             .iter()
             .map(|r| {
                 Ok(AuditEntry {
-                    at: r.get(0)?,
+                    at: r.get::<super::value::When>(0)?.0.map(ts).unwrap_or_default(),
                     actor: r.get(1)?,
                     instance: r.get(2)?,
                     task: r.get(3)?,

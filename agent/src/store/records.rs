@@ -52,10 +52,9 @@ pub fn insert_event(
 pub fn archive(c: &dyn Db, cutoff: DateTime<Utc>, max: usize) -> Result<Vec<String>> {
     let ids = c.driver().oldest_ended(c, &ts(cutoff), max)?;
     for id in &ids {
-        let mut doc = super::rows::instance_with_steps(c, id)?;
-        super::rows::add_earlier_attempts(c, &mut doc)?;
-        super::items::add_counts(c, &mut doc)?;
-        doc.transitions = Some(super::rows::transitions(c, id)?);
+        let Some(mut doc) = super::whole::whole(c, id)? else { continue };
+        // Its context as kept: made whole again when it is read.
+        doc.context = super::rows::compacted(&doc);
         c.execute(
             "INSERT INTO archive (id, task, state, finished_at, archived_at, doc, dedup_key, queue) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT DO NOTHING",

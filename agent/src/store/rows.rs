@@ -1,8 +1,9 @@
 //! Mapping between rows and the protocol's types, and the text form of times.
 
 use super::db::Db;
-use super::value::{p, Row};
+use super::value::{p, Row, When};
 use super::{Result, StoreError};
+use apollo_shared::context::Context;
 use apollo_shared::protocol::{Alert, AlertKind, AppliedTimeout, AttemptRun, Instance, StepRun, Transition};
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::Value;
@@ -101,7 +102,7 @@ pub fn step(r: &Row) -> Result<StepRun> {
 
 pub fn transition(r: &Row) -> Result<Transition> {
     Ok(Transition {
-        at: parse_ts(r.get(0)?).unwrap_or_default(),
+        at: r.get::<When>(0)?.0.unwrap_or_default(),
         step: r.get(1)?,
         from: r.get(2)?,
         to: r.get(3)?,
@@ -139,7 +140,29 @@ pub(super) fn instance_with_steps(c: &dyn Db, id: &str) -> Result<Instance> {
         .map(step)
         .collect::<Result<_>>()?;
     inst.steps = Some(steps);
+    compose(&mut inst);
     Ok(inst)
+}
+
+/// An instance's whole context, made from what the store kept of it and
+/// its row and steps (`Context::of`); a listing's (no context) is left so.
+pub(super) fn compose(inst: &mut Instance) {
+    if !inst.context.is_null() {
+        inst.context = Context::of(inst).to_value();
+    }
+}
+
+/// The context as the archive keeps it: its stored form (`Context::stored`)
+/// when that makes the same whole context again, else whole (a context an
+/// earlier version kept, whose fields stand).
+pub(super) fn compacted(inst: &Instance) -> Value {
+    let stored = Context::of(inst).stored();
+    let mut probe = Instance { context: stored.clone(), steps: inst.steps.clone(), ..inst.clone() };
+    probe.transitions = None;
+    match Context::of(&probe).to_value() == inst.context {
+        true => stored,
+        false => inst.context.clone(),
+    }
 }
 
 /// Puts each step's earlier attempts on it (for `tasks.get` and the archive;

@@ -4,6 +4,7 @@
 
 use rusqlite::Connection;
 
+mod clustered;
 mod statements;
 use statements::*;
 
@@ -187,8 +188,16 @@ CREATE INDEX step_runs_plugin ON step_runs(plugin, finished_at) WHERE finished_a
     ALERTS_BY_INSTANCE,
 ];
 
+/// SQLite's migrations after [`MIGRATIONS`], each a function that commits
+/// as it goes (so an interrupted one resumes where it stood) and sets its
+/// version with its last commit.
+const CODE_MIGRATIONS: &[fn(&mut Connection, usize) -> anyhow::Result<()>] = &[
+    // 23: history rows kept by instance, their times as microseconds.
+    clustered::history_by_instance,
+];
+
 /// The newest SQLite schema this build knows.
-pub const VERSION: usize = MIGRATIONS.len();
+pub const VERSION: usize = MIGRATIONS.len() + CODE_MIGRATIONS.len();
 
 fn newer(found: usize, known: usize) -> anyhow::Error {
     anyhow::anyhow!(
@@ -207,6 +216,12 @@ pub fn migrate_sqlite(conn: &mut Connection) -> anyhow::Result<()> {
         tx.execute_batch(sql)?;
         tx.pragma_update(None, "user_version", (i + 1) as i64)?;
         tx.commit()?;
+    }
+    for (i, migrate) in CODE_MIGRATIONS.iter().enumerate() {
+        let version = MIGRATIONS.len() + i + 1;
+        if current < version {
+            migrate(conn, version)?;
+        }
     }
     Ok(())
 }

@@ -120,6 +120,21 @@ impl FromV for String {
         }
     }
 }
+/// A time as a column holds it: RFC 3339 text, or (SQLite's history rows)
+/// microseconds since the epoch.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct When(pub Option<chrono::DateTime<chrono::Utc>>);
+
+impl FromV for When {
+    fn from_v(v: &V) -> Option<When> {
+        Some(When(match v {
+            V::Int(us) => chrono::DateTime::from_timestamp_micros(*us),
+            V::Text(s) => chrono::DateTime::parse_from_rfc3339(s).ok().map(|t| t.with_timezone(&chrono::Utc)),
+            _ => None,
+        }))
+    }
+}
+
 impl<T: FromV> FromV for Option<T> {
     fn from_v(v: &V) -> Option<Option<T>> {
         match v {

@@ -19,7 +19,11 @@ pub(super) fn whole(c: &dyn Db, id: &str) -> Result<Option<Instance>> {
         }
         Err(StoreError::NotFound(_)) => {
             let doc: Option<String> = c.value("SELECT doc FROM archive WHERE id = ?1", p![id])?;
-            Ok(doc.and_then(|d| serde_json::from_str(&d).ok()))
+            let mut doc: Option<Instance> = doc.and_then(|d| serde_json::from_str(&d).ok());
+            if let Some(d) = doc.as_mut() {
+                super::rows::compose(d);
+            }
+            Ok(doc)
         }
         Err(e) => Err(e),
     }

@@ -181,17 +181,14 @@ pub fn step_starts(c: &dyn Db, starts: &[StepStart], actor: &str) -> Result<Vec<
         .collect())
 }
 
-/// Records a step's SUCCESS, its output and the new context together (the
-/// portable moves: they run when the driver's statement refused the
-/// SUCCESS, to say why).
-fn step_success(c: &dyn Db, id: &str, seq: u32, output: &str, context: &str, actor: &str) -> Result<()> {
+/// Records a step's SUCCESS with its output (the portable moves: they run
+/// when the driver's statement refused the SUCCESS, to say why).
+fn step_success(c: &dyn Db, id: &str, seq: u32, output: &str, actor: &str) -> Result<()> {
     let from = c.driver().held_step(c, id, seq, actor)?.state;
     check_step(from, StepState::Success)?;
     let now = ts(Utc::now());
     c.execute(STEP_SUCCESS, p![id, seq, output, now.as_str()])?;
-    history(c, id, Some(seq), Some(from.as_str()), StepState::Success.as_str(), "succeeded", actor)?;
-    c.execute("UPDATE task_instances SET context = ?2, updated_at = ?3 WHERE id = ?1", p![id, context, now])?;
-    Ok(())
+    history(c, id, Some(seq), Some(from.as_str()), StepState::Success.as_str(), "succeeded", actor)
 }
 
 /// A step's SUCCESS and what follows it: the driver makes it in the fewest
@@ -204,8 +201,8 @@ pub(super) fn step_success_and(c: &dyn Db, w: &Success) -> Result<(bool, u32)> {
     if let Some(done) = c.driver().step_success(c, w)? {
         return Ok(done);
     }
-    let (id, seq, output, context, actor) = (w.id.as_str(), w.seq, w.output.as_str(), w.context.as_str(), &w.actor);
-    step_success(c, id, seq, output, context, actor)?;
+    let (id, seq, output, actor) = (w.id.as_str(), w.seq, w.output.as_str(), &w.actor);
+    step_success(c, id, seq, output, actor)?;
     let followed = match w.after() {
         After::Nothing => return Ok((false, 0)),
         After::Start(seq, version, params) => {

@@ -50,7 +50,7 @@ impl Store {
                     task: r.get(1)?,
                     def_hash: r.get(2)?,
                     owner: r.get(3)?,
-                    since: parse_ts(r.get(4)?),
+                    since: r.get::<super::value::When>(4)?.0,
                 })
             })
             .collect()

@@ -191,7 +191,7 @@ impl Triggers {
             priority: def.priority,
             max_active: def.max_active,
             params,
-            context: ctx.to_value(),
+            context: ctx.stored(),
             trace_id,
             trigger: format!("{} by {}", r.trigger, r.actor),
             dedup_key: r.dedup_key,

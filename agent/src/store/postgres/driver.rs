@@ -20,6 +20,10 @@ pub struct Postgres;
 pub static DRIVER: Postgres = Postgres;
 
 impl Driver for Postgres {
+    fn history(&self, c: &dyn Db, rows: &[crate::store::model::Hist]) -> Result<()> {
+        crate::store::history::numbered_by_the_database(c, rows)
+    }
+
     fn explain(&self, c: &dyn Db, sql: &str, params: &[V]) -> Result<Vec<String>> {
         // An empty test table is cheapest read whole (or through a bitmap,
         // then sorted); with those priced out the plan shows whether an

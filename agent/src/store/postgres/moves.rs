@@ -299,7 +299,7 @@ pub(super) fn step_successes(c: &dyn Db, writes: &[&Success]) -> Result<Vec<Opti
     static SQL: LazyLock<String> = LazyLock::new(|| {
         format!(
             "WITH b AS (SELECT * FROM json_to_recordset(CAST(?1 AS json)) \
-                  AS b(id text, seq integer, output text, context text, next integer, finish boolean, \
+                  AS b(id text, seq integer, output text, next integer, finish boolean, \
                        version text, params text, actor text)), \
              {held}\
              u AS (UPDATE step_runs SET state = 'SUCCESS', output = b.output, finished_at = ?2 FROM b, s \
@@ -311,7 +311,7 @@ pub(super) fn step_successes(c: &dyn Db, writes: &[&Success]) -> Result<Vec<Opti
                    WHERE step_runs.ctid = s.row_ctid AND s.instance_id = b.id AND s.seq = b.next AND u.id = b.id \
                      AND s.from_state IN ({start}) \
                    RETURNING b.id, b.next AS seq, s.from_state, step_runs.attempts, b.actor), \
-             x AS (UPDATE task_instances SET context = b.context, updated_at = ?2, \
+             x AS (UPDATE task_instances SET updated_at = ?2, \
                    state = CASE WHEN b.finish THEN 'SUCCESS' ELSE task_instances.state END, \
                    finished_at = CASE WHEN b.finish THEN ?2 ELSE task_instances.finished_at END, \
                    error = CASE WHEN b.finish THEN NULL ELSE task_instances.error END, \
@@ -338,7 +338,7 @@ pub(super) fn step_successes(c: &dyn Db, writes: &[&Success]) -> Result<Vec<Opti
                 None => (-1, None, None),
             };
             serde_json::json!({
-                "id": w.id, "seq": w.seq, "output": w.output, "context": w.context, "next": next,
+                "id": w.id, "seq": w.seq, "output": w.output, "next": next,
                 "finish": w.next.is_none() && w.finish, "version": version, "params": params, "actor": w.actor,
             })
         })

@@ -5,7 +5,7 @@
 use crate::store::db::{Db, Driver};
 use crate::store::history::{not_held, parse_state, read_step_row, read_task_state, STEP_RUNNING, STEP_SUCCESS};
 use crate::store::leases::CANDIDATE_COLS;
-use crate::store::model::{After, StepRow, Success};
+use crate::store::model::{After, Hist, StepRow, Success};
 use crate::store::rows::{parse_ts, ts, RUNNABLE_TASKS};
 use crate::store::value::{p, Row, V};
 use crate::store::{Result, StoreError};
@@ -14,6 +14,42 @@ use chrono::Utc;
 use std::collections::{BTreeMap, HashMap};
 
 pub struct Sqlite;
+
+/// The last history row's number given (see [`history_ids`]).
+static LAST: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+
+/// At open: the numbers given from now on are above every row of the
+/// instances still to end and of the operators' rows (those an instance
+/// may add rows after), so an instance's rows stay in order across a
+/// restart even when the clock went back meanwhile. A seek per such
+/// instance, not a scan of the history.
+pub fn raise_history_floor(c: &dyn Db) -> Result<()> {
+    let top: Option<Option<i64>> = c.value(
+        "SELECT MAX(m) FROM (\
+           SELECT (SELECT MAX(t.id) FROM transitions t WHERE t.instance_id = i.id) AS m FROM task_instances i \
+           INDEXED BY task_instances_state WHERE i.state IN ('PENDING', 'RUNNING', 'RETRYING', 'FAILED') \
+           UNION ALL SELECT MAX(id) FROM transitions INDEXED BY transitions_operator \
+           WHERE substr(actor, 1, 6) <> 'agent:' AND actor <> 'scheduler')",
+        &[],
+    )?;
+    LAST.fetch_max(top.flatten().unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
+    Ok(())
+}
+
+/// The next history row's number: the clock in microseconds, or one past
+/// the last number given when the clock has not moved on since. Returns
+/// the first of `n` consecutive numbers.
+fn history_ids(n: i64, now_us: i64) -> i64 {
+    use std::sync::atomic::Ordering;
+    let mut last = LAST.load(Ordering::Relaxed);
+    loop {
+        let first = last.max(now_us - 1) + 1;
+        match LAST.compare_exchange_weak(last, first + n - 1, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => return first,
+            Err(seen) => last = seen,
+        }
+    }
+}
 
 /// The one SQLite driver.
 pub static DRIVER: Sqlite = Sqlite;
@@ -64,7 +100,7 @@ impl Driver for Sqlite {
     /// rows; the moves and their checks are those of the portable writes.
     /// Always made or refused here (never `None`).
     fn step_success(&self, c: &dyn Db, w: &Success) -> Result<Option<(bool, u32)>> {
-        let (id, seq, output, context, actor) = (w.id.as_str(), w.seq, w.output.as_str(), w.context.as_str(), &w.actor);
+        let (id, seq, output, actor) = (w.id.as_str(), w.seq, w.output.as_str(), &w.actor);
         let after = w.after();
         let next = match after {
             After::Start(n, ..) => i64::from(n),
@@ -113,42 +149,78 @@ impl Driver for Sqlite {
         };
         let now = ts(Utc::now());
         c.execute(STEP_SUCCESS, p![id, seq, output, now.as_str()])?;
-        let mut moves = vec![V::from(id), V::from(actor), V::from(now.as_str()), V::from(seq), V::from(from.as_str())];
-        let mut sql = String::from(
-            "INSERT INTO transitions (instance_id, step_seq, from_state, to_state, reason, actor, at) \
-             VALUES (?1, ?4, ?5, 'SUCCESS', 'succeeded', ?2, ?3)",
-        );
+        let succeeded =
+            Hist { id, step: Some(seq), from: Some(from.as_str()), to: "SUCCESS", reason: "succeeded", actor };
         match after {
             Some((Some(n), nfrom, attempt, version, params)) => {
+                // The instance's row is left as it is: its context is made
+                // again from the steps' outputs (`Context::of`).
                 c.execute(STEP_RUNNING, p![id, n, attempt, version, params, now.as_str()])?;
-                c.execute(
-                    "UPDATE task_instances SET context = ?2, updated_at = ?3 WHERE id = ?1",
-                    p![id, context, now.as_str()],
-                )?;
-                sql.push_str(", (?1, ?6, ?7, 'RUNNING', ?8, ?2, ?3)");
-                moves.extend([V::from(n), V::from(nfrom), V::from(format!("attempt {attempt}"))]);
-                c.execute(&sql, &moves)?;
+                let reason = format!("attempt {attempt}");
+                let started = Hist { step: Some(n), from: Some(nfrom), to: "RUNNING", reason: &reason, ..succeeded };
+                self.history(c, &[succeeded, started])?;
                 Ok(Some((true, attempt)))
             }
             Some((None, ..)) => {
                 c.execute(
-                    "UPDATE task_instances SET context = ?2, updated_at = ?3, state = 'SUCCESS', finished_at = ?3, error = NULL, \
+                    "UPDATE task_instances SET updated_at = ?2, state = 'SUCCESS', finished_at = ?2, error = NULL, \
                      lease_owner = NULL, lease_expires_at = NULL WHERE id = ?1",
-                    p![id, context, now.as_str()],
+                    p![id, now.as_str()],
                 )?;
-                sql.push_str(", (?1, NULL, 'RUNNING', 'SUCCESS', 'all steps succeeded', ?2, ?3)");
-                c.execute(&sql, &moves)?;
+                let ended = Hist {
+                    step: None,
+                    from: Some("RUNNING"),
+                    to: "SUCCESS",
+                    reason: "all steps succeeded",
+                    ..succeeded
+                };
+                self.history(c, &[succeeded, ended])?;
                 Ok(Some((true, 0)))
             }
             None => {
-                c.execute(
-                    "UPDATE task_instances SET context = ?2, updated_at = ?3 WHERE id = ?1",
-                    p![id, context, now.as_str()],
-                )?;
-                c.execute(&sql, &moves)?;
+                self.history(c, &[succeeded])?;
                 Ok(Some((false, 0)))
             }
         }
+    }
+
+    /// History rows kept by instance (`transitions` is clustered on
+    /// `(instance_id, id)`: no index beside it), each numbered from the
+    /// clock in microseconds — in time order across instances, for the
+    /// audit — and never below a number given before (see
+    /// [`raise_history_floor`]); the time is stored as microseconds too.
+    fn history(&self, c: &dyn Db, rows: &[Hist]) -> Result<()> {
+        static SQL: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new(|| {
+            let row = |k: usize| {
+                let b = 2 + k * 6;
+                format!("(?1, ?2 + {k}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{})", b + 1, b + 2, b + 3, b + 4, b + 5, b + 6)
+            };
+            let head =
+                "INSERT INTO transitions (instance_id, id, step_seq, from_state, to_state, reason, actor, at) VALUES ";
+            [format!("{head}{}", row(0)), format!("{head}{}, {}", row(0), row(1))]
+        });
+        let now = Utc::now().timestamp_micros();
+        for chunk in rows.chunks(2) {
+            // Rows of one statement are one instance's (the subquery's).
+            if chunk.len() == 2 && chunk[0].id != chunk[1].id {
+                self.history(c, &chunk[..1])?;
+                self.history(c, &chunk[1..])?;
+                continue;
+            }
+            let mut params = vec![V::from(chunk[0].id), V::Int(history_ids(chunk.len() as i64, now))];
+            for h in chunk {
+                params.extend([
+                    V::from(h.step),
+                    V::from(h.from),
+                    V::from(h.to),
+                    V::from(crate::store::rows::reason(h.reason)),
+                    V::from(h.actor),
+                    V::Int(now),
+                ]);
+            }
+            c.execute(&SQL[chunk.len() - 1], &params)?;
+        }
+        Ok(())
     }
 
     /// One query per task with runnable work.

@@ -133,6 +133,7 @@ pub fn open_writer(path: &Path, synchronous_full: bool, reclaim: bool) -> anyhow
     conn.set_prepared_statement_cache_capacity(STATEMENTS);
     add_clock(&conn)?;
     super::schema::migrate_sqlite(&mut conn)?;
+    driver::raise_history_floor(&conn)?;
     Ok(conn)
 }
 
