@@ -150,3 +150,64 @@ async fn on_postgresql_the_archive_ends_and_its_export_reads_back() {
     let shown = agent.cli(&["show", &id, "--file", file.to_str().unwrap()]);
     assert!(String::from_utf8_lossy(&shown.stdout).contains(&format!("SUCCESS ok {id}")));
 }
+
+/// SQLite keeps an archived instance compressed (a few hundred bytes, not
+/// its 1.5 KB of JSON); it reads back whole — its context too — in `show`,
+/// the export and a promotion to PostgreSQL, which keeps it as text.
+#[tokio::test]
+async fn an_archived_instance_is_kept_compressed_and_reads_back_whole_here_in_an_export_and_on_postgresql() {
+    let schema = PgSchema::new("archived_docs");
+    let mut agent = Agent::builder()
+        .config("scheduler:\n  retention: 1s\n")
+        .task("ok.yaml", "task: ok\nparams:\n  who: {default: ops}\nsteps:\n  - name: hello\n    plugin: sleep\n")
+        .start();
+    let c = agent.client().await;
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    let (code, hot) = agent.cli_json(&["run", "ok", "--wait"]);
+    assert_eq!(code, 0, "{hot:#}");
+    let id = hot["id"].as_str().unwrap().to_string();
+    wait_event(&mut events, "the instance archived", |e| e.kind() == EventKind::InstanceArchived).await;
+    let db = agent.path().join("data/apollo.db");
+    let kept = std::process::Command::new("sqlite3")
+        .arg(&db)
+        .arg(format!("SELECT typeof(doc), length(doc) FROM archive WHERE id = '{id}'"))
+        .output()
+        .unwrap();
+    let kept = String::from_utf8_lossy(&kept.stdout).trim().to_string();
+    let (kind, bytes) = kept.split_once('|').unwrap_or_else(|| panic!("{kept}"));
+    assert_eq!(kind, "blob", "{kept}");
+    assert!(bytes.parse::<usize>().unwrap() < 600, "{kept}");
+    let (code, archived) = agent.cli_json(&["show", &id]);
+    assert_eq!(code, 0, "{archived:#}");
+    let context = &archived["context"];
+    assert_eq!(
+        (context["task"].as_str(), context["task_id"].as_str()),
+        (Some("ok"), Some(id.as_str())),
+        "{archived:#}"
+    );
+    assert_eq!(context["params"]["who"], "ops", "{archived:#}");
+    assert_eq!(context["steps"]["hello"], archived["steps"][0]["output"], "{archived:#}");
+    assert_eq!(archived["transitions"], hot["transitions"], "the history as it was");
+    let file = agent.path().join("export.jsonl");
+    let tomorrow = (chrono::Utc::now() + chrono::Duration::days(1)).format("%Y-%m-%d").to_string();
+    assert!(agent.cli(&["archive", "export", "--before", &tomorrow, file.to_str().unwrap()]).status.success());
+    let line: serde_json::Value =
+        serde_json::from_str(std::fs::read_to_string(&file).unwrap().lines().next().unwrap()).unwrap();
+    assert_eq!(line["context"], archived["context"], "the export has the whole context");
+
+    drop(c);
+    agent.stop();
+    let out = std::process::Command::new(agent_bin())
+        .current_dir(agent.path())
+        .args(["--data-dir", "data", "--tasks", "tasks", "migrate", "--to", &pg_url(), "--schema", &schema.name])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let text = schema.sql(&format!("SELECT doc FROM archive WHERE id = '{id}'"));
+    assert!(text[0][0].as_deref().unwrap_or("").starts_with('{'), "kept as JSON text on PostgreSQL: {text:?}");
+    std::fs::write(agent.path().join("apollo.yaml"), schema.config()).unwrap();
+    agent.spawn();
+    let (_, promoted) = agent.cli_json(&["show", &id]);
+    assert_eq!(promoted, archived);
+}

@@ -83,7 +83,9 @@ impl Store {
             )?;
             let (mut docs, mut size, mut last) = (Vec::new(), 0, None);
             for r in &rows {
-                let (id, doc): (String, String) = (r.get(0)?, r.get(1)?);
+                let id: String = r.get(0)?;
+                let doc = super::docs::read(&r.0[1]).map(|d| serde_json::to_string(&d).unwrap_or_default());
+                let Some(doc) = doc else { continue };
                 if size + doc.len() > bytes && !docs.is_empty() {
                     return Ok((docs, last));
                 }

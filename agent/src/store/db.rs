@@ -115,6 +115,12 @@ pub trait Driver: Sync {
     /// holds it) when it does not.
     fn held_step(&self, c: &dyn Db, id: &str, seq: u32, agent: &str) -> Result<StepRow>;
 
+    /// Whether archived documents are kept compressed (`docs::keep`): a
+    /// column of bytes (SQLite's), not text.
+    fn compresses_documents(&self) -> bool {
+        false
+    }
+
     /// History rows, stamped with the time now (each row's reason bounded
     /// to one line first).
     fn history(&self, c: &dyn Db, rows: &[Hist]) -> Result<()>;

@@ -63,6 +63,15 @@ pub struct Copied {
 /// in a canonical form (so both databases' reads compare).
 fn read_table(db: &dyn Db, table: &str, cols: &str, key: &str) -> super::Result<(Vec<Vec<V>>, String)> {
     let mut rows = db.query(&format!("SELECT {cols} FROM {table} ORDER BY {key}"), &[])?;
+    // SQLite keeps archived documents compressed, PostgreSQL as JSON text.
+    if table == "archive" {
+        let doc = cols.split(',').position(|c| c.trim() == "doc").expect("doc");
+        for r in &mut rows {
+            if let Some(d) = r.0.get(doc).and_then(super::docs::read) {
+                r.0[doc] = V::Text(serde_json::to_string(&d).unwrap_or_default());
+            }
+        }
+    }
     // SQLite keeps a history row's time as microseconds, PostgreSQL as text.
     if table == "transitions" {
         let at = cols.split(',').position(|c| c.trim() == "at").expect("at");
@@ -85,6 +94,7 @@ fn read_table(db: &dyn Db, table: &str, cols: &str, key: &str) -> super::Result<
                     V::Int(i) => write!(text, "i{i}|").unwrap_or(()),
                     V::Real(f) => write!(text, "r{f:?}|").unwrap_or(()),
                     V::Text(s) => write!(text, "t{}:{s}|", s.len()).unwrap_or(()),
+                    V::Blob(b) => write!(text, "b{}|", hex::encode(b)).unwrap_or(()),
                 }
             }
             text

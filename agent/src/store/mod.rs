@@ -23,6 +23,7 @@ mod bookkeeping;
 pub mod capable;
 mod children;
 pub mod db;
+mod docs;
 mod error;
 mod history;
 mod items;

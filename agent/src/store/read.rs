@@ -110,10 +110,10 @@ impl Store {
     pub async fn list_archived(&self, f: ListFilter) -> Result<Vec<Instance>> {
         self.read(move |c| {
             let (sql, params) = f.statement("doc", "archive");
-            let docs: Vec<String> = c.column(&sql, &params)?;
+            let docs = c.query(&sql, &params)?;
             Ok(docs
                 .iter()
-                .filter_map(|d| serde_json::from_str::<Instance>(d).ok())
+                .filter_map(|r| super::docs::read(&r.0[0]))
                 .map(|mut i| {
                     i.context = serde_json::Value::Null;
                     i.steps = None;

@@ -64,7 +64,7 @@ pub fn archive(c: &dyn Db, cutoff: DateTime<Utc>, max: usize) -> Result<Vec<Stri
                 doc.state.as_str(),
                 doc.finished_at.map(ts),
                 ts(Utc::now()),
-                serde_json::to_string(&doc).unwrap_or_default(),
+                super::docs::keep(&doc, c.driver().compresses_documents()),
                 doc.dedup_key.as_deref(),
                 doc.queue.as_str()
             ],

@@ -19,6 +19,8 @@ pub enum V {
     Int(i64),
     Real(f64),
     Text(String),
+    /// Bytes (SQLite's compressed archive documents).
+    Blob(Vec<u8>),
 }
 
 macro_rules! from_int {

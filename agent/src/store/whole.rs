@@ -18,12 +18,8 @@ pub(super) fn whole(c: &dyn Db, id: &str) -> Result<Option<Instance>> {
             Ok(Some(inst))
         }
         Err(StoreError::NotFound(_)) => {
-            let doc: Option<String> = c.value("SELECT doc FROM archive WHERE id = ?1", p![id])?;
-            let mut doc: Option<Instance> = doc.and_then(|d| serde_json::from_str(&d).ok());
-            if let Some(d) = doc.as_mut() {
-                super::rows::compose(d);
-            }
-            Ok(doc)
+            let doc = c.query_opt("SELECT doc FROM archive WHERE id = ?1", p![id])?;
+            Ok(doc.and_then(|r| super::docs::read(&r.0[0])))
         }
         Err(e) => Err(e),
     }

@@ -38,6 +38,7 @@ impl ToSql for V {
             (V::Real(f), &Type::FLOAT8) => f.to_sql(ty, out),
             (V::Real(f), _) => f.to_string().to_sql(ty, out),
             (V::Text(s), _) => s.as_str().to_sql(ty, out),
+            (V::Blob(b), _) => b.as_slice().to_sql(ty, out),
         }
     }
 
@@ -57,6 +58,7 @@ impl<'a> FromSql<'a> for V {
             Type::FLOAT4 => V::Real(f32::from_sql(ty, raw)? as f64),
             Type::FLOAT8 => V::Real(f64::from_sql(ty, raw)?),
             Type::BOOL => V::Int(bool::from_sql(ty, raw)? as i64),
+            Type::BYTEA => V::Blob(raw.to_vec()),
             _ => V::Text(String::from_utf8_lossy(raw).into_owned()),
         })
     }

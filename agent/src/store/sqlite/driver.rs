@@ -63,6 +63,10 @@ impl Driver for Sqlite {
         false
     }
 
+    fn compresses_documents(&self) -> bool {
+        true
+    }
+
     fn task_state(&self, c: &dyn Db, id: &str) -> Result<TaskState> {
         read_task_state(c, "SELECT state FROM task_instances WHERE id = ?1", id)
     }

@@ -29,6 +29,7 @@ impl rusqlite::ToSql for V {
             V::Int(i) => ToSqlOutput::Borrowed(ValueRef::Integer(*i)),
             V::Real(f) => ToSqlOutput::Borrowed(ValueRef::Real(*f)),
             V::Text(s) => ToSqlOutput::Borrowed(ValueRef::Text(s.as_bytes())),
+            V::Blob(b) => ToSqlOutput::Borrowed(ValueRef::Blob(b)),
         })
     }
 }
@@ -50,7 +51,8 @@ impl Db for Connection {
                     ValueRef::Null => V::Null,
                     ValueRef::Integer(i) => V::Int(i),
                     ValueRef::Real(f) => V::Real(f),
-                    ValueRef::Text(t) | ValueRef::Blob(t) => V::Text(String::from_utf8_lossy(t).into_owned()),
+                    ValueRef::Text(t) => V::Text(String::from_utf8_lossy(t).into_owned()),
+                    ValueRef::Blob(b) => V::Blob(b.to_vec()),
                 });
             }
             out.push(Row(row));
