@@ -9,6 +9,10 @@
 
 use super::value::V;
 use apollo_shared::protocol::Instance;
+use std::cell::RefCell;
+use std::sync::LazyLock;
+use zstd::bulk::{Compressor, Decompressor};
+use zstd::dict::{DecoderDictionary, EncoderDictionary};
 
 /// The documents the first dictionary holds, one JSON a line (zstd takes
 /// them as raw content: later lines are the closer matches).
@@ -22,6 +26,18 @@ const MAX_JSON: usize = 256 << 20;
 /// by the maintenance while starts wait for the writer.
 const LEVEL: i32 = 3;
 
+/// The dictionary digested once (it is 22 KB: digesting it per document
+/// would cost more than compressing), a compression context per thread.
+static ENCODER: LazyLock<EncoderDictionary<'static>> = LazyLock::new(|| EncoderDictionary::copy(DICTIONARY_1, LEVEL));
+static DECODER: LazyLock<DecoderDictionary<'static>> = LazyLock::new(|| DecoderDictionary::copy(DICTIONARY_1));
+
+thread_local! {
+    static COMPRESSOR: RefCell<std::io::Result<Compressor<'static>>> =
+        RefCell::new(Compressor::with_prepared_dictionary(&ENCODER));
+    static DECOMPRESSOR: RefCell<std::io::Result<Decompressor<'static>>> =
+        RefCell::new(Decompressor::with_prepared_dictionary(&DECODER));
+}
+
 /// `doc` as it is kept: compressed bytes, or JSON text where the backend
 /// keeps text (`compress` false).
 pub fn keep(doc: &Instance, compress: bool) -> V {
@@ -30,7 +46,8 @@ pub fn keep(doc: &Instance, compress: bool) -> V {
         return V::Text(String::from_utf8(json).unwrap_or_default());
     }
     let mut out = vec![ZSTD_DICTIONARY_1];
-    match zstd::bulk::Compressor::with_dictionary(LEVEL, DICTIONARY_1).and_then(|mut c| c.compress(&json)) {
+    match COMPRESSOR.with_borrow_mut(|c| c.as_mut().map_err(|e| std::io::Error::other(e.to_string()))?.compress(&json))
+    {
         Ok(z) => {
             out.extend(z);
             V::Blob(out)
@@ -46,8 +63,7 @@ pub fn read(v: &V) -> Option<Instance> {
     let mut doc: Instance = match v {
         V::Text(s) => serde_json::from_str(s).ok()?,
         V::Blob(b) if b.first() == Some(&ZSTD_DICTIONARY_1) => {
-            let mut d = zstd::bulk::Decompressor::with_dictionary(DICTIONARY_1).ok()?;
-            let json = d.decompress(&b[1..], MAX_JSON).ok()?;
+            let json = DECOMPRESSOR.with_borrow_mut(|d| d.as_mut().ok()?.decompress(&b[1..], MAX_JSON).ok())?;
             serde_json::from_slice(&json).ok()?
         }
         _ => return None,
