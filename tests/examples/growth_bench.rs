@@ -16,6 +16,12 @@
 //!
 //! CHECKPOINTS is a comma-separated list (`10000,100000,1000000`); `--pg`
 //! puts the agent on a schema of its own on the test PostgreSQL.
+//!
+//! `--flow N [--rate R]` instead sends N instances (R a second) through a
+//! store whose retention is 5 s and archive retention 10 s, and prints the
+//! data directory's size at every tenth of the way and once the archive's
+//! end has caught up: a store that stops growing is as large at the end as
+//! half-way.
 
 use apollo_tests::*;
 use apollo_tui::client::Client;
@@ -108,14 +114,6 @@ fn rss_kib(pid: i32) -> u64 {
     s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()).unwrap_or(0)
 }
 
-async fn ended_count(c: &Client) -> u64 {
-    let s = c.request::<m::AgentStatus>(NoParams {}).await.unwrap();
-    ["SUCCESS", "FAILED", "ROLLED_BACK"]
-        .iter()
-        .map(|k| s.counts.get(*k).and_then(serde_json::Value::as_u64).unwrap_or(0))
-        .sum()
-}
-
 /// Triggers instances until `to` were made in all (`made` counts them),
 /// from 64 clients, and waits until every one has ended.
 async fn fill(agent: &Agent, made: &Arc<AtomicUsize>, to: usize) {
@@ -128,6 +126,14 @@ async fn fill(agent: &Agent, made: &Arc<AtomicUsize>, to: usize) {
                 if n > to {
                     made.fetch_sub(1, Ordering::SeqCst);
                     return;
+                }
+                // A flow's pace: no more than RATE a second since it began.
+                let rate = RATE.load(Ordering::SeqCst);
+                if rate > 0 {
+                    let due = START.get_or_init(Instant::now).elapsed().as_secs_f64() * rate as f64;
+                    if (n as f64) > due {
+                        tokio::time::sleep(Duration::from_secs_f64((n as f64 - due) / rate as f64)).await;
+                    }
                 }
                 let task = match n {
                     n if n % 1000 == 0 => "probe",
@@ -142,10 +148,28 @@ async fn fill(agent: &Agent, made: &Arc<AtomicUsize>, to: usize) {
         h.await.unwrap();
     }
     let c = agent.client().await;
-    while ended_count(&c).await < to as u64 {
+    while !settled(&c, to).await {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Whether the `to` instances made have all ended: counted as ended (the
+/// store keeps them all), or none left to run (a flow's store archives and
+/// deletes them as they go).
+async fn settled(c: &Client, to: usize) -> bool {
+    let s = c.request::<m::AgentStatus>(NoParams {}).await.unwrap();
+    let n = |k: &str| s.counts.get(k).and_then(serde_json::Value::as_u64).unwrap_or(0);
+    let ended = n("SUCCESS") + n("FAILED") + n("ROLLED_BACK");
+    let idle = n("PENDING") + n("RUNNING") + n("RETRYING") == 0;
+    ended >= to as u64 || (idle && FLOWING.load(Ordering::SeqCst))
+}
+
+/// A flow's instances a second (0: as fast as they go), from START.
+static RATE: AtomicUsize = AtomicUsize::new(0);
+static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+
+/// Set in `--flow`: ended instances leave the store as they go.
+static FLOWING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Every read an operator makes, each as its median, in ms.
 fn reads(agent: &Agent, archived: bool) -> Vec<(String, f64)> {
@@ -238,9 +262,63 @@ fn print_starts(name: &str, ms: &mut [f64]) {
     );
 }
 
+fn du(p: &std::path::Path) -> u64 {
+    let mut n = 0;
+    for e in std::fs::read_dir(p).into_iter().flatten().flatten() {
+        let m = e.metadata().unwrap();
+        n += if m.is_dir() { du(&e.path()) } else { m.len() };
+    }
+    n
+}
+
+/// `--flow N`: see the module.
+async fn flow(n: usize) {
+    FLOWING.store(true, Ordering::SeqCst);
+    let agent = Agent::builder()
+        .config("scheduler:\n  concurrency: 64\n  retention: 5s\n  archive_retention: 10s\nlogging:\n  level: warn\n")
+        .task("noop.yaml", NOOP)
+        .task("probe.yaml", PROBE)
+        .task("flaky.yaml", FLAKY)
+        .start();
+    let data = agent.path().join("data");
+    let made = Arc::new(AtomicUsize::new(0));
+    let t0 = Instant::now();
+    for tenth in 1..=10 {
+        fill(&agent, &made, n * tenth / 10).await;
+        let c = agent.client().await;
+        let s = c.request::<m::AgentStatus>(NoParams {}).await.unwrap();
+        let hot: u64 = s.counts.values().filter_map(serde_json::Value::as_u64).sum();
+        println!(
+            "{:>8} instances, {:6.1} s: data dir {:6.1} MB, {hot} hot",
+            n * tenth / 10,
+            t0.elapsed().as_secs_f64(),
+            du(&data) as f64 / 1e6
+        );
+    }
+    // The archive and its end catch up: nothing hot, nothing archived.
+    let c = agent.client().await;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let s = c.request::<m::AgentStatus>(NoParams {}).await.unwrap();
+        let hot: u64 = s.counts.values().filter_map(serde_json::Value::as_u64).sum();
+        let archived = agent.cli_json(&["ls", "--archived", "--limit", "1"]).1.as_array().map_or(0, Vec::len);
+        if (hot == 0 && archived == 0) || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    println!("caught up, {:6.1} s: data dir {:6.1} MB", t0.elapsed().as_secs_f64(), du(&data) as f64 / 1e6);
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(i) = args.iter().position(|a| a == "--rate") {
+        RATE.store(args.get(i + 1).and_then(|a| a.parse().ok()).unwrap_or(1000), Ordering::SeqCst);
+    }
+    if let Some(i) = args.iter().position(|a| a == "--flow") {
+        return flow(args.get(i + 1).and_then(|a| a.parse().ok()).unwrap_or(200_000)).await;
+    }
     let pg = args.iter().any(|a| a == "--pg").then(|| PgSchema::new("growth"));
     let checkpoints: Vec<usize> = args
         .iter()

@@ -30,6 +30,7 @@ mod gates;
 mod hooks;
 mod hostile;
 mod instructions;
+mod items;
 mod layers;
 mod locks;
 mod metrics;

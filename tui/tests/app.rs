@@ -249,7 +249,7 @@ fn x_in_the_step_view_skips_a_failed_step_after_a_reason() {
     assert!(key(&mut app, KeyCode::Enter).is_empty(), "a skip needs a reason");
     typed(&mut app, "ran it by hand");
     let cmds = key(&mut app, KeyCode::Enter);
-    assert_eq!(cmds, [Cmd::Skip { id, seq: 1, reason: "ran it by hand".into() }]);
+    assert_eq!(cmds, [Cmd::Skip { id, seq: 1, reason: "ran it by hand".into(), item: None }]);
 }
 
 #[test]
@@ -360,4 +360,70 @@ fn t_asks_for_the_timeline_of_the_selected_the_marked_or_the_filtered_instances(
     assert_eq!(app.marked.len(), 2);
     let marked: Vec<String> = app.marked.iter().cloned().collect();
     assert_eq!(ids(key(&mut app, KeyCode::Char('T'))), marked);
+}
+
+#[test]
+fn in_the_items_pane_slash_filters_the_items_and_x_skips_the_one_under_the_cursor_after_a_reason() {
+    use apollo_shared::protocol::{ItemCounts, ItemRun};
+    use apollo_shared::state::{StepState, TaskState};
+    use apollo_tui::console::app::Pane;
+    let mut app = fixtures::app();
+    key(&mut app, KeyCode::Char('j'));
+    key(&mut app, KeyCode::Enter);
+    key(&mut app, KeyCode::Char('j'));
+    key(&mut app, KeyCode::Enter);
+    assert_eq!((app.view, app.step), (View::Step, 1));
+    let inst = app.instance.as_mut().unwrap();
+    inst.state = TaskState::Failed;
+    let id = inst.id.clone();
+    let step = &mut inst.steps.as_mut().unwrap()[1];
+    step.state = StepState::Failed;
+    step.items =
+        Some(ItemCounts { total: 3, ok: 1, failed: 1, not_started: 1, batches: 1, batch: 1, ..Default::default() });
+    let item = |index: u32, label: &str, state: StepState, error: Option<&str>| ItemRun {
+        index,
+        label: label.into(),
+        value: serde_json::json!(label),
+        batch: 1,
+        state,
+        attempts: u32::from(state != StepState::Pending),
+        params: None,
+        output: None,
+        error: error.map(str::to_string),
+        started_at: None,
+        finished_at: None,
+        done: None,
+        history: Vec::new(),
+    };
+    let items = vec![
+        item(0, "web-00", StepState::Success, None),
+        item(1, "web-01", StepState::Failed, Some("exit 1")),
+        item(2, "web-02", StepState::Pending, Some("not started: over the budget")),
+    ];
+    app.on_news(News::Items { id: id.clone(), seq: 1, items });
+    app.pane = Pane::Items;
+    let lines = |app: &App| app.step_lines().into_iter().map(|(_, t)| t).collect::<Vec<_>>().join("\n");
+    assert!(lines(&app).contains("#0 web-00: SUCCESS") && lines(&app).contains("#2 web-02: NOT STARTED"));
+    // A filter keeps the items whose line holds its words.
+    key(&mut app, KeyCode::Char('/'));
+    typed(&mut app, "failed");
+    key(&mut app, KeyCode::Enter);
+    let shown = lines(&app);
+    assert!(shown.contains("#1 web-01: FAILED") && !shown.contains("web-00") && !shown.contains("web-02"), "{shown}");
+    // x on a succeeded item is refused; on the failed one it asks why.
+    key(&mut app, KeyCode::Esc);
+    let at = |app: &App, what: &str| app.step_lines().iter().position(|(_, t)| t.contains(what)).unwrap();
+    let n = at(&app, "#0 web-00");
+    app.selected.insert(View::Step, n);
+    assert!(key(&mut app, KeyCode::Char('x')).is_empty());
+    assert!(!matches!(&app.mode, Mode::Confirm(_)), "a succeeded item is not skipped");
+    let n = at(&app, "#1 web-01");
+    app.selected.insert(View::Step, n);
+    key(&mut app, KeyCode::Char('x'));
+    let Mode::Confirm(c) = &app.mode else { panic!("{:?}", app.mode) };
+    assert_eq!(c.other, Some(Other::SkipItem { seq: 1, item: 1 }));
+    assert!(c.prompt().iter().any(|l| l.contains("skip item web-01 (#1) of step")), "{:?}", c.prompt());
+    typed(&mut app, "decommissioned");
+    let cmds = key(&mut app, KeyCode::Enter);
+    assert_eq!(cmds, [Cmd::Skip { id, seq: 1, reason: "decommissioned".into(), item: Some(1) }]);
 }

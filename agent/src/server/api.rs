@@ -186,6 +186,11 @@ impl Api {
             let msg = format!("instance {} has no step {:?} (its steps: {})", p.id, p.step, names.join(", "));
             return Err(RpcError::new(code::INVALID_PARAMS, msg));
         };
+        if let Some(item) = &p.item {
+            let (idx, ..) = self.item_named(&p.id, step.seq, &serde_json::Value::String(item.clone())).await?;
+            self.h.store.skip_item(&p.id, step.seq, idx, reason, actor).await.map_err(store_err)?;
+            return self.h.store.get(&p.id).await.map_err(store_err);
+        }
         self.h.store.skip_step(&p.id, step.seq, reason, actor).await.map_err(store_err)?;
         self.h.control.wake();
         self.h.store.get(&p.id).await.map_err(store_err)

@@ -75,11 +75,11 @@ fn held(c: &dyn Db, id: &str, seq: u32, actor: &str) -> Result<()> {
     Ok(())
 }
 
-fn line(from: StepState, to: StepState, why: &str) -> String {
+pub(super) fn line(from: StepState, to: StepState, why: &str) -> String {
     format!("{} {} → {}: {why}\n", ts(Utc::now()), from.as_str(), to.as_str())
 }
 
-fn item_state(c: &dyn Db, id: &str, seq: u32, idx: u32) -> Result<StepState> {
+pub(super) fn item_state(c: &dyn Db, id: &str, seq: u32, idx: u32) -> Result<StepState> {
     let s: Option<String> =
         c.value("SELECT state FROM step_items WHERE instance_id = ?1 AND seq = ?2 AND idx = ?3", p![id, seq, idx])?;
     s.ok_or_else(|| StoreError::NotFound(format!("no item {idx} in step {seq} of instance {id}")))?
@@ -269,6 +269,7 @@ pub(super) fn add_counts(c: &dyn Db, inst: &mut Instance) -> Result<()> {
                 "PENDING" if noted == 1 => n.not_started += count,
                 "PENDING" => n.waiting += count,
                 "ROLLED_BACK" => n.rolled_back += count,
+                "SKIPPED" => n.skipped += count,
                 _ => {}
             }
         }

@@ -115,6 +115,36 @@ fn skippable(c: &dyn Db, id: &str, seq: u32) -> Result<()> {
     }
 }
 
+/// An operator's skip of one item of a FAILED instance's failed fan-out
+/// step: the item (FAILED, or never started) is SKIPPED — done by hand, it
+/// never runs again and counts against no budget — with who and why, on
+/// the item and in the step's history. The instance stays FAILED: a retry
+/// runs the items left.
+pub fn skip_item(c: &dyn Db, id: &str, seq: u32, idx: u32, reason: &str, actor: &str) -> Result<()> {
+    refuse_while_rolling_back(c, id)?;
+    let state = task_state(c, id)?;
+    let step = c.driver().step_row(c, id, seq)?.state;
+    if state != TaskState::Failed || step != StepState::Failed {
+        return Err(StoreError::Invalid(format!(
+            "instance {id} is {state} and its step {seq} {step}; only an item of a FAILED instance's failed step can be \
+             skipped"
+        )));
+    }
+    let from = super::items::item_state(c, id, seq, idx)?;
+    check_step(from, StepState::Skipped)
+        .map_err(|e| StoreError::Invalid(format!("item {idx} of step {seq} cannot be skipped: {e}")))?;
+    let label: String = c
+        .value("SELECT label FROM step_items WHERE instance_id = ?1 AND seq = ?2 AND idx = ?3", p![id, seq, idx])?
+        .unwrap_or_default();
+    let why = format!("skipped by hand: {reason}");
+    c.execute(
+        "UPDATE step_items SET state = 'SKIPPED', history = history || ?4 WHERE instance_id = ?1 AND seq = ?2 AND idx = ?3",
+        p![id, seq, idx, super::items::line(from, StepState::Skipped, &format!("{why} ({actor})"))],
+    )?;
+    let note = format!("item {label} (#{idx}) {why}");
+    history(c, id, Some(seq), Some(step.as_str()), step.as_str(), &note, actor)
+}
+
 /// An operator's rollback of a FAILED instance, or of a SUCCESS one (the
 /// server has checked that each of its steps can be undone): held by this
 /// agent with the rollback pending; the scheduler runs it.

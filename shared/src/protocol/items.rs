@@ -19,6 +19,9 @@ pub struct ItemCounts {
     /// ended first); a retry runs them.
     pub not_started: u32,
     pub rolled_back: u32,
+    /// Skipped by hand (`apollo skip ID STEP --item`): done, never run again.
+    #[serde(default)]
+    pub skipped: u32,
     /// The batch under way (1-based; the last one begun) and how many there are.
     pub batch: u32,
     pub batches: u32,
@@ -36,6 +39,7 @@ impl ItemCounts {
             (self.waiting, "waiting"),
             (self.not_started, "not started"),
             (self.rolled_back, "rolled back"),
+            (self.skipped, "skipped"),
         ] {
             if n > 0 {
                 parts.push(format!("{n} {what}"));

@@ -72,13 +72,17 @@ pub struct IdParams {
 }
 
 /// `steps.skip`: the instance, its step by name or seq, and why (required:
-/// the history and the audit keep it).
+/// the history and the audit keep it). With `item` (a fan-out step's item,
+/// by label or 0-based index) only that item is skipped, and the instance
+/// stays FAILED until a retry runs the rest.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SkipParams {
     pub id: String,
     pub step: String,
     pub reason: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub item: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]

@@ -127,7 +127,7 @@ pub(super) enum Cmd {
         #[command(flatten)]
         act: act::ActArgs,
     },
-    /// Mark a FAILED instance's failed step done by hand; the instance resumes from the next step.
+    /// Mark a FAILED instance's failed step done by hand; the instance resumes from the next step. With --item, one item of a failed fan-out step: it never runs, the instance stays FAILED until `apollo retry` runs the rest.
     Skip {
         id: String,
         /// The step, by name or seq.
@@ -135,6 +135,9 @@ pub(super) enum Cmd {
         /// Why (required: the history and the audit keep it).
         #[arg(long)]
         reason: String,
+        /// One item of the fan-out step, by label or 0-based index.
+        #[arg(long)]
+        item: Option<String>,
     },
     /// Roll back a FAILED instance, or every instance a selection matches.
     Rollback {

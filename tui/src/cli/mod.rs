@@ -297,11 +297,21 @@ async fn run(args: Args, local_agent: &mut Option<LocalAgent>) -> Result<ExitCod
             };
             act::act(&client, action, a, context.as_ref(), json, &out, &reattach(&args)).await
         }
-        Cmd::Skip { id, step, reason } => {
-            let p = apollo_shared::protocol::SkipParams { id: id.clone(), step: step.clone(), reason: reason.clone() };
+        Cmd::Skip { id, step, reason, item } => {
+            let p = apollo_shared::protocol::SkipParams {
+                id: id.clone(),
+                step: step.clone(),
+                reason: reason.clone(),
+                item: item.clone(),
+            };
             let inst = client.request::<m::StepsSkip>(p).await?;
             if json {
                 print_json(&inst);
+            } else if let Some(item) = item {
+                println!(
+                    "{} step {step}: item {item} skipped; `apollo retry {}` runs the items left ({})",
+                    inst.id, inst.id, inst.state
+                );
             } else {
                 println!("{} step {step} skipped; the instance resumes from the next step ({})", inst.id, inst.state);
             }

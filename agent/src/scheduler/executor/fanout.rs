@@ -101,7 +101,9 @@ async fn batches(s: &Arc<Scheduler>, st: Step<'_>) -> Result<Result<Option<Value
     for batch in 1..=plan.batches {
         let todo: Vec<&ItemRun> = items
             .iter()
-            .filter(|i| i.batch == batch && i.state != StepState::Success && i.state != StepState::RolledBack)
+            .filter(|i| {
+                i.batch == batch && !matches!(i.state, StepState::Success | StepState::RolledBack | StepState::Skipped)
+            })
             .collect();
         if todo.is_empty() {
             continue;
@@ -305,7 +307,11 @@ fn output(items: &[ItemRun], limit: usize) -> Value {
         .iter()
         .map(|i| if i.state == StepState::Success { i.output.clone().unwrap_or(Value::Null) } else { Value::Null })
         .collect();
-    let full = json!({"items": outputs, "failed": failed, "ok": ok, "total": items.len()});
+    let skipped: Vec<&str> = items.iter().filter(|i| i.state == StepState::Skipped).map(|i| i.label.as_str()).collect();
+    let mut full = json!({"items": outputs, "failed": failed, "ok": ok, "total": items.len()});
+    if !skipped.is_empty() {
+        full["skipped"] = json!(skipped);
+    }
     if serde_json::to_vec(&full).map_or(usize::MAX, |v| v.len()) <= limit {
         return full;
     }

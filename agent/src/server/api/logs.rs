@@ -101,7 +101,7 @@ impl Api {
 
     /// Item `item` (its label, or its 0-based index as a number) of step
     /// `seq`: (index, state, attempts).
-    async fn item_named(&self, id: &str, seq: u32, item: &Value) -> Result<(u32, StepState, u32), RpcError> {
+    pub(super) async fn item_named(&self, id: &str, seq: u32, item: &Value) -> Result<(u32, StepState, u32), RpcError> {
         let items = self.h.store.items(id, seq).await.map_err(store_err)?;
         if items.is_empty() {
             return Err(RpcError::new(

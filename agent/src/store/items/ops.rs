@@ -70,6 +70,14 @@ impl Store {
         Ok(())
     }
 
+    /// An operator's skip of one item (see `operator::skip_item`).
+    pub async fn skip_item(&self, id: &str, seq: u32, idx: u32, reason: &str, actor: &str) -> Result<()> {
+        let (i, r, a) = (id.to_string(), reason.to_string(), actor.to_string());
+        self.write(move |c| crate::store::operator::skip_item(c, &i, seq, idx, &r, &a)).await?;
+        self.changed(id, TaskState::Failed, Some((seq, StepState::Failed)));
+        Ok(())
+    }
+
     /// A fan-out step's items, in list order (empty for any other step).
     pub async fn items(&self, id: &str, seq: u32) -> Result<Vec<ItemRun>> {
         self.items_page(id, seq, 0, u32::MAX).await

@@ -29,20 +29,34 @@ impl App {
             Pane::Output => Some(json!({"output": s.output, "error": s.error})),
             Pane::Attempts => Some(attempts(s)),
             Pane::Logs => None,
-            Pane::Items => Some(items(s, app.items.get(&app.step))),
+            Pane::Items => Some(items(s, app.items.get(&app.step), app.filter(super::View::Step))),
         }
     }
 }
 
 /// A fan-out step's items, counted, then each under `#index label: STATE`
-/// (folded open to its batch, attempts, error, output, params and history).
-fn items(s: &apollo_shared::protocol::StepRun, items: Option<&Vec<apollo_shared::protocol::ItemRun>>) -> Value {
+/// (folded open to its batch, attempts, error, output, params and history)
+/// — those whose line holds every word of `filter` (`/failed`, `/web-0`).
+fn items(
+    s: &apollo_shared::protocol::StepRun,
+    items: Option<&Vec<apollo_shared::protocol::ItemRun>>,
+    filter: &str,
+) -> Value {
     let Some(n) = &s.items else {
         return json!("not a fan-out step (no foreach:), or not started yet");
     };
     let mut out = serde_json::Map::new();
     out.insert("counts".into(), json!(n.line()));
-    for i in items.into_iter().flatten() {
+    let words: Vec<String> = filter.split_whitespace().map(str::to_lowercase).collect();
+    let kept = |i: &&apollo_shared::protocol::ItemRun| {
+        let key = item_key(i).to_lowercase();
+        words.iter().all(|w| key.contains(w.as_str()))
+    };
+    if !words.is_empty() {
+        let shown = items.into_iter().flatten().filter(kept).count();
+        out.insert("filter".into(), json!(format!("{filter:?}: {shown} shown (Esc clears)")));
+    }
+    for i in items.into_iter().flatten().filter(kept) {
         out.insert(
             item_key(i),
             json!({"batch": i.batch, "attempts": i.attempts, "error": i.error, "history": i.history,

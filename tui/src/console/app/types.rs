@@ -119,6 +119,8 @@ pub struct Confirm {
 pub enum Other {
     /// Skip this step (`x` in the step view).
     Skip(u32),
+    /// Skip this item of the fan-out step (`x` on an item in its pane).
+    SkipItem { seq: u32, item: u32 },
     /// Pause the queue named `task`, or resume it.
     Pause { resume: bool },
     /// Decide the approval the instance waits for.
@@ -155,6 +157,10 @@ impl Confirm {
             // The step is what is skipped: its name and number, then whose.
             let step = self.step.as_deref().unwrap_or("");
             (format!("{} {step} (#{seq}) of {} {}", self.verb, self.task, self.ids.join(" ")), "the task name")
+        } else if let Some(Other::SkipItem { .. }) = self.other {
+            // `step` names the item and its step.
+            let item = self.step.as_deref().unwrap_or("");
+            (format!("{} {item} of {} {}", self.verb, self.task, self.ids.join(" ")), "the task name")
         } else {
             (format!("{} {} {}", self.verb, self.task, self.ids.join(" ")), "the task name")
         };
@@ -172,6 +178,9 @@ impl Confirm {
                 let (then, kept) = match self.other {
                     Some(Other::Skip(_)) => {
                         ("it is recorded SKIPPED and the instance resumes after it", "with the skip")
+                    }
+                    Some(Other::SkipItem { .. }) => {
+                        ("it is recorded SKIPPED and never runs; a retry (t) runs the items left", "with the skip")
                     }
                     Some(Other::Pause { resume: true }) => ("its waiting instances are claimed again", "in the audit"),
                     Some(Other::Pause { resume: false }) => {
@@ -375,11 +384,13 @@ pub enum Cmd {
         resume: bool,
         reason: String,
     },
-    /// Mark a FAILED instance's failed step done by hand (`steps.skip`).
+    /// Mark a FAILED instance's failed step done by hand (`steps.skip`),
+    /// or one item of it.
     Skip {
         id: String,
         seq: u32,
         reason: String,
+        item: Option<u32>,
     },
     Act {
         action: OperatorAction,

@@ -4,6 +4,7 @@ use super::*;
 use apollo_shared::state::OperatorAction;
 
 mod confirm;
+mod items;
 
 impl App {
     pub fn update(&mut self, a: Action) -> Vec<Cmd> {
@@ -313,6 +314,10 @@ impl App {
                     Vec::new()
                 }
             },
+            Action::Skip if self.view == View::Step && self.pane == Pane::Items => {
+                self.skip_item();
+                Vec::new()
+            }
             Action::Skip => match (&self.instance, self.view) {
                 (Some(i), View::Step) => {
                     let step = i.steps.iter().flatten().find(|s| s.seq == self.step);

@@ -99,11 +99,19 @@ pub(super) async fn act(client: &Client, cmd: Cmd, news: &mpsc::Sender<News>) ->
             };
             News::Done(done)
         }
-        Cmd::Skip { id, seq, reason } => {
-            let p = apollo_shared::protocol::SkipParams { id: id.clone(), step: seq.to_string(), reason };
-            match answer(client.request::<apollo_shared::protocol::methods::StepsSkip>(p).await)? {
-                Ok(i) => News::Done(Ok(format!("step #{seq} of {id} skipped: now {}", i.state))),
-                Err(e) => News::Done(Err(e)),
+        Cmd::Skip { id, seq, reason, item } => {
+            let p = apollo_shared::protocol::SkipParams {
+                id: id.clone(),
+                step: seq.to_string(),
+                reason,
+                item: item.map(|i| i.to_string()),
+            };
+            match (answer(client.request::<apollo_shared::protocol::methods::StepsSkip>(p).await)?, item) {
+                (Ok(_), Some(item)) => {
+                    News::Done(Ok(format!("item #{item} of step #{seq} of {id} skipped: t retries the items left")))
+                }
+                (Ok(i), None) => News::Done(Ok(format!("step #{seq} of {id} skipped: now {}", i.state))),
+                (Err(e), _) => News::Done(Err(e)),
             }
         }
         Cmd::Batch { action, ids, reason } => {

@@ -65,7 +65,7 @@ impl App {
             }
             (Stage::Reason, Action::Enter) => {
                 let what = match c.other {
-                    Some(Other::Skip(_)) => "for a skip",
+                    Some(Other::Skip(_) | Other::SkipItem { .. }) => "for a skip",
                     Some(Other::Pause { .. }) => "for a pause or resume",
                     Some(Other::Approve { .. }) => "for an approval or a denial",
                     None => "on a production context",
@@ -98,7 +98,11 @@ impl App {
             }
             Some(Other::Skip(seq)) => {
                 self.say(format!("skip of step #{seq} requested for {first}{why}"), false);
-                return vec![Cmd::Skip { id: first, seq, reason: reason.unwrap_or_default() }];
+                return vec![Cmd::Skip { id: first, seq, reason: reason.unwrap_or_default(), item: None }];
+            }
+            Some(Other::SkipItem { seq, item }) => {
+                self.say(format!("skip of item #{item} of step #{seq} requested for {first}{why}"), false);
+                return vec![Cmd::Skip { id: first, seq, reason: reason.unwrap_or_default(), item: Some(item) }];
             }
             None => {}
         }
