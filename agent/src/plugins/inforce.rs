@@ -37,10 +37,11 @@ impl Plugins {
     pub fn rollouts(&self) -> Arc<BTreeMap<String, Rollout>> {
         self.latest.read().expect("rollouts").clone()
     }
-    /// Views are kept by their rules, so a change of rollouts needs none
-    /// of them dropped.
+    /// What a read of the store found (never going back to an older
+    /// state: see `learn_rollouts`). Views are kept by their rules, so a
+    /// change of rollouts needs none of them dropped.
     pub fn set_rollouts(&self, latest: BTreeMap<String, Rollout>) {
-        *self.latest.write().expect("rollouts") = Arc::new(latest);
+        crate::store::capable::learn_rollouts(&self.latest, latest);
     }
     /// The rollouts as this agent knows them, shared with its claims (which
     /// read them anew when an instance names a rollout not known yet).

@@ -16,6 +16,28 @@ use std::sync::{Arc, Mutex, RwLock};
 /// registry's views, `plugins::Plugins`).
 pub type Rollouts = Arc<RwLock<Arc<BTreeMap<String, apollo_shared::protocol::Rollout>>>>;
 
+/// Puts what a read of the store found into `cell`, never going back: of
+/// the rollout known here and the one read, per plugin, the later one
+/// stands (the later start; of one rollout, its end over its running). A
+/// read made before this agent ended a rollout, or before another agent's
+/// end it already learned of, may be written after; it must not bring the
+/// running rollout back (its new arm would run again until the next tick).
+pub fn learn_rollouts(cell: &Rollouts, read: BTreeMap<String, apollo_shared::protocol::Rollout>) {
+    use apollo_shared::protocol::{Rollout, RolloutState};
+    let rank = |r: &Rollout| (r.started_at.clone(), r.id.clone(), r.state != RolloutState::Running);
+    let mut known = cell.write().expect("rollouts");
+    let mut out = read;
+    for (plugin, mine) in known.iter() {
+        match out.get(plugin) {
+            Some(theirs) if rank(theirs) >= rank(mine) => {}
+            _ => {
+                out.insert(plugin.clone(), mine.clone());
+            }
+        }
+    }
+    *known = Arc::new(out);
+}
+
 /// Whether every step of a definition version resolves here for an
 /// instance with these rollout arms (JSON as stored).
 pub type CanRun = Arc<dyn Fn(&TaskDef, Option<&str>) -> bool + Send + Sync>;
@@ -68,8 +90,7 @@ impl Capable {
             })
         };
         if !known {
-            let latest = super::rollouts::latest(c)?;
-            *self.rollouts.write().expect("rollouts") = Arc::new(latest);
+            learn_rollouts(&self.rollouts, super::rollouts::latest(c)?);
         }
         Ok(())
     }
@@ -100,5 +121,36 @@ impl Capable {
     /// What claims passed over since the last call.
     pub fn take_passed(&self) -> BTreeSet<Passed> {
         std::mem::take(&mut *self.passed.lock().expect("passed"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use apollo_shared::protocol::{Rollout, RolloutState};
+
+    fn rollout(id: &str, at: &str, state: RolloutState) -> Rollout {
+        serde_json::from_value(serde_json::json!({
+            "id": id, "plugin": "ver", "version": "2.0.0", "base": "1.0.0", "share_pct": 50.0,
+            "state": state, "started_at": at, "started_by": "root", "reason": "r",
+            "abort_margin_pct": 20.0, "min_runs": 4,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_read_begun_before_an_end_never_brings_the_running_rollout_back() {
+        let cell: Rollouts = Default::default();
+        let one = |r: Rollout| BTreeMap::from([("ver".to_string(), r)]);
+        learn_rollouts(&cell, one(rollout("r1", "2026-12-06T10:00:00Z", RolloutState::Running)));
+        learn_rollouts(&cell, one(rollout("r1", "2026-12-06T10:00:00Z", RolloutState::Aborted)));
+        // The stale read lands after the end was learned.
+        learn_rollouts(&cell, one(rollout("r1", "2026-12-06T10:00:00Z", RolloutState::Running)));
+        assert_eq!(cell.read().unwrap()["ver"].state, RolloutState::Aborted);
+        // A later rollout of the plugin replaces the ended one; an older read does not undo it.
+        learn_rollouts(&cell, one(rollout("r2", "2026-12-06T11:00:00Z", RolloutState::Running)));
+        learn_rollouts(&cell, one(rollout("r1", "2026-12-06T10:00:00Z", RolloutState::Aborted)));
+        let now = cell.read().unwrap()["ver"].clone();
+        assert_eq!((now.id.as_str(), now.state), ("r2", RolloutState::Running));
     }
 }

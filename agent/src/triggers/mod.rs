@@ -214,7 +214,14 @@ impl Triggers {
         let (slot, terms) = if elsewhere { None } else { self.h.reserve_soon().await }.unzip();
         // (An approval step's decision is looked up before it starts.)
         let startable = !def.steps.is_empty() && !crate::steps::starts_alone(def, 0);
-        let first = (slot.is_some() && startable).then(|| crate::steps::ready(&plugins, def, 0, &ctx));
+        // A first step that does not resolve here is not started in the
+        // write: the claim in it may learn that a rollout this agent still
+        // thought running has ended (its arm then resolves otherwise), so
+        // the executor resolves it again after the claim, and fails it
+        // only then.
+        let first = (slot.is_some() && startable)
+            .then(|| crate::steps::ready(&plugins, def, 0, &ctx))
+            .filter(|r| r.rendered.is_ok());
         let then = first.as_ref().map_or(Then::Nothing, |r| Then::Start {
             seq: 0,
             version: &r.version,
