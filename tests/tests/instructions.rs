@@ -40,18 +40,25 @@ const GATED: &str =
 /// 926,880 · 908,518 · 906,658; a lock and a pause 1,363,257 · 1,345,450 ·
 /// 1,332,515; an approval 1,853,060 · 1,778,967 · 1,860,113. Each ceiling
 /// is the highest of its three plus 5 %. Lowered below its figure (900,000
-/// for noop was tried) the test fails. Issue 36's goal is 600,000 for
-/// noop: these hold the line until the work gets there, and are lowered
-/// with it.
-const CEILING_NOOP: f64 = 974_000.0;
-const CEILING_RAILS: f64 = 1_432_000.0;
-const CEILING_APPROVAL: f64 = 1_954_000.0;
+/// for noop was tried) the test fails. Lowered again 2026-12-06 with the
+/// context made from the row and the steps' outputs (a961cb3) and the
+/// archive compressed (23549a0), three runs at 07c2e37: noop 869,021 ·
+/// 863,770 · 877,942; a lock and a pause 1,353,485 · 1,326,445 ·
+/// 1,331,234; an approval 1,689,278 · 1,815,077 · 1,818,919. Issue 36's
+/// goal is 600,000 for noop: these hold the line until the work gets
+/// there, and are lowered with it.
+const CEILING_NOOP: f64 = 922_000.0;
+const CEILING_RAILS: f64 = 1_422_000.0;
+const CEILING_APPROVAL: f64 = 1_910_000.0;
 /// One more item of a fan-out step (sleep 0, `max_parallel: 4`: its start
 /// and its end, each a write with the step's guard), between one instance
 /// of 40 items and one of 200. Added with fan-out (2026-12-04: 182,279 ·
-/// 185,221 · 188,713, ceiling 198,000); lowered 2026-12-05, three runs:
-/// 176,274 · 177,477 · 176,589; the highest plus 5 %.
-const CEILING_ITEM: f64 = 187_000.0;
+/// 185,221 · 188,713, ceiling 198,000); lowered 2026-12-05 to 187,000 from
+/// three runs of 176,274 · 177,477 · 176,589, which was too tight: four
+/// items run at once, and how their writes share commits varies from run
+/// to run. 2026-12-06, three runs at 07c2e37: 180,015 · 189,008 · 182,798
+/// (one failed the 187,000); the highest plus 5 %.
+const CEILING_ITEM: f64 = 199_000.0;
 
 #[derive(Clone, Copy, Debug)]
 enum Shape {
