@@ -22,7 +22,7 @@ pub const HELP: &[(&str, &str)] = &[
     ("Space * u", "mark and move on, mark all the filter shows, clear the marks"),
     ("t", "retry the selected instance, or the marked ones after a preview"),
     ("b c", "roll back, cancel the selected instance (confirmed with y)"),
-    ("x p", "skip a failed step or item (step view); pause, resume a queue"),
+    ("x p", "skip a failed step or item (step view); pause, resume (queues)"),
     ("A D", "approve, deny what the selected instance waits for (asks why)"),
     ("y", "confirm a roll back or cancel; any other key cancels it"),
     ("", "(production: type the task name, then a reason)"),
