@@ -5,7 +5,9 @@
 //!
 //! Prints instances/s and steps/s for N three-step no-op instances, p50/p99
 //! latency from trigger to first step start (under load and idle), peak RSS,
-//! RSS with 10,000 queued instances, and idle CPU.
+//! RSS with 10,000 queued instances, and idle CPU. `ENGINE_BENCH_SYNC=normal`
+//! runs the store with `database.synchronous: normal` (no fsync per
+//! commit), to tell the commit's fsync from the rest of a latency.
 
 use apollo_tests::*;
 use apollo_tui::client::Client;
@@ -64,9 +66,11 @@ async fn main() {
     let args: Vec<String> = std::env::args().collect();
     let n: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(5000);
     let concurrency: u32 = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(64);
+    let normal = std::env::var("ENGINE_BENCH_SYNC").is_ok_and(|v| v == "normal");
+    let sync = if normal { "database:\n  synchronous: normal\n" } else { "" };
     let agent = Agent::builder()
         .config(&format!(
-            "scheduler:\n  concurrency: {concurrency}\n  queues:\n    held: {{limit: 1}}\nlogging:\n  level: warn\n"
+            "scheduler:\n  concurrency: {concurrency}\n  queues:\n    held: {{limit: 1}}\nlogging:\n  level: warn\n{sync}"
         ))
         .task("noop.yaml", NOOP)
         .task("held.yaml", HELD)
@@ -90,6 +94,7 @@ async fn main() {
     let mut events = watcher.take_events().unwrap();
     let mut idle_ids = Vec::new();
     let mut seen = Vec::new();
+    let mut answers = Vec::new();
     for i in 0..200u64 {
         while events.try_recv().is_ok() {}
         let sent = Instant::now();
@@ -105,9 +110,14 @@ async fn main() {
                 }
             }
         };
-        let (id, started) = tokio::join!(trigger(&c0, "noop", json!({})), started);
+        let answered = async {
+            let id = trigger(&c0, "noop", json!({})).await;
+            (id, sent.elapsed())
+        };
+        let ((id, answer), started) = tokio::join!(answered, started);
         idle_ids.push(id);
         seen.push(started.as_secs_f64() * 1000.0);
+        answers.push(answer.as_secs_f64() * 1000.0);
         wait_done(&c0, i + 1).await;
     }
     let mut idle = latencies(&c0, &idle_ids).await;
@@ -158,7 +168,8 @@ async fn main() {
     let held = q.into_iter().find(|s| s.queue == "held").unwrap();
     let queued_rss = proc_status(pid, "VmRSS:");
 
-    println!("apollo engine benchmark: {n} instances of a 3-step no-op task, scheduler.concurrency {concurrency}, synchronous=FULL");
+    let sync = if normal { "NORMAL" } else { "FULL" };
+    println!("apollo engine benchmark: {n} instances of a 3-step no-op task, scheduler.concurrency {concurrency}, synchronous={sync}");
     println!("  triggered in            {:.2}s", triggered.as_secs_f64());
     println!("  instances/s             {:.0}", n as f64 / elapsed);
     println!("  steps/s                 {:.0}", 3.0 * n as f64 / elapsed);
@@ -168,6 +179,8 @@ async fn main() {
     println!("  trigger→first step p99  {:.2} ms (idle)", percentile(&mut idle, 0.99));
     println!("  trigger→start seen p50  {:.2} ms (idle, by a client)", percentile(&mut seen, 0.5));
     println!("  trigger→start seen p99  {:.2} ms (idle, by a client)", percentile(&mut seen, 0.99));
+    println!("  trigger answered p50    {:.2} ms (idle, by a client)", percentile(&mut answers, 0.5));
+    println!("  trigger answered p99    {:.2} ms (idle, by a client)", percentile(&mut answers, 0.99));
     println!("  agent peak RSS          {:.1} MB", peak_rss as f64 / 1024.0);
     println!("  agent idle CPU          {idle_cpu:.2}% over 5 s");
     println!("  agent RSS, {} queued  {:.1} MB", held.pending, queued_rss as f64 / 1024.0);
