@@ -212,13 +212,15 @@ impl Triggers {
         // waiting for its commit), and this agent's scheduler is not woken.
         let elsewhere = !self.h.control.serves(&def.queue);
         let (slot, terms) = if elsewhere { None } else { self.h.reserve_soon().await }.unzip();
-        // (An approval step's decision is looked up before it starts.)
-        let startable = !def.steps.is_empty() && !crate::steps::starts_alone(def, 0);
-        // A first step that does not resolve here is not started in the
-        // write: the claim in it may learn that a rollout this agent still
-        // thought running has ended (its arm then resolves otherwise), so
-        // the executor resolves it again after the claim, and fails it
-        // only then.
+        // (An approval step's decision is looked up before it starts.) Nor
+        // does an instance on a rollout's new arm start in the write: the
+        // claim in it may learn that the rollout, running as this agent
+        // knew it, has ended, and the arm of an ended rollout is not acted
+        // on; the executor resolves its step after the claim. A first step
+        // that does not resolve here is left to the executor too, which
+        // fails it, if it still does not, after the claim.
+        let on_new_arm = n.pins.values().any(|p| p.new);
+        let startable = !def.steps.is_empty() && !crate::steps::starts_alone(def, 0) && !on_new_arm;
         let first = (slot.is_some() && startable)
             .then(|| crate::steps::ready(&plugins, def, 0, &ctx))
             .filter(|r| r.rendered.is_ok());
