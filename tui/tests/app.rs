@@ -20,6 +20,17 @@ fn typed(app: &mut App, text: &str) -> Vec<Cmd> {
     text.chars().flat_map(|c| key(app, KeyCode::Char(c))).collect()
 }
 
+/// The fixtures' second instance opened at its second step.
+fn step_view() -> App {
+    let mut app = fixtures::app();
+    key(&mut app, KeyCode::Char('j'));
+    key(&mut app, KeyCode::Enter);
+    key(&mut app, KeyCode::Char('j'));
+    key(&mut app, KeyCode::Enter);
+    assert_eq!((app.view, app.step), (View::Step, 1));
+    app
+}
+
 #[test]
 fn colon_switches_views_with_completion_and_esc_goes_back() {
     let mut app = fixtures::app();
@@ -234,12 +245,7 @@ fn s_sorts_the_tasks_view_by_the_next_column() {
 
 #[test]
 fn x_in_the_step_view_skips_a_failed_step_after_a_reason() {
-    let mut app = fixtures::app();
-    key(&mut app, KeyCode::Char('j'));
-    key(&mut app, KeyCode::Enter);
-    key(&mut app, KeyCode::Char('j'));
-    key(&mut app, KeyCode::Enter);
-    assert_eq!((app.view, app.step), (View::Step, 1));
+    let mut app = step_view();
     assert!(key(&mut app, KeyCode::Char('x')).is_empty());
     assert!(!matches!(&app.mode, Mode::Confirm(_)), "a SUCCESS step is not skipped");
     let id = app.instance.as_ref().unwrap().id.clone();
@@ -367,12 +373,7 @@ fn in_the_items_pane_slash_filters_the_items_and_x_skips_the_one_under_the_curso
     use apollo_shared::protocol::{ItemCounts, ItemRun};
     use apollo_shared::state::{StepState, TaskState};
     use apollo_tui::console::app::Pane;
-    let mut app = fixtures::app();
-    key(&mut app, KeyCode::Char('j'));
-    key(&mut app, KeyCode::Enter);
-    key(&mut app, KeyCode::Char('j'));
-    key(&mut app, KeyCode::Enter);
-    assert_eq!((app.view, app.step), (View::Step, 1));
+    let mut app = step_view();
     let inst = app.instance.as_mut().unwrap();
     inst.state = TaskState::Failed;
     let id = inst.id.clone();
