@@ -30,6 +30,7 @@ mod gates;
 mod hooks;
 mod hostile;
 mod instructions;
+mod item_claims;
 mod items;
 mod layers;
 mod locks;

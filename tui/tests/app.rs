@@ -395,6 +395,7 @@ fn in_the_items_pane_slash_filters_the_items_and_x_skips_the_one_under_the_curso
         finished_at: None,
         done: None,
         history: Vec::new(),
+        holder: None,
     };
     let items = vec![
         item(0, "web-00", StepState::Success, None),

@@ -105,9 +105,10 @@ fn record(key: &str, pgid: i32) {
 /// members of each step's recorded process group (the same boot, started no
 /// earlier than the group's leader, so a reused pid never matches). Their
 /// groups get SIGKILL, and this waits (up to 5 s) until they are gone, so a
-/// step is never run while an earlier copy of it still runs. Returns a line
-/// for each process stopped.
-pub fn reap(keys: &HashSet<String>) -> Vec<String> {
+/// step is never run while an earlier copy of it still runs. The fan-out
+/// items in `spare` (their keys) run for a live agent and are left alone.
+/// Returns a line for each process stopped.
+pub fn reap(keys: &HashSet<String>, spare: &HashSet<String>) -> Vec<String> {
     if keys.is_empty() {
         return Vec::new();
     }
@@ -121,7 +122,10 @@ pub fn reap(keys: &HashSet<String>) -> Vec<String> {
             .flatten()
             .map(|e| e.path())
             .filter(|p| {
-                p.file_name().and_then(|n| n.to_str()).is_some_and(|n| keys.contains(&step_of(&n.replace('.', ":"))))
+                p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                    let key = n.replace('.', ":");
+                    keys.contains(&step_of(&key)) && !spare.contains(&key)
+                })
             })
             .collect(),
         None => Vec::new(),
@@ -155,7 +159,7 @@ pub fn reap(keys: &HashSet<String>) -> Vec<String> {
                 std::str::from_utf8(kv)
                     .ok()
                     .and_then(|kv| kv.strip_prefix(STEP_VAR)?.strip_prefix('='))
-                    .is_some_and(|v| keys.contains(v) || keys.contains(&step_of(v)))
+                    .is_some_and(|v| (keys.contains(v) || keys.contains(&step_of(v))) && !spare.contains(v))
             })
         });
         let by_group = groups.get(&pgrp).is_some_and(|leader| start >= *leader);

@@ -11,6 +11,7 @@ mod archive;
 pub mod backoff;
 mod calls;
 mod executor;
+mod items;
 pub mod reaper;
 mod rollback;
 mod slots;
@@ -105,6 +106,8 @@ impl Scheduler {
             }
             self.resume_stalled().await;
             self.claim_free(|i, first| self.adopt(i, first)).await;
+            // Slots left free run items other agents' fan-outs offer.
+            self.help().await;
             let retry = *self.retry_due.lock().expect("retry due");
             // A pause holding work back that ends by itself: claim then
             // (once: the claim says again if another still holds it).
@@ -172,6 +175,7 @@ impl Scheduler {
                 a.why.lock().expect("why").get_or_insert(StopReason::Shutdown);
                 a.token.cancel();
             }
+            self.helping.lock().expect("helping").iter().for_each(|h| h.token.cancel());
             let grace = self.config().scheduler.kill_grace + Duration::from_secs(2);
             let _ = tokio::time::timeout(grace, self.tracker.wait()).await;
         }
@@ -297,8 +301,17 @@ impl Scheduler {
         if keys.is_empty() {
             return;
         }
-        let stopped =
-            tokio::task::spawn_blocking(move || crate::plugins::process::reap(&keys)).await.unwrap_or_default();
+        // Items a live agent runs for these instances (this one too, as a
+        // helper) are theirs, whatever host they share.
+        let mut spare = std::collections::HashSet::new();
+        if self.store.shared() {
+            for i in found {
+                let live = self.store.items_running_live(&i.id).await.unwrap_or_default();
+                spare.extend(live.into_iter().map(|(seq, idx, label)| crate::steps::item_key(&i.id, seq, idx, &label)));
+            }
+        }
+        let reap = move || crate::plugins::process::reap(&keys, &spare);
+        let stopped = tokio::task::spawn_blocking(reap).await.unwrap_or_default();
         if !stopped.is_empty() {
             // The alert names the first few; the log line has them all.
             tracing::warn!(processes = %stopped.join(", "), "stopped leftover processes");
@@ -400,8 +413,7 @@ impl crate::handles::Control for Arc<Scheduler> {
         self.loop_claim_release()
     }
     fn serves(&self, queue: &str) -> bool {
-        let config = self.config();
-        config.scheduler.queues.get(queue).is_none_or(|q| q.agents.is_empty() || q.agents.contains(&self.name))
+        Scheduler::serves(self, queue)
     }
 }
 

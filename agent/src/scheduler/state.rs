@@ -45,6 +45,8 @@ pub struct Scheduler {
     /// When the earliest pause holding work back ends (the claim says).
     pub(super) pause_ends: Arc<crate::store::PauseEnds>,
     pub(super) active: Mutex<HashMap<String, Arc<Active>>>,
+    /// Items this agent runs for other agents' fan-out steps.
+    pub(super) helping: Mutex<Vec<Helping>>,
     pub(super) slots: Slots,
     pub(super) tracker: TaskTracker,
     pub(super) shutdown: CancellationToken,
@@ -68,6 +70,18 @@ pub struct Scheduler {
     pub(super) uncapable: Mutex<std::collections::BTreeSet<crate::store::capable::Passed>>,
     /// What makes a sub-runbook's child instance (set once the triggers exist).
     pub children: std::sync::OnceLock<Arc<dyn crate::handles::Children>>,
+}
+
+/// An item this agent runs for another agent's step.
+pub(super) struct Helping {
+    /// Tells the helpers apart.
+    pub key: u64,
+    pub id: String,
+    pub seq: u32,
+    /// The item it runs; `claiming` while its claim is under way.
+    pub index: Option<u32>,
+    pub claiming: bool,
+    pub token: CancellationToken,
 }
 
 /// One [`Repeats`] for each store call the loop makes every turn.
@@ -186,6 +200,7 @@ impl Scheduler {
             retry_due: Mutex::new(None),
             pause_ends: Arc::default(),
             active: Mutex::new(HashMap::new()),
+            helping: Mutex::new(Vec::new()),
             slots: Slots::new(),
             tracker: TaskTracker::new(),
             shutdown,
@@ -223,8 +238,14 @@ impl Scheduler {
         self.slots.note_backlog();
         self.wake.notify_one();
     }
+    /// Instances executed here and items run here for other agents' steps.
     pub fn running(&self) -> usize {
-        self.active.lock().expect("active").len()
+        self.active.lock().expect("active").len() + self.helping.lock().expect("helping").len()
+    }
+    /// Whether this agent takes work of `queue` (`queues.<q>.agents`).
+    pub fn serves(&self, queue: &str) -> bool {
+        let config = self.config();
+        config.scheduler.queues.get(queue).is_none_or(|q| q.agents.is_empty() || q.agents.contains(&self.name))
     }
     /// How long a claim holds an instance without renewal (measured by the
     /// store's clock).

@@ -99,6 +99,13 @@ pub trait Driver: Sync {
     /// others are told of changes, and each agent recovers only its own.
     fn shared(&self) -> bool;
 
+    /// What a read ends with to lock the rows of table `of` it reads until
+    /// the transaction ends (` FOR UPDATE OF of`); nothing where one writer
+    /// does all.
+    fn locking(&self, _of: &str) -> String {
+        String::new()
+    }
+
     /// The plan of `sql` as the backend would run it, a line per step
     /// (SQLite's `EXPLAIN QUERY PLAN`; PostgreSQL's `EXPLAIN`, with
     /// sequential scans priced out so an index that can serve is shown).

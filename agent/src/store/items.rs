@@ -31,6 +31,10 @@ pub struct FanoutPlan {
     pub budget: u32,
     /// The batch under way (1-based), 0 before the first.
     pub batch: u32,
+    /// The step's life (each start of it, a retry's or a takeover's, is
+    /// one): an item is tried once a life.
+    #[serde(default)]
+    pub round: u32,
 }
 
 /// How an item's attempt ended.
@@ -40,7 +44,7 @@ pub enum ItemEnd<'a> {
 }
 
 const ITEM_COLS: &str =
-    "idx, label, value, batch, state, attempts, params, output, error, started_at, finished_at, done, history";
+    "idx, label, value, batch, state, attempts, params, output, error, started_at, finished_at, done, history, holder";
 
 fn item(r: &Row) -> Result<ItemRun> {
     let state: String = r.get(4)?;
@@ -60,6 +64,7 @@ fn item(r: &Row) -> Result<ItemRun> {
         finished_at: parse_ts(r.get(10)?),
         done: r.get(11)?,
         history: history.lines().map(str::to_string).collect(),
+        holder: r.get(13)?,
     })
 }
 
@@ -121,49 +126,6 @@ pub fn plan(c: &dyn Db, id: &str, seq: u32, items: &[ItemPlan], plan: FanoutPlan
     history(c, id, Some(seq), Some("RUNNING"), "RUNNING", &what, actor)
 }
 
-/// Notes the batch under way on the step (and in its history).
-pub fn batch(c: &dyn Db, id: &str, seq: u32, plan: FanoutPlan, items: usize, actor: &str) -> Result<()> {
-    held(c, id, seq, actor)?;
-    let json = serde_json::to_string(&plan).expect("a plan");
-    c.execute("UPDATE step_runs SET fanout = ?3 WHERE instance_id = ?1 AND seq = ?2", p![id, seq, json])?;
-    let what = format!("batch {}/{} begins: {items} item(s)", plan.batch, plan.batches);
-    history(c, id, Some(seq), Some("RUNNING"), "RUNNING", &what, actor)
-}
-
-/// Starts an item: its attempt.
-pub fn start(c: &dyn Db, id: &str, seq: u32, idx: u32, params: &str, actor: &str) -> Result<u32> {
-    held(c, id, seq, actor)?;
-    let from = item_state(c, id, seq, idx)?;
-    check_step(from, StepState::Running)?;
-    let now = ts(Utc::now());
-    c.execute(
-        "UPDATE step_items SET state = 'RUNNING', attempts = attempts + 1, params = ?4, output = NULL, error = NULL, \
-         started_at = ?5, finished_at = NULL, history = history || ?6 WHERE instance_id = ?1 AND seq = ?2 AND idx = ?3",
-        p![id, seq, idx, params, now.as_str(), line(from, StepState::Running, "started")],
-    )?;
-    let attempts: Option<u32> =
-        c.value("SELECT attempts FROM step_items WHERE instance_id = ?1 AND seq = ?2 AND idx = ?3", p![id, seq, idx])?;
-    Ok(attempts.unwrap_or(1))
-}
-
-/// Ends an item's attempt; `done` is its place in the order items ended in.
-pub fn end(c: &dyn Db, id: &str, seq: u32, idx: u32, how: &ItemEnd, done: u32, actor: &str) -> Result<()> {
-    held(c, id, seq, actor)?;
-    let from = item_state(c, id, seq, idx)?;
-    let now = ts(Utc::now());
-    let (to, output, error, why) = match how {
-        ItemEnd::Success { output } => (StepState::Success, Some(*output), None, "succeeded".to_string()),
-        ItemEnd::Failed { error } => (StepState::Failed, None, Some(*error), apollo_shared::text::one_line(error, 200)),
-    };
-    check_step(from, to)?;
-    c.execute(
-        "UPDATE step_items SET state = ?4, output = ?5, error = ?6, finished_at = ?7, done = ?8, history = history || ?9 \
-         WHERE instance_id = ?1 AND seq = ?2 AND idx = ?3",
-        p![id, seq, idx, to.as_str(), output, error, now, done, line(from, to, &why)],
-    )?;
-    Ok(())
-}
-
 /// Notes why the items still PENDING never started (they stay PENDING: a
 /// retry runs them).
 pub fn not_started(c: &dyn Db, id: &str, seq: u32, reason: &str, actor: &str) -> Result<u32> {
@@ -171,19 +133,6 @@ pub fn not_started(c: &dyn Db, id: &str, seq: u32, reason: &str, actor: &str) ->
     let n = c.execute(
         "UPDATE step_items SET error = ?3, history = history || ?4 WHERE instance_id = ?1 AND seq = ?2 AND state = 'PENDING'",
         p![id, seq, reason, line(StepState::Pending, StepState::Pending, reason)],
-    )?;
-    Ok(n as u32)
-}
-
-/// Items an earlier life of this step left RUNNING (a crash, a takeover):
-/// FAILED, interrupted, so that they run again.
-pub fn interrupted(c: &dyn Db, id: &str, seq: u32, actor: &str) -> Result<u32> {
-    held(c, id, seq, actor)?;
-    let why = "interrupted: the step was cut off while this item ran; it runs again";
-    let n = c.execute(
-        "UPDATE step_items SET state = 'FAILED', error = ?3, finished_at = ?4, history = history || ?5 \
-         WHERE instance_id = ?1 AND seq = ?2 AND state = 'RUNNING'",
-        p![id, seq, why, ts(Utc::now()), line(StepState::Running, StepState::Failed, why)],
     )?;
     Ok(n as u32)
 }
@@ -280,4 +229,6 @@ pub(super) fn add_counts(c: &dyn Db, inst: &mut Instance) -> Result<()> {
     Ok(())
 }
 
+mod claims;
 mod ops;
+pub use claims::{ClaimedItem, Offer, OfferNow, Open};

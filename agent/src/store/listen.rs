@@ -195,6 +195,8 @@ fn change(data: &EventData) -> Option<Change> {
         EventData::InstanceCreated { state, .. } | EventData::InstanceUpdated { state, .. } => *state,
         // A pause that ended may let work waiting in its scope be claimed.
         EventData::PausesChanged { ended: true, .. } => return Some(Change::Work),
+        // Items any agent may claim.
+        EventData::ItemsOffered { .. } => return Some(Change::Work),
         _ => return None,
     };
     match state {

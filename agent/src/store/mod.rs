@@ -54,7 +54,7 @@ mod zombies;
 pub use apollo_shared::protocol::{child_key, parent_of};
 pub use db::{Conn, Db, Driver};
 pub use error::{Result, StoreError};
-pub use items::{FanoutPlan, ItemPlan};
+pub use items::{ClaimedItem, FanoutPlan, ItemPlan, Offer, OfferNow, Open};
 pub use leases::{PauseEnds, QueuePolicy, Recover};
 pub use location::Location;
 pub use model::{Claimed, FailurePlan, NewInstance};

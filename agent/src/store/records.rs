@@ -73,6 +73,7 @@ pub fn archive(c: &dyn Db, cutoff: DateTime<Utc>, max: usize) -> Result<Vec<Stri
         c.execute("DELETE FROM step_runs WHERE instance_id = ?1", p![id])?;
         c.execute("DELETE FROM step_attempts WHERE instance_id = ?1", p![id])?;
         c.execute("DELETE FROM step_items WHERE instance_id = ?1", p![id])?;
+        c.execute("DELETE FROM item_offers WHERE instance_id = ?1", p![id])?;
         c.execute("DELETE FROM task_instances WHERE id = ?1", p![id])?;
     }
     Ok(ids)

@@ -194,7 +194,19 @@ CREATE INDEX step_runs_plugin ON step_runs(plugin, finished_at) WHERE finished_a
 const CODE_MIGRATIONS: &[fn(&mut Connection, usize) -> anyhow::Result<()>] = &[
     // 23: history rows kept by instance, their times as microseconds.
     clustered::history_by_instance,
+    // 24: items claimed one by one, by any agent.
+    item_claims,
 ];
+
+fn item_claims(conn: &mut Connection, version: usize) -> anyhow::Result<()> {
+    let tx = conn.transaction()?;
+    // The offers are read and moved by key only: kept by it.
+    tx.execute_batch(
+        &ITEM_CLAIMS.replace("PRIMARY KEY (instance_id, seq));", "PRIMARY KEY (instance_id, seq)) WITHOUT ROWID;"),
+    )?;
+    tx.pragma_update(None, "user_version", version as i64)?;
+    Ok(tx.commit()?)
+}
 
 /// The newest SQLite schema this build knows.
 pub const VERSION: usize = MIGRATIONS.len() + CODE_MIGRATIONS.len();
@@ -383,6 +395,7 @@ $$;
     FANOUT,
     ARCHIVE_ENDS,
     ALERTS_BY_INSTANCE,
+    ITEM_CLAIMS,
 ];
 
 /// The newest PostgreSQL schema this build knows.

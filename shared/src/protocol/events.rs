@@ -116,6 +116,10 @@ pub enum EventData {
     /// A pause began or ended (its id; `ended` when it ended).
     #[serde(rename = "pauses.changed")]
     PausesChanged { id: String, ended: bool },
+    /// A fan-out step (`seq`) offers a batch of items to any agent that
+    /// can run them.
+    #[serde(rename = "items.offered")]
+    ItemsOffered { id: String, seq: u32 },
     /// A kind this build does not know, or data that does not read as its
     /// kind says.
     #[serde(rename = "other")]
@@ -135,6 +139,7 @@ impl EventData {
             EventData::Resync {} => EventKind::Resync,
             EventData::Cancel { .. } => EventKind::Cancel,
             EventData::PausesChanged { .. } => EventKind::PausesChanged,
+            EventData::ItemsOffered { .. } => EventKind::ItemsOffered,
             EventData::Other => EventKind::Other,
         }
     }
@@ -145,6 +150,7 @@ impl EventData {
             EventData::InstanceCreated { id, .. }
             | EventData::InstanceUpdated { id, .. }
             | EventData::InstanceArchived { id }
+            | EventData::ItemsOffered { id, .. }
             | EventData::Cancel { id, .. } => Some(id),
             _ => None,
         }

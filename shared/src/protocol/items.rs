@@ -76,6 +76,9 @@ pub struct ItemRun {
     /// Its moves, one line each: time, from → to, why.
     #[serde(default)]
     pub history: Vec<String>,
+    /// The agent that ran its last attempt (`name:pid`); its log is there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
 }
 
 impl ItemRun {

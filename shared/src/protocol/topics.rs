@@ -85,6 +85,8 @@ names! {
         Cancel = "cancel",
         /// A pause began or ended (`queues`): re-read `pauses.list`.
         PausesChanged = "pauses.changed",
+        /// A fan-out step offers a batch of items to any agent (`tasks`).
+        ItemsOffered = "items.offered",
         /// A kind this build does not know (from a newer agent).
         Other = "other",
     }

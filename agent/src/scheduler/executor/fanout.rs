@@ -8,20 +8,18 @@
 //! the step fails naming the failed items.
 
 use crate::handles::StopReason;
-use crate::logs::StepLog;
-use crate::plugins::{Call, PluginError, Registration};
+use crate::plugins::{PluginError, Registration};
 use crate::scheduler::approvals;
-use crate::scheduler::calls::watchdog;
+use crate::scheduler::items::Runner;
 use crate::scheduler::{Active, Scheduler};
 use crate::secrets::Secrets;
-use crate::store::{FanoutPlan, ItemPlan, StoreError};
+use crate::store::{FanoutPlan, ItemPlan, Offer, StoreError};
 use apollo_shared::context::Context;
 use apollo_shared::def::{Masker, TaskDef};
-use apollo_shared::protocol::ItemRun;
+use apollo_shared::protocol::{Event, ItemRun};
 use apollo_shared::state::StepState;
 use futures::stream::{FuturesUnordered, StreamExt};
 use serde_json::{json, Value};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 /// What one fan-out step needs of its instance.
@@ -74,78 +72,54 @@ async fn batches(s: &Arc<Scheduler>, st: Step<'_>) -> Result<Result<Option<Value
     };
     let empty = || Ok(Ok(Some(output(&[], s.config().scheduler.step_output_bytes))));
     let mut items = s.store.items(st.id, st.seq).await?;
-    let plan = match items.is_empty() {
+    let first = items.is_empty();
+    let mut plan = match first {
         true => match first_plan(s, &st, &secrets).await? {
-            Ok(Some(p)) => {
-                items = s.store.items(st.id, st.seq).await?;
+            Ok(Some((p, planned))) => {
+                items = planned;
                 p
             }
             Ok(None) => return empty(),
             Err(e) => return Ok(Err(e)),
         },
         false => {
-            // Items an earlier life of the step left RUNNING run again.
-            if items.iter().any(|i| i.state == StepState::Running) {
-                s.store.items_interrupted(st.id, st.seq).await?;
-                items = s.store.items(st.id, st.seq).await?;
-            }
             let batches = items.iter().map(|i| i.batch).max().unwrap_or(0);
-            FanoutPlan { items: items.len() as u32, batches, budget: budget(f, items.len()), batch: 0 }
+            let budget = budget(f, items.len());
+            FanoutPlan { items: items.len() as u32, batches, budget, batch: 0, round: 0 }
         }
     };
-    let done = AtomicU32::new(items.iter().filter_map(|i| i.done).max().map_or(0, |d| d + 1));
-    let base = st.ctx.to_value();
-    let timeout = crate::timeouts::fixed(d, st.reg);
-    let most = s.config().scheduler.concurrency().max(1) as usize;
-    let (mut failed, mut stopped) = (Vec::<(u32, String)>::new(), false);
-    for batch in 1..=plan.batches {
-        let todo: Vec<&ItemRun> = items
-            .iter()
-            .filter(|i| {
-                i.batch == batch && !matches!(i.state, StepState::Success | StepState::RolledBack | StepState::Skipped)
-            })
-            .collect();
-        if todo.is_empty() {
-            continue;
-        }
-        if failed.len() as u32 > plan.budget || stopped {
-            break;
-        }
-        // The gate before the batches after its own: asked once the batch
-        // it follows has ended (not when that batch is what fails).
-        if f.gate.as_ref().is_some_and(|g| g.after + 1 == batch) {
-            let counts = counts(&s.store.items(st.id, st.seq).await?, batch - 1);
-            let step = (d.name.as_str(), st.seq);
-            match approvals::batch_gate(s, (st.id, st.attempt), st.def, step, st.ctx, &counts).await? {
-                approvals::BatchGate::Go => {}
-                approvals::BatchGate::Parked => return Ok(Ok(None)),
-                approvals::BatchGate::Stop(why) => {
-                    let why = st.masker.text(&why);
-                    s.store.items_not_started(st.id, st.seq, &format!("not started: {why}")).await?;
-                    return Ok(Err(PluginError::permanent(format!("after batch {}: {why}", batch - 1))));
-                }
-            }
-        }
-        let size = items.iter().filter(|i| i.batch == batch).count();
-        s.store.items_batch(st.id, st.seq, FanoutPlan { batch, ..plan }, todo.len()).await?;
-        let parallel = f.parallel(size).min(most).max(1);
-        let mut next = todo.into_iter();
-        let mut running = FuturesUnordered::new();
-        loop {
-            while running.len() < parallel && !stopped && failed.len() as u32 <= plan.budget {
-                if st.active.token.is_cancelled() || s.is_shutting_down() {
-                    stopped = true;
-                    break;
-                }
-                let Some(it) = next.next() else { break };
-                running.push(item(s, &st, &secrets, &base, it, &timeout, &done));
-            }
-            let Some(ended) = running.next().await else { break };
-            if let Some(e) = ended? {
-                failed.push(e);
-            }
-        }
+    // A life of the step: what an earlier one left RUNNING runs again
+    // (but items a live agent still runs), each item is tried once.
+    let done = items.iter().filter_map(|i| i.done).max().map_or(0, |d| d + 1);
+    let keep = s.helping_items(st.id, st.seq).await;
+    let interrupted;
+    (plan.round, interrupted) = s.store.items_round(st.id, st.seq, plan, done, keep).await?;
+    if !first && interrupted > 0 {
+        items = s.store.items(st.id, st.seq).await?;
     }
+    let runner = Runner {
+        id: st.id.to_string(),
+        seq: st.seq,
+        d: Arc::new(d.clone()),
+        name: f.name.clone(),
+        reg: st.reg.clone(),
+        base: Arc::new(st.ctx.to_value()),
+        masker: st.masker.clone(),
+        secrets: Arc::new(secrets),
+        work_dir: st.work_dir.to_path_buf(),
+        timeout: crate::timeouts::fixed(d, st.reg),
+        token: st.active.token.clone(),
+    };
+    let ran = offered(s, &st, &runner, plan, &items).await;
+    // Whatever happened, nothing more of the step is claimed.
+    let closed = s.store.items_close(st.id, st.seq).await;
+    let stopped = match ran? {
+        Ran::Parked => return Ok(Ok(None)),
+        Ran::Gated(why) => return Ok(Err(why)),
+        Ran::Stopped => true,
+        Ran::Through => false,
+    };
+    closed?;
     let shutting = s.is_shutting_down() && !st.active.token.is_cancelled();
     if stopped || st.active.token.is_cancelled() {
         if shutting {
@@ -153,7 +127,7 @@ async fn batches(s: &Arc<Scheduler>, st: Step<'_>) -> Result<Result<Option<Value
         }
         return Ok(Err(PluginError::retryable("stopped before every item had run")));
     }
-    failed.sort();
+    let failed = s.store.items_failed_in(st.id, st.seq, plan.round).await?;
     if failed.len() as u32 > plan.budget {
         let why = format!(
             "not started: {} of {} items failed, over the failure budget of {}",
@@ -175,6 +149,147 @@ async fn batches(s: &Arc<Scheduler>, st: Step<'_>) -> Result<Result<Option<Value
     Ok(Ok(Some(output(&items, s.config().scheduler.step_output_bytes))))
 }
 
+/// How the offered batches went.
+enum Ran {
+    /// Every batch ran (or the budget was spent).
+    Through,
+    /// A cancel or shutdown stopped it.
+    Stopped,
+    /// Parked at its gate.
+    Parked,
+    /// Its gate was refused (the items not started are noted).
+    Gated(PluginError),
+}
+
+/// Offers the batches one after another, claiming and running items here
+/// up to the step's parallel, and waits for those other agents run.
+async fn offered(
+    s: &Arc<Scheduler>,
+    st: &Step<'_>,
+    runner: &Runner,
+    plan: FanoutPlan,
+    items: &[ItemRun],
+) -> Result<Ran, StoreError> {
+    let d = &st.def.steps[st.seq as usize];
+    let f = d.foreach.as_ref().expect("a fan-out step");
+    let most = s.config().scheduler.concurrency().max(1) as usize;
+    let shared = s.store.shared();
+    // Other agents' items end here as events (the step's own agent wakes).
+    let mut events = shared.then(|| s.store.bus().subscribe());
+    let mut failed = 0u32;
+    for batch in 1..=plan.batches {
+        let of_batch: Vec<&ItemRun> = items.iter().filter(|i| i.batch == batch).collect();
+        let todo = of_batch
+            .iter()
+            .filter(|i| !matches!(i.state, StepState::Success | StepState::RolledBack | StepState::Skipped))
+            .count();
+        if todo == 0 {
+            continue;
+        }
+        if failed > plan.budget {
+            break;
+        }
+        // The gate before the batches after its own: asked once the batch
+        // it follows has ended (not when that batch is what fails).
+        if f.gate.as_ref().is_some_and(|g| g.after + 1 == batch) {
+            let counts = counts(&s.store.items(st.id, st.seq).await?, batch - 1);
+            let step = (d.name.as_str(), st.seq);
+            match approvals::batch_gate(s, (st.id, st.attempt), st.def, step, st.ctx, &counts).await? {
+                approvals::BatchGate::Go => {}
+                approvals::BatchGate::Parked => return Ok(Ran::Parked),
+                approvals::BatchGate::Stop(why) => {
+                    let why = st.masker.text(&why);
+                    s.store.items_not_started(st.id, st.seq, &format!("not started: {why}")).await?;
+                    let e = PluginError::permanent(format!("after batch {}: {why}", batch - 1));
+                    return Ok(Ran::Gated(e));
+                }
+            }
+        }
+        // The step's parallel counts its items wherever they run; each
+        // agent runs no more than its concurrency of them.
+        let parallel = f.parallel(of_batch.len()).max(1);
+        let here = parallel.min(most);
+        let first = of_batch.iter().map(|i| i.index).min().unwrap_or(0);
+        let last = of_batch.iter().map(|i| i.index).max().unwrap_or(0);
+        let offer = Offer { batch, first, last, parallel: if shared { parallel } else { here } as u32 };
+        s.store.items_offer(st.id, st.seq, FanoutPlan { batch, ..plan }, offer, todo).await?;
+        let mut running = FuturesUnordered::new();
+        // Items whose agent stopped answering are looked for now and then.
+        let mut look = tokio::time::interval(OTHERS_LOOKED_AT);
+        look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let mut stopped = false;
+            while running.len() < here {
+                if st.active.token.is_cancelled() || s.is_shutting_down() {
+                    stopped = true;
+                    break;
+                }
+                let Some(it) = runner.claim(s).await? else { break };
+                running.push(runner.run(s, it));
+            }
+            if stopped && running.is_empty() {
+                return Ok(Ran::Stopped);
+            }
+            if running.is_empty() {
+                // Nothing to claim here: the batch has ended unless other
+                // agents still run items of it.
+                let Some(ev) = events.as_mut() else { break };
+                let now = s.store.items_offer_now(st.id, st.seq).await?.unwrap_or_default();
+                failed = now.failed;
+                if now.running == 0 {
+                    break;
+                }
+                tokio::select! {
+                    _ = changed(ev, st.id) => {}
+                    _ = look.tick() => {
+                        s.store.items_interrupt_dead(st.id, st.seq, 0).await?;
+                    }
+                    _ = st.active.token.cancelled() => {}
+                }
+                continue;
+            }
+            let outside = async {
+                match events.as_mut() {
+                    Some(ev) => changed(ev, st.id).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                ended = running.next() => {
+                    if ended.expect("an item runs")?.is_some() {
+                        failed += 1;
+                    }
+                }
+                // An item ended elsewhere: room to claim another.
+                _ = outside, if !stopped => {}
+                _ = look.tick(), if shared => {
+                    s.store.items_interrupt_dead(st.id, st.seq, running.len() as u32).await?;
+                }
+            }
+        }
+        if shared {
+            failed = s.store.items_offer_now(st.id, st.seq).await?.unwrap_or_default().failed;
+        }
+    }
+    Ok(Ran::Through)
+}
+
+/// How often the step's own agent looks at items other agents run (one
+/// whose agent stopped answering is offered again).
+const OTHERS_LOOKED_AT: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Until an event about instance `id` (or events were missed).
+async fn changed(events: &mut tokio::sync::broadcast::Receiver<Arc<Event>>, id: &str) {
+    loop {
+        match events.recv().await {
+            Ok(ev) if ev.data.instance() == Some(id) => return,
+            Ok(_) => {}
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return,
+            Err(_) => std::future::pending().await,
+        }
+    }
+}
+
 /// How the batches up to `last` went, for the gate's message.
 fn counts(items: &[ItemRun], last: u32) -> String {
     let so_far: Vec<&ItemRun> = items.iter().filter(|i| i.batch <= last).collect();
@@ -194,13 +309,14 @@ fn budget(f: &apollo_shared::def::Fanout, n: usize) -> u32 {
     f.max_failures.of_budget(n) as u32
 }
 
-/// The items rendered and recorded at the step's first start: its plan,
-/// `None` for an empty list, or why the list cannot be run.
+/// The items rendered and recorded at the step's first start: its plan
+/// and the items as recorded (all PENDING), `None` for an empty list, or
+/// why the list cannot be run.
 async fn first_plan(
     s: &Arc<Scheduler>,
     st: &Step<'_>,
     secrets: &Secrets,
-) -> Result<Result<Option<FanoutPlan>, PluginError>, StoreError> {
+) -> Result<Result<Option<(FanoutPlan, Vec<ItemRun>)>, PluginError>, StoreError> {
     let f = st.def.steps[st.seq as usize].foreach.as_ref().expect("a fan-out step");
     let list = match crate::steps::items(st.def, st.seq, st.ctx, secrets) {
         Ok(l) => l,
@@ -221,79 +337,35 @@ async fn first_plan(
             plans.push(ItemPlan { label: st.masker.text(&label(v)), value: st.masker.value(v), batch: b as u32 + 1 });
         }
     }
-    let plan =
-        FanoutPlan { items: list.len() as u32, batches: sizes.len() as u32, budget: budget(f, list.len()), batch: 0 };
+    let plan = FanoutPlan {
+        items: list.len() as u32,
+        batches: sizes.len() as u32,
+        budget: budget(f, list.len()),
+        batch: 0,
+        round: 0,
+    };
+    let recorded: Vec<ItemRun> = plans
+        .iter()
+        .enumerate()
+        .map(|(i, p)| ItemRun {
+            index: i as u32,
+            label: p.label.clone(),
+            value: p.value.clone(),
+            batch: p.batch,
+            state: StepState::Pending,
+            attempts: 0,
+            params: None,
+            output: None,
+            error: None,
+            started_at: None,
+            finished_at: None,
+            done: None,
+            history: Vec::new(),
+            holder: None,
+        })
+        .collect();
     s.store.items_plan(st.id, st.seq, plans, plan).await?;
-    Ok(Ok((!list.is_empty()).then_some(plan)))
-}
-
-/// Runs one item: its start, its call, its end, each recorded. `Some`
-/// (index, label) when it failed.
-async fn item(
-    s: &Arc<Scheduler>,
-    st: &Step<'_>,
-    secrets: &Secrets,
-    base: &Value,
-    it: &ItemRun,
-    timeout: &crate::timeouts::Applied,
-    done: &AtomicU32,
-) -> Result<Option<(u32, String)>, StoreError> {
-    let d = &st.def.steps[st.seq as usize];
-    let f = d.foreach.as_ref().expect("a fan-out step");
-    let mut over = base.clone();
-    if let Value::Object(o) = &mut over {
-        o.insert(f.name.clone(), it.value.clone());
-    }
-    let call = crate::steps::item_call(d, &over, secrets);
-    let recorded = match &call {
-        Ok((p, _)) => st.masker.value(&Value::Object(p.clone())),
-        Err(_) => Value::Null,
-    };
-    let attempt = s.store.item_start(st.id, st.seq, it.index, &recorded).await?;
-    let log = StepLog::new(StepLog::item_path(&s.data_dir, st.id, st.seq, it.index), s.config().logging.step_log_bytes);
-    let heading = format!("[apollo: step {}, item {} ({}), attempt {attempt}]", d.name, it.index, it.label);
-    match attempt {
-        1 => log.opening(&heading),
-        _ => log.line(&heading),
-    }
-    log.mask(st.masker.clone());
-    let result = async {
-        let (params, env) = call?;
-        crate::steps::validate_item(st.reg, &params).await?;
-        let key = crate::steps::item_key(st.id, st.seq, it.index, &it.label);
-        let token = st.active.token.child_token();
-        let c = Call {
-            params: &params,
-            context: &over,
-            idempotency_key: &key,
-            work_dir: st.work_dir,
-            tasks_dir: &s.tasks_dir,
-            previous: None,
-            step: &d.name,
-            attempt,
-            env: &env,
-            log: &log,
-            cancel: token.clone(),
-            kill_grace: s.config().scheduler.kill_grace,
-        };
-        let call = (st.reg.name.as_str(), st.reg.plugin.execute(c));
-        watchdog(s, (timeout.timeout, &timeout.basis), &token, Some(&st.active.token), call, "").await
-    }
-    .await;
-    let order = done.fetch_add(1, Ordering::Relaxed);
-    let ended = match result {
-        Ok(out) => {
-            s.store.item_end(st.id, st.seq, it.index, Ok(&st.masker.value(&out)), order).await?;
-            None
-        }
-        Err(e) => {
-            let msg = st.masker.text(&e.message);
-            s.store.item_end(st.id, st.seq, it.index, Err(&msg), order).await?;
-            tracing::warn!(step = %d.name, item = %it.label, "item failed: {msg}");
-            Some((it.index, it.label.clone()))
-        }
-    };
-    Ok(ended)
+    Ok(Ok((!list.is_empty()).then_some((plan, recorded))))
 }
 
 /// The step's output: each item's output in list order (null where it did

@@ -18,11 +18,26 @@ impl Api {
             Some(item) => Some(self.item_named(&p.id, seq, item).await?),
             None => None,
         };
-        let (state, attempts) = item.map_or((state, attempts), |(_, s, a)| (s, a));
-        let path = match item {
-            Some((idx, ..)) => crate::logs::StepLog::item_path(&self.h.data_dir, &p.id, seq, idx),
+        let (state, attempts) = item.as_ref().map_or((state, attempts), |(_, s, a, _)| (*s, *a));
+        let path = match &item {
+            Some((idx, ..)) => crate::logs::StepLog::item_path(&self.h.data_dir, &p.id, seq, *idx),
             None => crate::logs::StepLog::path_for(&self.h.data_dir, &p.id, seq),
         };
+        // An item another agent ran keeps its log there.
+        if let Some((idx, _, _, Some(holder))) = &item {
+            let here = self.h.store.agent();
+            let name = |a: &str| a.trim_start_matches("agent:").split(':').next().unwrap_or_default().to_string();
+            if name(holder) != name(here) && !path.exists() {
+                return Err(RpcError::new(
+                    code::NOT_FOUND,
+                    format!(
+                        "item {idx} ran on agent {} ({holder}); its log is kept on that agent: ask it (apollo --agent …)",
+                        name(holder)
+                    ),
+                ));
+            }
+        }
+        let item = item.map(|(idx, s, a, _)| (idx, s, a));
         let read = || {
             crate::logs::read(&path, p.offset.unwrap_or(0), LOGS_READ_BYTES)
                 .map_err(|e| RpcError::new(code::INTERNAL, format!("reading {}: {e}", path.display())))
@@ -101,7 +116,14 @@ impl Api {
 
     /// Item `item` (its label, or its 0-based index as a number) of step
     /// `seq`: (index, state, attempts).
-    pub(super) async fn item_named(&self, id: &str, seq: u32, item: &Value) -> Result<(u32, StepState, u32), RpcError> {
+    /// The item `item` names (its index or label): index, state, attempts
+    /// and the agent that ran its last attempt.
+    pub(super) async fn item_named(
+        &self,
+        id: &str,
+        seq: u32,
+        item: &Value,
+    ) -> Result<(u32, StepState, u32, Option<String>), RpcError> {
         let items = self.h.store.items(id, seq).await.map_err(store_err)?;
         if items.is_empty() {
             return Err(RpcError::new(
@@ -117,7 +139,7 @@ impl Api {
                 .or_else(|| s.parse::<u32>().ok().and_then(|n| items.iter().find(|i| i.index == n))),
             _ => None,
         };
-        found.map(|i| (i.index, i.state, i.attempts)).ok_or_else(|| {
+        found.map(|i| (i.index, i.state, i.attempts, i.holder.clone())).ok_or_else(|| {
             let labels: Vec<&str> = items.iter().map(|i| i.label.as_str()).collect();
             let near = match item {
                 Value::String(s) => apollo_shared::text::closest(s, &labels)

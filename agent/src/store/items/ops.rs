@@ -1,10 +1,11 @@
 //! A fan-out step's items: the store's async operations, each publishing
 //! after its commit.
 
-use super::{batch, end, interrupted, items, not_started, plan, rolled_back, start, FanoutPlan, ItemEnd, ItemPlan};
+use super::claims::{self, ClaimedItem, Offer, OfferNow, Open};
+use super::{items, not_started, plan, rolled_back, FanoutPlan, ItemEnd, ItemPlan};
 use crate::store::pool::Store;
 use crate::store::Result;
-use apollo_shared::protocol::ItemRun;
+use apollo_shared::protocol::{EventData, ItemRun, Topic};
 use apollo_shared::state::{StepState, TaskState};
 use serde_json::Value;
 
@@ -16,25 +17,51 @@ impl Store {
         Ok(())
     }
 
-    pub async fn items_batch(&self, id: &str, seq: u32, p: FanoutPlan, items: usize) -> Result<()> {
+    /// Opens a life of the step (see `claims::open_round`): its number, and
+    /// how many items an earlier one left RUNNING were interrupted.
+    pub async fn items_round(
+        &self,
+        id: &str,
+        seq: u32,
+        p: FanoutPlan,
+        done: u32,
+        keep: Vec<u32>,
+    ) -> Result<(u32, u32)> {
         let (i, a) = (id.to_string(), self.agent().to_string());
-        self.write(move |c| batch(c, &i, seq, p, items, &a)).await?;
+        self.write(move |c| claims::open_round(c, &i, seq, p, done, &keep, &a)).await
+    }
+
+    /// Offers a batch to every agent that can run its items (the others
+    /// hear of it: `items.offered`).
+    pub async fn items_offer(&self, id: &str, seq: u32, p: FanoutPlan, o: Offer, items: usize) -> Result<()> {
+        let (i, a) = (id.to_string(), self.agent().to_string());
+        self.write(move |c| claims::offer(c, &i, seq, p, o, items, &a)).await?;
         self.changed(id, TaskState::Running, Some((seq, StepState::Running)));
+        if self.shared() {
+            self.announce(Topic::Tasks, EventData::ItemsOffered { id: id.to_string(), seq });
+        }
         Ok(())
     }
 
-    pub async fn item_start(&self, id: &str, seq: u32, idx: u32, params: &Value) -> Result<u32> {
-        let (i, p, a) = (id.to_string(), params.to_string(), self.agent().to_string());
-        self.write(move |c| start(c, &i, seq, idx, &p, &a)).await
+    /// Claims the next item of the step's offered batch for this agent;
+    /// `render` makes its call (run in the claim's write).
+    pub async fn item_claim<R: Send + 'static>(
+        &self,
+        id: &str,
+        seq: u32,
+        render: impl Fn(&Value) -> (Option<String>, R) + Send + Sync + 'static,
+    ) -> Result<Option<ClaimedItem<R>>> {
+        let (i, a) = (id.to_string(), self.agent().to_string());
+        self.write(move |c| claims::claim(c, &i, seq, &a, &render)).await
     }
 
+    /// Ends an item this agent claimed (its index and the round of its claim).
     pub async fn item_end(
         &self,
         id: &str,
         seq: u32,
-        idx: u32,
+        claim: (u32, u32),
         result: std::result::Result<&Value, &str>,
-        done: u32,
     ) -> Result<()> {
         let (i, a) = (id.to_string(), self.agent().to_string());
         let (out, err) = match result {
@@ -46,21 +73,64 @@ impl Store {
                 (Some(o), _) => ItemEnd::Success { output: o },
                 (_, e) => ItemEnd::Failed { error: e.as_deref().unwrap_or_default() },
             };
-            end(c, &i, seq, idx, &how, done, &a)
+            claims::end(c, &i, seq, claim, &how, &a)
         })
         .await?;
         self.changed(id, TaskState::Running, Some((seq, StepState::Running)));
         Ok(())
     }
 
+    /// Interrupts the step's items whose holders stopped answering; `mine`
+    /// of its items run here (none elsewhere when the offer counts no more).
+    pub async fn items_interrupt_dead(&self, id: &str, seq: u32, mine: u32) -> Result<u32> {
+        let (i, a) = (id.to_string(), self.agent().to_string());
+        let now = self.items_offer_now(id, seq).await?;
+        if now.is_none_or(|n| n.running <= mine) {
+            return Ok(0);
+        }
+        self.write(move |c| claims::interrupt_dead(c, &i, seq, &a)).await
+    }
+
+    /// The step's offer as it stands (`None`: none is open).
+    pub async fn items_offer_now(&self, id: &str, seq: u32) -> Result<Option<OfferNow>> {
+        let i = id.to_string();
+        self.read(move |c| claims::now(c, &i, seq)).await
+    }
+
+    /// The items that failed in the step's life `round`: (index, label).
+    pub async fn items_failed_in(&self, id: &str, seq: u32, round: u32) -> Result<Vec<(u32, String)>> {
+        let i = id.to_string();
+        self.read(move |c| claims::failed_in(c, &i, seq, round)).await
+    }
+
+    /// The items of an instance a live agent runs: (seq, index, label).
+    pub async fn items_running_live(&self, id: &str) -> Result<Vec<(u32, u32, String)>> {
+        let (i, a) = (id.to_string(), self.agent().to_string());
+        self.read(move |c| claims::running_live(c, &i, &a)).await
+    }
+
+    /// Withdraws the step's offer.
+    pub async fn items_close(&self, id: &str, seq: u32) -> Result<()> {
+        let i = id.to_string();
+        self.write(move |c| claims::close(c, &i, seq)).await
+    }
+
+    /// An instance as its executor reads it (its steps, its whole
+    /// context), for an agent that runs items of it.
+    pub async fn instance_for_items(&self, id: &str) -> Result<apollo_shared::protocol::Instance> {
+        let i = id.to_string();
+        self.read(move |c| crate::store::rows::instance_with_steps(c, &i)).await
+    }
+
+    /// Offers with room, of instances other agents hold.
+    pub async fn items_open(&self) -> Result<Vec<Open>> {
+        let a = self.agent().to_string();
+        self.read(move |c| claims::open(c, &a)).await
+    }
+
     pub async fn items_not_started(&self, id: &str, seq: u32, reason: &str) -> Result<u32> {
         let (i, r, a) = (id.to_string(), reason.to_string(), self.agent().to_string());
         self.write(move |c| not_started(c, &i, seq, &r, &a)).await
-    }
-
-    pub async fn items_interrupted(&self, id: &str, seq: u32) -> Result<u32> {
-        let (i, a) = (id.to_string(), self.agent().to_string());
-        self.write(move |c| interrupted(c, &i, seq, &a)).await
     }
 
     pub async fn item_rolled_back(&self, id: &str, seq: u32, idx: u32, error: Option<&str>) -> Result<()> {

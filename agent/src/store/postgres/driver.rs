@@ -43,6 +43,10 @@ impl Driver for Postgres {
         true
     }
 
+    fn locking(&self, of: &str) -> String {
+        format!(" FOR UPDATE OF {of}")
+    }
+
     /// Locked until the transaction ends, so two agents never both move an
     /// instance from the state each one read.
     fn task_state(&self, c: &dyn Db, id: &str) -> Result<TaskState> {

@@ -123,3 +123,17 @@ pub(super) const ARCHIVE_ENDS: &str = "CREATE INDEX archive_finished ON archive(
 /// An instance's alerts, for its timeline (both backends).
 pub(super) const ALERTS_BY_INSTANCE: &str =
     "CREATE INDEX alerts_instance ON alerts(instance_id, id) WHERE instance_id IS NOT NULL;";
+
+/// Items claimed one by one, by any agent that can run them: who ran an
+/// item's last attempt (`holder`, an agent id) and in which life of its
+/// step (`round`); and, while a fan-out step runs a batch, its offer — the
+/// batch's range, the step's limits and what runs and failed in this life
+/// — which every claim of an item reads and moves (both backends).
+pub(super) const ITEM_CLAIMS: &str = "ALTER TABLE step_items ADD COLUMN holder TEXT; \
+    ALTER TABLE step_items ADD COLUMN round INTEGER NOT NULL DEFAULT 0; \
+    CREATE TABLE item_offers (\
+        instance_id TEXT NOT NULL, seq INTEGER NOT NULL, batch INTEGER NOT NULL, round INTEGER NOT NULL, \
+        first INTEGER NOT NULL, last INTEGER NOT NULL, next INTEGER NOT NULL, \
+        parallel INTEGER NOT NULL, budget INTEGER NOT NULL, \
+        running INTEGER NOT NULL DEFAULT 0, failed INTEGER NOT NULL DEFAULT 0, done INTEGER NOT NULL DEFAULT 0, \
+        PRIMARY KEY (instance_id, seq));";

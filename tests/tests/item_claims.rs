@@ -1,0 +1,168 @@
+//! A fan-out's items claimed one by one by every agent of a PostgreSQL
+//! store: the agent that holds the instance offers its batches, the others
+//! take items into their free slots, and no item runs twice at once — not
+//! when a helper dies with items in hand, nor when the holder does.
+
+use apollo_shared::protocol::Topic;
+use apollo_tests::*;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+fn nanos() -> u128 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos()
+}
+
+/// One run of an item as the witness saw it: who ran it, when it began.
+#[derive(Debug, Clone)]
+struct Run {
+    agent: String,
+    at: u128,
+}
+
+/// The witness's starts, by idempotency key.
+fn starts(witness: &std::path::Path) -> BTreeMap<String, Vec<Run>> {
+    let mut runs: BTreeMap<String, Vec<Run>> = BTreeMap::new();
+    for line in std::fs::read_to_string(witness).unwrap_or_default().lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        if let ["start", key, agent, at] = f[..] {
+            runs.entry(key.to_string()).or_default().push(Run { agent: agent.into(), at: at.parse().unwrap() });
+        }
+    }
+    runs
+}
+
+/// The agents (by name) that hold RUNNING items of the instance now.
+fn holding(schema: &PgSchema, id: &str) -> BTreeSet<String> {
+    let rows = schema.sql(&format!("SELECT holder FROM step_items WHERE instance_id = '{id}' AND state = 'RUNNING'"));
+    rows.into_iter().filter_map(|r| r[0].clone()).map(|h| name_of(&h).to_string()).collect()
+}
+
+/// The agent's name in a holder (`agent:<name>:<pid>`).
+fn name_of(holder: &str) -> &str {
+    holder.trim_start_matches("agent:").split(':').next().unwrap_or_default()
+}
+
+fn succeeded(schema: &PgSchema, id: &str) -> BTreeSet<String> {
+    let rows = schema.sql(&format!("SELECT label FROM step_items WHERE instance_id = '{id}' AND state = 'SUCCESS'"));
+    rows.into_iter().filter_map(|r| r[0].clone()).collect()
+}
+
+#[tokio::test]
+async fn on_postgresql_every_agent_claims_items_of_one_fan_out_and_none_runs_twice_across_two_deaths() {
+    let schema = PgSchema::new("item_claims");
+    let shared = tempfile::tempdir().unwrap();
+    let witness = shared.path().join("witness");
+    let labels: Vec<String> = (0..100).map(|i| format!("i{i:03}")).collect();
+    let task = format!(
+        "task: fleet\nsteps:\n  - name: each\n    plugin: shell\n    retry: 0\n    foreach: [{}]\n    max_parallel: 8\n    \
+         params:\n      command: echo \"start $APOLLO_IDEMPOTENCY_KEY $LOGNAME $(date +%s%N)\" >> {w}; sleep 0.3\n",
+        labels.join(", "),
+        w = witness.display()
+    );
+    let config = "scheduler:\n  concurrency: 4\n  lease: 2s\n";
+    let names = ["a", "b", "c"];
+    let mut agents: Vec<Agent> = names
+        .iter()
+        .map(|name| {
+            Agent::builder()
+                .config(&format!("{}agent:\n  name: {name}\n{config}", schema.config()))
+                // Steps see a few of the agent's variables: this one says which agent ran it.
+                .env("LOGNAME", name)
+                .task("fleet.yaml", &task)
+                .start()
+        })
+        .collect();
+    let c = agents[0].client().await;
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    let id = trigger(&c, "fleet", serde_json::json!({})).await;
+    // The holder runs 4 at once (its concurrency) of the step's 8: the
+    // other agents claim the rest.
+    let first =
+        wait_until(&c, &mut events, &id, "items running on two agents", |_| holding(&schema, &id).len() >= 2).await;
+    let holder = first.lease_owner.clone().unwrap_or_default();
+    let holder = names.iter().position(|n| name_of(&holder) == *n).expect("a holder");
+    // A helper dies with items in hand: they are offered again once its
+    // heartbeat is older than its lease.
+    let helper = holding(&schema, &id)
+        .into_iter()
+        .filter_map(|n| names.iter().position(|m| *m == n))
+        .find(|i| *i != holder)
+        .expect("a helper holds items");
+    // The client follows from the agent that outlives both deaths.
+    let last = (0..3).find(|i| *i != holder && *i != helper).unwrap();
+    drop(c);
+    let c = agents[last].client().await;
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    let mut done_before = vec![(succeeded(&schema, &id), 0)];
+    agents[helper].kill9();
+    let mut killed = BTreeMap::from([(names[helper].to_string(), nanos())]);
+    done_before[0].1 = killed[names[helper]];
+    let mid = wait_until(&c, &mut events, &id, "40 items done", |i| {
+        i.steps.as_ref().and_then(|s| s[0].items.clone()).is_some_and(|n| n.ok >= 40)
+    })
+    .await;
+    assert_eq!(mid.state, apollo_shared::state::TaskState::Running, "{mid:?}");
+    // Then the holder dies: the last agent takes the instance over.
+    let done = succeeded(&schema, &id);
+    agents[holder].kill9();
+    killed.insert(names[holder].to_string(), nanos());
+    done_before.push((done, killed[names[holder]]));
+    let wait = wait_until(&c, &mut events, &id, "the fan-out's end", ended);
+    // Not ended in 30 s: what the store and the agent say, for the record.
+    let end = match tokio::time::timeout(std::time::Duration::from_secs(30), wait).await {
+        Ok(e) => e,
+        Err(_) => {
+            let items = schema.sql(&format!(
+                "SELECT idx, state, holder, round FROM step_items WHERE instance_id = '{id}' AND state <> 'SUCCESS'"
+            ));
+            let offer = schema.sql("SELECT * FROM item_offers");
+            let log: Vec<String> = agents[last]
+                .log()
+                .lines()
+                .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+                .map(str::to_string)
+                .collect();
+            panic!("the fan-out did not end; items not done {items:?}\noffers {offer:?}\nwarnings {log:#?}");
+        }
+    };
+    assert_eq!(end.state, apollo_shared::state::TaskState::Success, "{end:?}");
+    assert_eq!(end.steps.as_ref().unwrap()[0].items.as_ref().map(|n| n.ok), Some(100));
+    let runs = starts(&witness);
+    let ran_on: BTreeSet<&str> = runs.values().flatten().map(|r| r.agent.as_str()).collect();
+    assert_eq!(ran_on.len(), 3, "every agent ran items: {ran_on:?}");
+    for (idx, label) in labels.iter().enumerate() {
+        let key = format!("{id}:0:{idx}:{label}");
+        let runs = runs.get(&key).cloned().unwrap_or_default();
+        let history =
+            || schema.sql(&format!("SELECT history FROM step_items WHERE instance_id = '{id}' AND label = '{label}'"));
+        assert!((1..=3).contains(&runs.len()), "item {label} ran {} times: {runs:?}; {:?}", runs.len(), history());
+        // Recorded SUCCESS before a death: it never ran after it.
+        for (done, died) in &done_before {
+            assert!(
+                !done.contains(label) || runs.iter().all(|r| r.at < *died),
+                "item {label} succeeded before a death and ran after it: {runs:?}; {:?}",
+                history()
+            );
+        }
+        // A run again began only after the agent of the run before it had died.
+        for pair in runs.windows(2) {
+            let died = killed.get(&pair[0].agent).copied();
+            assert!(
+                died.is_some_and(|d| d < pair[1].at),
+                "item {label} ran again while its first run's agent ({}) lived: {runs:?}",
+                pair[0].agent
+            );
+        }
+    }
+    // Each item's row names the agent that ran its last attempt.
+    let rows = schema.sql(&format!("SELECT label, holder FROM step_items WHERE instance_id = '{id}'"));
+    for r in rows {
+        let (label, holder) = (r[0].clone().unwrap(), r[1].clone().unwrap_or_default());
+        let key = format!("{id}:0:{}:{label}", label[1..].parse::<u32>().unwrap());
+        let last_run = starts(&witness)[&key].last().unwrap().agent.clone();
+        assert_eq!(name_of(&holder), last_run, "item {label}: its row says {holder}");
+    }
+    drop(agents);
+}
