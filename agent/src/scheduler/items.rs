@@ -81,9 +81,10 @@ impl Runner {
         }
     }
 
-    /// Claims the next item for this agent (`None`: none to take now).
-    pub async fn claim(&self, s: &Scheduler) -> Result<Option<Claimed>, StoreError> {
-        s.store.item_claim(&self.id, self.seq, self.render()).await
+    /// Claims up to `most` items for this agent in one write (none: none
+    /// to take now).
+    pub async fn claim(&self, s: &Scheduler, most: usize) -> Result<Vec<Claimed>, StoreError> {
+        s.store.item_claim(&self.id, self.seq, most, self.render()).await
     }
 
     /// Runs a claimed item: its call, its end, recorded. `Some` (index,
@@ -264,7 +265,7 @@ impl Scheduler {
             let mut ran = 0;
             while !self.is_shutting_down() && !token.is_cancelled() {
                 self.note_helping(key, None, true);
-                let claimed = runner.claim(self).await;
+                let claimed = runner.claim(self, 1).await.map(|mut c| c.pop());
                 let index = claimed.as_ref().ok().and_then(|c| c.as_ref().map(|c| c.index));
                 self.note_helping(key, index, false);
                 let Some(it) = claimed? else { break };

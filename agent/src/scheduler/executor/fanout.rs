@@ -19,6 +19,7 @@ use apollo_shared::def::{Masker, TaskDef};
 use apollo_shared::protocol::{Event, ItemRun};
 use apollo_shared::state::StepState;
 use futures::stream::{FuturesUnordered, StreamExt};
+use futures::FutureExt;
 use serde_json::{json, Value};
 use std::sync::Arc;
 
@@ -219,13 +220,16 @@ async fn offered(
         look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let mut stopped = false;
-            while running.len() < here {
+            // Every free place claimed in one write: the items start
+            // together, not one commit after another.
+            if running.len() < here {
                 if st.active.token.is_cancelled() || s.is_shutting_down() {
                     stopped = true;
-                    break;
+                } else {
+                    for it in runner.claim(s, here - running.len()).await? {
+                        running.push(runner.run(s, it));
+                    }
                 }
-                let Some(it) = runner.claim(s).await? else { break };
-                running.push(runner.run(s, it));
             }
             if stopped && running.is_empty() {
                 return Ok(Ran::Stopped);
@@ -258,6 +262,13 @@ async fn offered(
                 ended = running.next() => {
                     if ended.expect("an item runs")?.is_some() {
                         failed += 1;
+                    }
+                    // And every other that has ended by now: their places
+                    // are claimed together.
+                    while let Some(Some(ended)) = running.next().now_or_never() {
+                        if ended?.is_some() {
+                            failed += 1;
+                        }
                     }
                 }
                 // An item ended elsewhere: room to claim another.

@@ -43,16 +43,28 @@ impl Store {
         Ok(())
     }
 
-    /// Claims the next item of the step's offered batch for this agent;
-    /// `render` makes its call (run in the claim's write).
+    /// Claims up to `most` items of the step's offered batch for this
+    /// agent, in one write (one commit for them all); `render` makes each
+    /// one's call (run in the claim's write).
     pub async fn item_claim<R: Send + 'static>(
         &self,
         id: &str,
         seq: u32,
+        most: usize,
         render: impl Fn(&Value) -> (Option<String>, R) + Send + Sync + 'static,
-    ) -> Result<Option<ClaimedItem<R>>> {
+    ) -> Result<Vec<ClaimedItem<R>>> {
         let (i, a) = (id.to_string(), self.agent().to_string());
-        self.write(move |c| claims::claim(c, &i, seq, &a, &render)).await
+        self.write(move |c| {
+            let mut got = Vec::new();
+            while got.len() < most {
+                match claims::claim(c, &i, seq, &a, &render)? {
+                    Some(it) => got.push(it),
+                    None => break,
+                }
+            }
+            Ok(got)
+        })
+        .await
     }
 
     /// Ends an item this agent claimed (its index and the round of its claim).
