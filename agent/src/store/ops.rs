@@ -122,11 +122,13 @@ impl Store {
                 (Some(t), true) => leases::claim(c, &agent, 1, t.lease.as_secs_f64(), &t.policy)?,
                 _ => Vec::new(),
             };
-            let followed = match &first {
-                Some((seq, v, p)) if claimed.iter().any(|i| i.id == id) => unless_refused(
-                    write::step_start(c, StepStart { id: &id, seq: *seq, version: v, params: p }, &agent)
-                        .map(Followed::Started),
-                )?,
+            // Its step as the claim read it: not read again for the start.
+            let followed = match (&first, claimed.iter().find(|i| i.id == id)) {
+                (Some((seq, v, p)), Some(i)) => {
+                    let start = StepStart { id: &id, seq: *seq, version: v, params: p };
+                    let known = write::known_step(i, *seq);
+                    unless_refused(write::step_start_known(c, start, known, &agent).map(Followed::Started))?
+                }
                 _ => Followed::Nothing,
             };
             Ok(Created { id, created, claimed, followed })
@@ -193,14 +195,15 @@ impl Store {
                         None => ready(i),
                     })
                     .collect();
-                let starts: Vec<StepStart> = claimed
+                let (starts, known): (Vec<StepStart>, Vec<write::Known>) = claimed
                     .iter()
                     .zip(&readied)
                     .filter_map(|(i, r)| {
-                        r.as_ref().map(|(_, v, p)| StepStart { id: i.id.as_str(), seq: 0, version: v, params: p })
+                        let (_, v, p) = r.as_ref()?;
+                        Some((StepStart { id: i.id.as_str(), seq: 0, version: v, params: p }, write::known_step(i, 0)))
                     })
-                    .collect();
-                let mut outcomes = write::step_starts(c, &starts, &agent)?.into_iter();
+                    .unzip();
+                let mut outcomes = write::step_starts(c, &starts, &known, &agent)?.into_iter();
                 let mut out = Vec::with_capacity(claimed.len());
                 for ((i, r), s) in claimed.into_iter().zip(readied).zip(started) {
                     let started = match (s, r) {

@@ -130,15 +130,15 @@ pub const RUNNABLE_TASKS: &str = "WITH RECURSIVE t(task) AS (\
             WHERE state IN ('PENDING', 'RETRYING') AND task > t.task) FROM t WHERE t.task IS NOT NULL)";
 
 pub(super) fn instance_with_steps(c: &dyn Db, id: &str) -> Result<Instance> {
-    let row = c
-        .query_opt(&format!("SELECT {INSTANCE_COLS} FROM task_instances WHERE id = ?1"), p![id])?
-        .ok_or_else(|| StoreError::NotFound(format!("no instance {id}")))?;
+    static SQL: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new(|| {
+        [
+            format!("SELECT {INSTANCE_COLS} FROM task_instances WHERE id = ?1"),
+            format!("SELECT {STEP_COLS} FROM step_runs WHERE instance_id = ?1 ORDER BY seq"),
+        ]
+    });
+    let row = c.query_opt(&SQL[0], p![id])?.ok_or_else(|| StoreError::NotFound(format!("no instance {id}")))?;
     let mut inst = instance(&row)?;
-    let steps = c
-        .query(&format!("SELECT {STEP_COLS} FROM step_runs WHERE instance_id = ?1 ORDER BY seq"), p![id])?
-        .iter()
-        .map(step)
-        .collect::<Result<_>>()?;
+    let steps = c.query(&SQL[1], p![id])?.iter().map(step).collect::<Result<_>>()?;
     inst.steps = Some(steps);
     compose(&mut inst);
     Ok(inst)

@@ -149,13 +149,35 @@ pub fn create(c: &dyn Db, n: &NewInstance, actor: &str) -> Result<(String, bool)
     Ok((n.id.clone(), true))
 }
 
+/// A step's state and attempts as this transaction read them with its
+/// instance's claim (see [`step_start_known`]).
+pub type Known = Option<(StepState, u32)>;
+
+/// The step `seq` of an instance as its claim read it.
+pub fn known_step(i: &super::model::Claimed, seq: u32) -> Known {
+    i.steps.as_ref()?.iter().find(|s| s.seq == seq).map(|s| (s.state, s.attempts))
+}
+
 /// Starts a step of an instance `actor` holds: its attempt.
 pub fn step_start(c: &dyn Db, s: StepStart, actor: &str) -> Result<u32> {
+    step_start_known(c, s, None, actor)
+}
+
+/// [`step_start`]; `known`, the step as this transaction read it after
+/// claiming its instance, saves reading the instance and the step again
+/// where nothing else can have moved them (SQLite's one writer).
+pub fn step_start_known(c: &dyn Db, s: StepStart, known: Known, actor: &str) -> Result<u32> {
     if let Some(attempt) = c.driver().step_starts(c, &[s], actor)?.pop().flatten() {
         return Ok(attempt);
     }
     let StepStart { id, seq, version, params } = s;
-    let StepRow { state: from, attempts, .. } = c.driver().held_step(c, id, seq, actor)?;
+    let (from, attempts) = match known.filter(|_| !c.driver().shared()) {
+        Some(k) => k,
+        None => {
+            let row = c.driver().held_step(c, id, seq, actor)?;
+            (row.state, row.attempts)
+        }
+    };
     check_step(from, StepState::Running)?;
     let attempt = attempts + 1;
     c.execute(STEP_RUNNING, p![id, seq, attempt, version, params, ts(Utc::now())])?;
@@ -163,10 +185,10 @@ pub fn step_start(c: &dyn Db, s: StepStart, actor: &str) -> Result<u32> {
     Ok(attempt)
 }
 
-/// Several steps' starts, as [`step_start`] each (a driver may make them in
-/// one statement); the outcome of each. A start the driver's statement did
-/// not make runs alone after, to say why.
-pub fn step_starts(c: &dyn Db, starts: &[StepStart], actor: &str) -> Result<Vec<Result<u32>>> {
+/// Several steps' starts, as [`step_start_known`] each (a driver may make
+/// them in one statement); the outcome of each. A start the driver's
+/// statement did not make runs alone after, to say why.
+pub fn step_starts(c: &dyn Db, starts: &[StepStart], known: &[Known], actor: &str) -> Result<Vec<Result<u32>>> {
     let fast = match starts.is_empty() {
         true => Vec::new(),
         false => c.driver().step_starts(c, starts, actor)?,
@@ -174,9 +196,10 @@ pub fn step_starts(c: &dyn Db, starts: &[StepStart], actor: &str) -> Result<Vec<
     Ok(fast
         .into_iter()
         .zip(starts)
-        .map(|(done, s)| match done {
+        .enumerate()
+        .map(|(k, (done, s))| match done {
             Some(attempt) => Ok(attempt),
-            None => step_start(c, *s, actor),
+            None => step_start_known(c, *s, known.get(k).copied().flatten(), actor),
         })
         .collect())
 }
