@@ -63,10 +63,45 @@ impl std::fmt::Display for PluginError {
     }
 }
 
+/// The instance's context as a call receives it: made into JSON only when
+/// the plugin reads it (most in-process plugins never do; making it on
+/// every step was 6,000 instructions a step in the instruction guard).
+pub struct CallContext<'a> {
+    of: Of<'a>,
+    made: std::sync::OnceLock<Value>,
+}
+
+enum Of<'a> {
+    Context(&'a apollo_shared::context::Context),
+    Value(&'a Value),
+}
+
+impl<'a> CallContext<'a> {
+    /// The context of a running instance, made when first read.
+    pub fn of(ctx: &'a apollo_shared::context::Context) -> Self {
+        CallContext { of: Of::Context(ctx), made: std::sync::OnceLock::new() }
+    }
+
+    /// A context already made (an item's, a rollback's, a plugin test's).
+    pub fn made(value: &'a Value) -> Self {
+        CallContext { of: Of::Value(value), made: std::sync::OnceLock::new() }
+    }
+}
+
+impl std::ops::Deref for CallContext<'_> {
+    type Target = Value;
+    fn deref(&self) -> &Value {
+        match self.of {
+            Of::Value(v) => v,
+            Of::Context(c) => self.made.get_or_init(|| c.to_value()),
+        }
+    }
+}
+
 /// What one execute or rollback receives.
 pub struct Call<'a> {
     pub params: &'a Map<String, Value>,
-    pub context: &'a Value,
+    pub context: &'a CallContext<'a>,
     /// `<instance id>:<step seq>`: the same for every attempt of the step.
     pub idempotency_key: &'a str,
     pub work_dir: &'a Path,

@@ -250,7 +250,7 @@ impl External {
     ) -> Result<Map<String, Value>, PluginError> {
         let mut doc = json!({
             "params": call.params,
-            "context": call.context,
+            "context": &**call.context,
             "task_id": call.context["task_id"],
             "step": call.step,
             "attempt": call.attempt,

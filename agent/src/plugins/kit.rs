@@ -3,7 +3,7 @@
 //! execute twice with one idempotency key (the outputs must match), then
 //! rollback, and reports each result plainly.
 
-use super::contract::{Call, Plugin};
+use super::contract::{Call, CallContext, Plugin};
 use super::external::External;
 use crate::logs::StepLog;
 use serde_json::{json, Map, Value};
@@ -63,6 +63,7 @@ pub async fn run(exe: &Path, params: Option<Map<String, Value>>, out: &mut impl 
     let work = tempfile::tempdir()?;
     let log = StepLog::new(work.path().join("plugin-test.log"), 1024 * 1024);
     let context = json!({"task": "plugin-test", "task_id": "plugin-test", "trace_id": "plugin-test", "params": params, "steps": {}});
+    let context = CallContext::made(&context);
     let key = "plugin-test:0";
     let call = |attempt| Call {
         params: &params,

@@ -32,6 +32,6 @@ mod task;
 pub mod template;
 pub mod worker;
 
-pub use contract::{panic_message, unwinding, Call, ParamDoc, Plugin, PluginError};
+pub use contract::{panic_message, unwinding, Call, CallContext, ParamDoc, Plugin, PluginError};
 pub use inforce::Plugins;
 pub use registry::{load, Broken, Registration, Registry};

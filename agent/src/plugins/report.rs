@@ -94,7 +94,7 @@ impl Plugin for ReportGenerator {
                 Some(o) => super::params::resolve_path(call.work_dir, o),
                 None => call.work_dir.join("report.html"),
             };
-            let mut vars = call.context.clone();
+            let mut vars = (**call.context).clone();
             vars["title"] = p.get("title").cloned().unwrap_or_else(|| json!(call.context["task"]));
             vars["generated_at"] = json!(chrono::Utc::now().to_rfc3339());
             // Without rows_file, the rows are the previous step's jsonl (a

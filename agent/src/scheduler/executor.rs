@@ -8,7 +8,7 @@ use super::rollback::rollback;
 use super::state::finished;
 use super::{Active, Scheduler};
 use crate::logs::StepLog;
-use crate::plugins::{Call, PluginError};
+use crate::plugins::{Call, CallContext, PluginError};
 use crate::steps::{check, ready, uses_work_dir, FirstStart, Started};
 use crate::store::{Claimed, FailurePlan, Followed, StoreError, Then};
 use apollo_shared::context::{Context, Limits};
@@ -303,7 +303,7 @@ async fn run_step(
                     .checked_sub(1)
                     .and_then(|p| def.steps.get(p as usize))
                     .and_then(|p| ctx.steps.get(&p.name));
-                let context = ctx.to_value();
+                let context = CallContext::of(ctx);
                 let token = active.token.child_token();
                 let call = Call {
                     params: &params,

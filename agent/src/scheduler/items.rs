@@ -12,7 +12,7 @@ use super::calls::watchdog;
 use super::state::{noted, Helping};
 use super::Scheduler;
 use crate::logs::StepLog;
-use crate::plugins::{Call, PluginError, Registration};
+use crate::plugins::{Call, CallContext, PluginError, Registration};
 use crate::secrets::Secrets;
 use crate::steps::ItemCall;
 use crate::store::{ClaimedItem, Open, StoreError};
@@ -107,7 +107,7 @@ impl Runner {
             let token = self.token.child_token();
             let c = Call {
                 params: &params,
-                context: &over,
+                context: &CallContext::made(&over),
                 idempotency_key: &key,
                 work_dir: &self.work_dir,
                 tasks_dir: &s.tasks_dir,

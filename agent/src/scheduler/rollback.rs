@@ -6,7 +6,7 @@ use super::calls::watchdog;
 use super::state::finished;
 use super::Scheduler;
 use crate::logs::StepLog;
-use crate::plugins::Call;
+use crate::plugins::{Call, CallContext};
 use crate::steps::{prepare, registration, step_env};
 use crate::store::StoreError;
 use apollo_shared::context::Context;
@@ -71,7 +71,7 @@ pub(super) async fn rollback(
                 };
                 let env = step_env(&d.env, ctx, &secrets).unwrap_or_default();
                 let key = format!("{id}:{}", step.seq);
-                let context = ctx.to_value();
+                let context = CallContext::of(ctx);
                 let token = CancellationToken::new();
                 let call = Call {
                     params: &params,
@@ -161,7 +161,7 @@ async fn undo_items(
                     let token = CancellationToken::new();
                     let call = Call {
                         params: &params,
-                        context: &over,
+                        context: &CallContext::made(&over),
                         idempotency_key: &key,
                         work_dir,
                         tasks_dir: &s.tasks_dir,
