@@ -196,7 +196,17 @@ const CODE_MIGRATIONS: &[fn(&mut Connection, usize) -> anyhow::Result<()>] = &[
     clustered::history_by_instance,
     // 24: items claimed one by one, by any agent.
     item_claims,
+    // 25: the index no read used.
+    no_runnable_index,
 ];
+
+/// Claims read runnable rows by task: the index by priority alone only cost writes.
+fn no_runnable_index(conn: &mut Connection, version: usize) -> anyhow::Result<()> {
+    let tx = conn.transaction()?;
+    tx.execute_batch(NO_RUNNABLE_INDEX)?;
+    tx.pragma_update(None, "user_version", version as i64)?;
+    Ok(tx.commit()?)
+}
 
 fn item_claims(conn: &mut Connection, version: usize) -> anyhow::Result<()> {
     let tx = conn.transaction()?;
@@ -396,6 +406,7 @@ $$;
     ARCHIVE_ENDS,
     ALERTS_BY_INSTANCE,
     ITEM_CLAIMS,
+    NO_RUNNABLE_INDEX,
 ];
 
 /// The newest PostgreSQL schema this build knows.

@@ -137,3 +137,6 @@ pub(super) const ITEM_CLAIMS: &str = "ALTER TABLE step_items ADD COLUMN holder T
         parallel INTEGER NOT NULL, budget INTEGER NOT NULL, \
         running INTEGER NOT NULL DEFAULT 0, failed INTEGER NOT NULL DEFAULT 0, done INTEGER NOT NULL DEFAULT 0, \
         PRIMARY KEY (instance_id, seq));";
+
+/// 25: the runnable rows by priority alone: claims read them by task.
+pub(super) const NO_RUNNABLE_INDEX: &str = "DROP INDEX IF EXISTS task_instances_runnable;";
