@@ -20,7 +20,16 @@ const REASON_CHARS: usize = 300;
 
 /// A history row's reason: the text on one line, bounded.
 pub fn reason(text: &str) -> String {
-    apollo_shared::text::one_line(text, REASON_CHARS)
+    // Most reasons are short words the agent wrote: kept as they are.
+    let plain = text.len() <= REASON_CHARS
+        && !text.starts_with(' ')
+        && !text.ends_with(' ')
+        && !text.contains("  ")
+        && !text.chars().any(|ch| ch.is_whitespace() && ch != ' ');
+    match plain {
+        true => text.to_string(),
+        false => apollo_shared::text::one_line(text, REASON_CHARS),
+    }
 }
 
 pub fn parse_ts(s: Option<String>) -> Option<DateTime<Utc>> {
@@ -217,4 +226,18 @@ pub(super) fn transitions(c: &dyn Db, id: &str) -> Result<Vec<Transition>> {
     .iter()
     .map(transition)
     .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    /// The short path keeps exactly what the whole one would.
+    #[test]
+    fn a_reason_is_what_one_line_makes_of_it() {
+        let long = "x".repeat(400);
+        for text in
+            ["", "claimed", "attempt 2", " lead", "trail ", "two  spaces", "a\nb", "tab\there", "nbsp\u{a0}x", &long]
+        {
+            assert_eq!(super::reason(text), apollo_shared::text::one_line(text, super::REASON_CHARS), "{text:?}");
+        }
+    }
 }

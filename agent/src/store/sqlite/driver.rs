@@ -6,7 +6,7 @@ use crate::store::db::{Db, Driver};
 use crate::store::history::{not_held, parse_state, read_step_row, read_task_state, STEP_RUNNING, STEP_SUCCESS};
 use crate::store::leases::CANDIDATE_COLS;
 use crate::store::model::{After, Hist, StepRow, Success};
-use crate::store::rows::{parse_ts, ts, RUNNABLE_TASKS};
+use crate::store::rows::{parse_ts, ts};
 use crate::store::value::{p, Row, V};
 use crate::store::{Result, StoreError};
 use apollo_shared::state::{check_step, StepState, TaskState};
@@ -227,22 +227,24 @@ impl Driver for Sqlite {
         Ok(())
     }
 
-    /// One query per task with runnable work.
+    /// One query per task with runnable work, the tasks found one seek at a
+    /// time on the per-task index (a recursive query cost twice as much).
     fn heads(&self, c: &dyn Db, n: usize, _whole: bool) -> Result<BTreeMap<String, Vec<Row>>> {
-        let mut heads = BTreeMap::new();
-        let names: Vec<String> =
-            c.column(&format!("{RUNNABLE_TASKS} SELECT task FROM t WHERE task IS NOT NULL"), &[])?;
-        for task in names {
-            let rows = c.query(
-                &format!(
-                    "SELECT {CANDIDATE_COLS} FROM task_instances \
-                 INDEXED BY task_instances_runnable_task \
+        const NEXT_TASK: &str = "SELECT task FROM task_instances INDEXED BY task_instances_runnable_task \
+             WHERE state IN ('PENDING', 'RETRYING') AND task > ?1 ORDER BY task LIMIT 1";
+        static HEAD: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+            format!(
+                "SELECT {CANDIDATE_COLS} FROM task_instances INDEXED BY task_instances_runnable_task \
                  WHERE task = ?1 AND state IN ('PENDING', 'RETRYING') \
                    AND (next_run_at IS NULL OR next_run_at <= apollo_now()) \
                  ORDER BY priority DESC, id LIMIT ?2"
-                ),
-                p![task.as_str(), n],
-            )?;
+            )
+        });
+        let mut heads = BTreeMap::new();
+        let mut after = String::new();
+        while let Some(task) = c.value::<String>(NEXT_TASK, p![after.as_str()])? {
+            let rows = c.query(&HEAD, p![task.as_str(), n])?;
+            after.clone_from(&task);
             heads.insert(task, rows);
         }
         Ok(heads)
