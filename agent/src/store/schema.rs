@@ -202,18 +202,19 @@ const CODE_MIGRATIONS: &[fn(&mut Connection, usize) -> anyhow::Result<()>] = &[
 
 /// Claims read runnable rows by task: the index by priority alone only cost writes.
 fn no_runnable_index(conn: &mut Connection, version: usize) -> anyhow::Result<()> {
-    let tx = conn.transaction()?;
-    tx.execute_batch(NO_RUNNABLE_INDEX)?;
-    tx.pragma_update(None, "user_version", version as i64)?;
-    Ok(tx.commit()?)
+    in_one_transaction(conn, version, NO_RUNNABLE_INDEX)
 }
 
 fn item_claims(conn: &mut Connection, version: usize) -> anyhow::Result<()> {
-    let tx = conn.transaction()?;
     // The offers are read and moved by key only: kept by it.
-    tx.execute_batch(
-        &ITEM_CLAIMS.replace("PRIMARY KEY (instance_id, seq));", "PRIMARY KEY (instance_id, seq)) WITHOUT ROWID;"),
-    )?;
+    let sql = ITEM_CLAIMS.replace("PRIMARY KEY (instance_id, seq));", "PRIMARY KEY (instance_id, seq)) WITHOUT ROWID;");
+    in_one_transaction(conn, version, &sql)
+}
+
+/// A code migration that is SQL alone: run and recorded in one commit.
+fn in_one_transaction(conn: &mut Connection, version: usize, sql: &str) -> anyhow::Result<()> {
+    let tx = conn.transaction()?;
+    tx.execute_batch(sql)?;
     tx.pragma_update(None, "user_version", version as i64)?;
     Ok(tx.commit()?)
 }
