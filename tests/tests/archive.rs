@@ -3,6 +3,7 @@
 //! --archived` with the usual filters, `apollo show` by id, and their dedup
 //! keys still refuse a duplicate.
 
+use apollo_shared::state::StepState;
 use apollo_tests::*;
 use serde_json::json;
 use std::collections::BTreeSet;
@@ -97,6 +98,60 @@ async fn past_archive_retention_an_instance_is_deleted_and_an_export_kept_it_fir
     let db = agent.path().join("data/apollo.db");
     let mode = std::process::Command::new("sqlite3").arg(&db).arg("PRAGMA auto_vacuum").output().unwrap();
     assert_eq!(String::from_utf8_lossy(&mode.stdout).trim(), "2", "incremental vacuum");
+}
+
+/// Waits (30 s at most, looking every 100 ms: nothing is published when a
+/// file goes) until `path` exists no more.
+async fn until_gone(path: &std::path::Path, what: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while path.exists() {
+        assert!(std::time::Instant::now() < deadline, "{what} still there after 30 s: {}", path.display());
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn an_instances_work_directory_ends_with_it_and_its_logs_with_its_archived_copy() {
+    let agent = Agent::builder()
+        .config("scheduler:\n  retention: 1s\n  archive_retention: 1h\n  lease: 3s\n")
+        .task(
+            "files.yaml",
+            "task: files\nsteps:\n  - plugin: shell\n    params: {command: 'echo kept > made.txt; echo said'}\n",
+        )
+        .task(
+            "held.yaml",
+            "task: held\nsteps:\n  - plugin: shell\n    params: {command: 'echo kept > made.txt'}\n  \
+             - plugin: approval\n    params: {message: go?}\n",
+        )
+        .start();
+    let c = agent.client().await;
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    // One instance stays hot (parked on its approval) past the retention.
+    let held = trigger_keyed(&c, "held", "held").await.id;
+    wait_until(&c, &mut events, &held, "the held instance to park", |i| {
+        i.steps.as_ref().is_some_and(|s| s[0].state == StepState::Success)
+    })
+    .await;
+    let id = trigger_keyed(&c, "files", "files").await.id;
+    wait_event(&mut events, "the instance archived", |e| {
+        e.kind() == EventKind::InstanceArchived && e.data.json()["id"] == json!(id)
+    })
+    .await;
+    let data = agent.path().join("data");
+    until_gone(&data.join("work").join(&id), "the archived instance's work directory").await;
+    // Its logs stay while the archive keeps it, and read as before.
+    let logs = agent.cli(&["logs", &id]);
+    assert!(String::from_utf8_lossy(&logs.stdout).contains("said"), "{logs:?}");
+    assert!(data.join("logs").join(&id).is_dir());
+    // The hot instance keeps its files, however old.
+    assert!(data.join("work").join(&held).join("made.txt").is_file(), "a hot instance's work directory was removed");
+    // Deleted from the archive: its logs go with it.
+    let mut agent = agent;
+    shorten_archive_retention(&mut agent);
+    until_gone(&data.join("logs").join(&id), "the deleted instance's logs").await;
+    assert!(!agent.cli(&["show", &id]).status.success(), "gone from the archive");
+    assert!(data.join("work").join(&held).join("made.txt").is_file(), "a hot instance's work directory was removed");
 }
 
 /// Restarts `agent` with `archive_retention: 2s` in place of `1h`.

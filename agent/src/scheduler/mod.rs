@@ -12,6 +12,7 @@ pub mod backoff;
 mod calls;
 mod executor;
 mod items;
+mod leftovers;
 pub mod reaper;
 mod rollback;
 mod slots;
@@ -141,6 +142,7 @@ impl Scheduler {
                 _ = maintenance.tick() => {
                     self.maintain().await;
                     self.archive().await;
+                    self.sweep_leftovers();
                     if self.store.shared() {
                         // Retries another agent scheduled (it may have died
                         // since) fall due here too.

@@ -70,6 +70,8 @@ pub struct Scheduler {
     pub(super) uncapable: Mutex<std::collections::BTreeSet<crate::store::capable::Passed>>,
     /// What makes a sub-runbook's child instance (set once the triggers exist).
     pub children: std::sync::OnceLock<Arc<dyn crate::handles::Children>>,
+    /// The sweep of the files instances that have left leave behind.
+    pub(super) sweeps: super::leftovers::Sweeps,
 }
 
 /// An item this agent runs for another agent's step.
@@ -211,6 +213,7 @@ impl Scheduler {
             capable: crate::store::capable::Capable::new(can_run, rollouts),
             uncapable: Mutex::new(Default::default()),
             children: std::sync::OnceLock::new(),
+            sweeps: Default::default(),
         })
     }
     /// The settings in force now (SIGHUP may change them between two reads).

@@ -301,3 +301,35 @@ impl Store {
         Ok(done)
     }
 }
+
+/// Where the store keeps each instance of a list of ids: the ones in the
+/// hot table and the ones in the archive (an id in neither is gone).
+#[derive(Debug, Default)]
+pub struct Kept {
+    pub hot: std::collections::HashSet<String>,
+    pub archived: std::collections::HashSet<String>,
+}
+
+impl Store {
+    /// Which of `ids` are hot and which archived: one read of each table by
+    /// key (a sweep of the files instances leave asks this; see
+    /// `scheduler::leftovers`).
+    pub async fn kept(&self, ids: Vec<String>) -> Result<Kept> {
+        self.read(move |c| {
+            let marks = (1..=ids.len()).map(|i| format!("?{i}")).collect::<Vec<_>>().join(", ");
+            let values: Vec<super::value::V> = ids.iter().map(super::value::V::from).collect();
+            let mut kept = Kept::default();
+            if ids.is_empty() {
+                return Ok(kept);
+            }
+            kept.hot = c
+                .column(&format!("SELECT id FROM task_instances WHERE id IN ({marks})"), &values)?
+                .into_iter()
+                .collect();
+            kept.archived =
+                c.column(&format!("SELECT id FROM archive WHERE id IN ({marks})"), &values)?.into_iter().collect();
+            Ok(kept)
+        })
+        .await
+    }
+}

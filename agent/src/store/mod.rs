@@ -52,6 +52,7 @@ mod writer;
 mod zombies;
 
 pub use apollo_shared::protocol::{child_key, parent_of};
+pub use bookkeeping::Kept;
 pub use db::{Conn, Db, Driver};
 pub use error::{Result, StoreError};
 pub use items::{ClaimedItem, FanoutPlan, ItemPlan, Offer, OfferNow, Open};
