@@ -593,6 +593,22 @@ async fn a_create_claims_and_starts_its_first_step_in_one_write_when_nothing_com
         let limits = limits.iter().map(|(q, l)| (q.to_string(), *l)).collect();
         Some(ClaimTerms { lease: lease(), policy: QueuePolicy { limits, ..Default::default() } })
     };
+    // What the write hands on of the instance it made and claimed is what
+    // reading it back gives (SQLite makes it from what it wrote).
+    let mut made = new("M1", "t", "elsewhere", 50, None, Some("m"));
+    made.params = json!({"n": 2.5, "s": "x", "l": [1, null]}).as_object().unwrap().clone();
+    made.context = json!({"work_root": "/w", "event": {"k": "v"}});
+    made.steps.push(("b".into(), "shell".into()));
+    made.locks = vec!["db".into()];
+    let done = store.create_claiming(made, "test", terms(&[]), Then::Nothing).await.unwrap();
+    let claimed = done.claimed.into_iter().next().expect("M1 claimed");
+    let mut read = store.get("M1").await.unwrap();
+    read.transitions = None;
+    let (a, b) = (claimed.lease_expires_at.unwrap(), read.lease_expires_at.unwrap());
+    assert!((a - b).num_milliseconds().abs() < 1000, "lease ends {a} and {b}");
+    read.lease_expires_at = claimed.lease_expires_at;
+    assert_eq!(claimed, read);
+
     let params = json!({"p": 1});
     let first = Then::Start { seq: 0, version: "1.0.0", params: &params };
     // Nothing waits: the new instance is claimed and its first step started.

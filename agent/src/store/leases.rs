@@ -129,8 +129,18 @@ impl PauseEnds {
 /// loose scan of the per-task index), so a long backlog of a task at its
 /// `max_active` or of a full queue never hides the work behind it: the cost
 /// is one index seek per task with runnable work, not a walk of the backlog.
-pub fn claim(c: &dyn Db, agent: &str, n: usize, lease_secs: f64, policy: &QueuePolicy) -> Result<Vec<Claimed>> {
-    claim_noting(c, agent, n, lease_secs, policy, None).map(|(claimed, ..)| claimed)
+/// `made`: an instance this very write created, as it stands (see
+/// [`NewInstance::as_made`](super::model::NewInstance::as_made)): claimed,
+/// it is handed on as the move leaves it rather than read back.
+pub fn claim(
+    c: &dyn Db,
+    agent: &str,
+    n: usize,
+    lease_secs: f64,
+    policy: &QueuePolicy,
+    made: Option<&Claimed>,
+) -> Result<Vec<Claimed>> {
+    claim_noting(c, agent, n, lease_secs, policy, None, made).map(|(claimed, ..)| claimed)
 }
 
 /// [`claim`], and whether a limit or an ordered queue held runnable work
@@ -146,6 +156,7 @@ pub fn claim_noting(
     lease_secs: f64,
     policy: &QueuePolicy,
     first: Option<First>,
+    made: Option<&Claimed>,
 ) -> Result<(Vec<Claimed>, bool, Vec<Option<u32>>)> {
     let mut held_back = false;
     let queue_limits = &policy.limits;
@@ -354,13 +365,34 @@ pub fn claim_noting(
             _ => {
                 let (reason, params) = terms(from);
                 move_task_from(c, &id, Some(from), TaskState::Running, reason, agent, Also(also, &params))?;
-                claimed.push(super::rows::instance_with_steps(c, &id)?);
+                claimed.push(match made.filter(|m| m.id == id) {
+                    Some(m) => moved(m, from, agent, now, lease_secs),
+                    None => super::rows::instance_with_steps(c, &id)?,
+                });
             }
         }
     }
     let attempts: Vec<Option<u32>> =
         claimed.iter().map(|i| started.iter().find(|(id, _)| *id == i.id).map(|(_, a)| *a)).collect();
     Ok((claimed, held_back, attempts))
+}
+
+/// An instance as the claim's move (`also` above) leaves it, from the
+/// instance as it stood: what reading it back would give, but the lease's
+/// end, which the store's clock sets a few microseconds apart.
+fn moved(m: &Claimed, from: TaskState, agent: &str, now: chrono::DateTime<Utc>, lease_secs: f64) -> Claimed {
+    let mut i = m.clone();
+    i.state = TaskState::Running;
+    i.attempt += u32::from(from == TaskState::Retrying);
+    let at = super::rows::parse_ts(Some(ts(now)));
+    i.started_at = i.started_at.or(at);
+    i.next_run_at = None;
+    i.lease_owner = Some(agent.to_string());
+    i.lease_expires_at = at.map(|t| t + chrono::Duration::microseconds((lease_secs * 1e6) as i64));
+    i.finished_at = None;
+    i.waiting = None;
+    super::rows::compose(&mut i);
+    i
 }
 
 /// Instances under way per queue and per task.

@@ -46,6 +46,58 @@ impl NewInstance {
     pub fn pins_json(&self) -> Option<String> {
         (!self.pins.is_empty()).then(|| serde_json::to_string(&self.pins).unwrap_or_default())
     }
+
+    /// The instance as `write::create_at` stores it at `at`, with its
+    /// steps, as reading it back would give it (the context as kept, not
+    /// yet made whole: see `rows::compose`).
+    pub fn as_made(&self, at: DateTime<Utc>) -> Instance {
+        use apollo_shared::protocol::StepRun;
+        let steps = self.steps.iter().enumerate().map(|(seq, (name, plugin))| StepRun {
+            seq: seq as u32,
+            name: name.clone(),
+            plugin: plugin.clone(),
+            plugin_version: None,
+            state: StepState::Pending,
+            attempts: 0,
+            failures: 0,
+            params: None,
+            output: None,
+            error: None,
+            started_at: None,
+            finished_at: None,
+            earlier: Vec::new(),
+            passed: false,
+            timeout: None,
+            items: None,
+        });
+        Instance {
+            id: self.id.clone(),
+            task: self.task.clone(),
+            def_hash: self.def_hash.clone(),
+            state: TaskState::Pending,
+            attempt: 1,
+            trace_id: self.trace_id.clone(),
+            priority: self.priority,
+            queue: self.queue.clone(),
+            trigger: self.trigger.clone(),
+            dedup_key: self.dedup_key.clone(),
+            params: Value::Object(self.params.clone()),
+            created_at: DateTime::from_timestamp_micros(at.timestamp_micros()).unwrap_or(at),
+            started_at: None,
+            finished_at: None,
+            next_run_at: None,
+            error: None,
+            context: self.context.clone(),
+            lease_owner: None,
+            lease_expires_at: None,
+            waiting: None,
+            failed_steps: 0,
+            pins: (!self.pins.is_empty()).then(|| self.pins.clone()),
+            locks: self.locks.clone(),
+            steps: Some(steps.collect()),
+            transitions: None,
+        }
+    }
 }
 
 /// What follows a failure that ended an attempt.

@@ -7,6 +7,7 @@ use super::{operator, write};
 use super::{Result, Store};
 use apollo_shared::protocol::{AlertKind, EventData, Raised, StepMoved, Topic};
 use apollo_shared::state::{StepState, TaskState};
+use chrono::Utc;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::time::Duration;
@@ -110,7 +111,8 @@ impl Store {
         let turn = claim.is_some();
         let first = owned_start(&then);
         let job = move |c: &dyn super::db::Db| {
-            let (id, created) = write::create(c, &n, &actor)?;
+            let at = Utc::now();
+            let (id, created) = write::create(c, &n, &actor, at)?;
             // New work wakes the other agents with this very commit (not
             // a notification of its own after it): the fastest pickup.
             if created && c.driver().shared() {
@@ -119,7 +121,11 @@ impl Store {
                 super::listen::notify(c, &agent, &[super::listen::note(Topic::Tasks, &created)])?;
             }
             let claimed = match (&claim, created) {
-                (Some(t), true) => leases::claim(c, &agent, 1, t.lease.as_secs_f64(), &t.policy)?,
+                (Some(t), true) => {
+                    // SQLite's: PostgreSQL's claim returns the rows it moves.
+                    let made = (!c.driver().shared()).then(|| n.as_made(at));
+                    leases::claim(c, &agent, 1, t.lease.as_secs_f64(), &t.policy, made.as_ref())?
+                }
                 _ => Vec::new(),
             };
             // Its step as the claim read it: not read again for the start.
@@ -183,7 +189,8 @@ impl Store {
                     early.borrow_mut().insert(i.id.clone(), r);
                     Some((version, params))
                 };
-                let (claimed, waiting, started) = leases::claim_noting(c, &agent, n, secs, &policy, Some(&first))?;
+                let (claimed, waiting, started) =
+                    leases::claim_noting(c, &agent, n, secs, &policy, Some(&first), None)?;
                 let mut early = early.into_inner();
                 // The others (SQLite's; a row PostgreSQL could not make ready
                 // before) are made ready now and start in one go.

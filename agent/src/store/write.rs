@@ -77,7 +77,8 @@ pub fn put_def(c: &dyn Db, hash: &str, task: &str, file: &str, source: &str) -> 
 
 /// Creates a PENDING instance and its PENDING step rows. With a dedup key
 /// that exists already, returns the existing instance's id and `false`.
-pub fn create(c: &dyn Db, n: &NewInstance, actor: &str) -> Result<(String, bool)> {
+/// `at` is its `created_at` (as `NewInstance::as_made` has it).
+pub fn create(c: &dyn Db, n: &NewInstance, actor: &str, at: chrono::DateTime<Utc>) -> Result<(String, bool)> {
     if let Some(key) = &n.dedup_key {
         // The key of an archived instance still refuses a duplicate.
         let existing: Option<String> = c.value(
@@ -91,7 +92,7 @@ pub fn create(c: &dyn Db, n: &NewInstance, actor: &str) -> Result<(String, bool)
     if c.driver().create(c, n, actor)? {
         return Ok((n.id.clone(), true));
     }
-    let now = ts(Utc::now());
+    let now = ts(at);
     // Another agent may be creating the same key at this moment: the loser
     // of that race inserts nothing and answers with the winner's id.
     let inserted = c.execute(
