@@ -166,3 +166,91 @@ async fn on_postgresql_every_agent_claims_items_of_one_fan_out_and_none_runs_twi
     }
     drop(agents);
 }
+
+/// Whether process `pid` has ended (gone, or a zombie its parent has not
+/// reaped yet).
+fn ended_process(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat.rsplit(") ").next().is_some_and(|rest| rest.starts_with('Z')),
+    }
+}
+
+#[tokio::test]
+async fn on_postgresql_a_cancel_stops_the_items_other_agents_run_and_an_items_log_is_asked_of_its_agent() {
+    let schema = PgSchema::new("item_cancel");
+    let shared = tempfile::tempdir().unwrap();
+    let witness = shared.path().join("witness");
+    // Each item says where it runs, then waits (its pid is the sleep's).
+    let task = format!(
+        "task: fleet\nsteps:\n  - name: each\n    plugin: shell\n    retry: 0\n    foreach: [i0, i1, i2, i3, i4, i5]\n    \
+         max_parallel: 4\n    params:\n      command: echo \"start $APOLLO_IDEMPOTENCY_KEY $LOGNAME $$\" >> {w}; \
+         echo said-by-$LOGNAME; exec sleep 120\n",
+        w = witness.display()
+    );
+    let agents: Vec<Agent> = ["a", "b"]
+        .iter()
+        .map(|name| {
+            Agent::builder()
+                .config(&format!("{}agent:\n  name: {name}\nscheduler:\n  concurrency: 2\n", schema.config()))
+                .env("LOGNAME", name)
+                .task("fleet.yaml", &task)
+                .start()
+        })
+        .collect();
+    let c = agents[0].client().await;
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    let id = trigger(&c, "fleet", serde_json::json!({})).await;
+    // Four items at once: two on each agent (concurrency 2).
+    let running = wait_until(&c, &mut events, &id, "items running on both agents", |_| {
+        holding(&schema, &id).len() == 2 && starts(&witness).len() == 4
+    })
+    .await;
+    let holder = name_of(running.lease_owner.as_deref().unwrap_or_default()).to_string();
+    let (here, there) = if holder == "a" { (0, 1) } else { (1, 0) };
+    let rows = schema.sql(&format!(
+        "SELECT label, holder FROM step_items WHERE instance_id = '{id}' AND state = 'RUNNING' ORDER BY idx"
+    ));
+    let helped = rows
+        .iter()
+        .find(|r| r[1].as_deref().map(name_of) != Some(holder.as_str()))
+        .and_then(|r| r[0].clone())
+        .expect("an item the helper runs");
+    // Its log is on the helper: the holder says so, the helper shows it.
+    let asked = agents[here].cli(&["logs", &id, "--step", "each", "--item", &helped]);
+    let said = String::from_utf8_lossy(&asked.stderr).to_string();
+    let helper = ["a", "b"][there];
+    assert!(!asked.status.success(), "{said}");
+    assert!(
+        said.contains(&format!("ran on agent {helper}")) && said.contains("its log is kept on that agent"),
+        "{said}"
+    );
+    let shown = agents[there].cli(&["logs", &id, "--step", "each", "--item", &helped]);
+    assert!(String::from_utf8_lossy(&shown.stdout).contains(&format!("said-by-{helper}")), "{shown:?}");
+    // A cancel through the holder stops every item, the helper's too.
+    assert_eq!(agents[here].cli(&["cancel", &id, "--reason", "wrong fleet"]).status.code(), Some(0));
+    let end = wait_until(&c, &mut events, &id, "the cancelled instance's end", ended).await;
+    assert_eq!(end.state, apollo_shared::state::TaskState::Failed, "{end:?}");
+    let pids: Vec<(String, u32)> = std::fs::read_to_string(&witness)
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            Some((f.get(2)?.to_string(), f.get(3)?.parse().ok()?))
+        })
+        .collect();
+    assert!(pids.iter().any(|(agent, _)| agent == helper), "{pids:?}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    for (agent, pid) in &pids {
+        // Polled: a process's end is published nowhere.
+        while !ended_process(*pid) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "item process {pid} on agent {agent} still runs after the cancel"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+    drop(agents);
+}
