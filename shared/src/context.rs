@@ -181,22 +181,10 @@ mod tests {
         assert_eq!(c.stored(), json!({"work_root": "/data/work", "event": {"e": true}}));
         let limits = Limits::default();
         let step = |seq: u32, name: &str, state: StepState, output: Option<Value>| StepRun {
-            seq,
-            name: name.into(),
-            plugin: "p".into(),
-            plugin_version: None,
             state,
             attempts: 1,
-            failures: 0,
-            params: None,
             output,
-            error: None,
-            started_at: None,
-            finished_at: None,
-            earlier: Vec::new(),
-            passed: false,
-            timeout: None,
-            items: None,
+            ..StepRun::pending(seq, name, "p")
         };
         let a = c.merge_output("a", json!({"n": 1}), limits).unwrap();
         let b = c.merge_output("b", json!([2]), limits).unwrap();

@@ -47,6 +47,22 @@ fn succeeded(schema: &PgSchema, id: &str) -> BTreeSet<String> {
     rows.into_iter().filter_map(|r| r[0].clone()).collect()
 }
 
+/// Agents of these names on the schema, each with `config` and the task
+/// `fleet` of `yaml`.
+fn start(schema: &PgSchema, names: &[&str], config: &str, yaml: &str) -> Vec<Agent> {
+    names
+        .iter()
+        .map(|name| {
+            Agent::builder()
+                .config(&format!("{}agent:\n  name: {name}\n{config}", schema.config()))
+                // Steps see a few of the agent's variables: this one says which agent ran it.
+                .env("LOGNAME", name)
+                .task("fleet.yaml", yaml)
+                .start()
+        })
+        .collect()
+}
+
 #[tokio::test]
 async fn on_postgresql_every_agent_claims_items_of_one_fan_out_and_none_runs_twice_across_two_deaths() {
     let schema = PgSchema::new("item_claims");
@@ -59,19 +75,8 @@ async fn on_postgresql_every_agent_claims_items_of_one_fan_out_and_none_runs_twi
         labels.join(", "),
         w = witness.display()
     );
-    let config = "scheduler:\n  concurrency: 4\n  lease: 2s\n";
     let names = ["a", "b", "c"];
-    let mut agents: Vec<Agent> = names
-        .iter()
-        .map(|name| {
-            Agent::builder()
-                .config(&format!("{}agent:\n  name: {name}\n{config}", schema.config()))
-                // Steps see a few of the agent's variables: this one says which agent ran it.
-                .env("LOGNAME", name)
-                .task("fleet.yaml", &task)
-                .start()
-        })
-        .collect();
+    let mut agents = start(&schema, &names, "scheduler:\n  concurrency: 4\n  lease: 2s\n", &task);
     let c = agents[0].client().await;
     c.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap();
@@ -188,16 +193,7 @@ async fn on_postgresql_a_cancel_stops_the_items_other_agents_run_and_an_items_lo
          echo said-by-$LOGNAME; exec sleep 120\n",
         w = witness.display()
     );
-    let agents: Vec<Agent> = ["a", "b"]
-        .iter()
-        .map(|name| {
-            Agent::builder()
-                .config(&format!("{}agent:\n  name: {name}\nscheduler:\n  concurrency: 2\n", schema.config()))
-                .env("LOGNAME", name)
-                .task("fleet.yaml", &task)
-                .start()
-        })
-        .collect();
+    let agents = start(&schema, &["a", "b"], "scheduler:\n  concurrency: 2\n", &task);
     let c = agents[0].client().await;
     c.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap();

@@ -52,24 +52,8 @@ impl NewInstance {
     /// yet made whole: see `rows::compose`).
     pub fn as_made(&self, at: DateTime<Utc>) -> Instance {
         use apollo_shared::protocol::StepRun;
-        let steps = self.steps.iter().enumerate().map(|(seq, (name, plugin))| StepRun {
-            seq: seq as u32,
-            name: name.clone(),
-            plugin: plugin.clone(),
-            plugin_version: None,
-            state: StepState::Pending,
-            attempts: 0,
-            failures: 0,
-            params: None,
-            output: None,
-            error: None,
-            started_at: None,
-            finished_at: None,
-            earlier: Vec::new(),
-            passed: false,
-            timeout: None,
-            items: None,
-        });
+        let steps =
+            self.steps.iter().enumerate().map(|(seq, (name, plugin))| StepRun::pending(seq as u32, name, plugin));
         Instance {
             id: self.id.clone(),
             task: self.task.clone(),

@@ -253,6 +253,30 @@ pub struct StepRun {
     pub items: Option<super::ItemCounts>,
 }
 
+impl StepRun {
+    /// Step `seq` as an instance is made with it: PENDING, never run.
+    pub fn pending(seq: u32, name: &str, plugin: &str) -> StepRun {
+        StepRun {
+            seq,
+            name: name.to_string(),
+            plugin: plugin.to_string(),
+            plugin_version: None,
+            state: StepState::Pending,
+            attempts: 0,
+            failures: 0,
+            params: None,
+            output: None,
+            error: None,
+            started_at: None,
+            finished_at: None,
+            earlier: Vec::new(),
+            passed: false,
+            timeout: None,
+            items: None,
+        }
+    }
+}
+
 /// A learned timeout as an attempt ran under it: seconds, and how it was
 /// reached (the p99, the factor, the runs; or why the fixed one applied).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
