@@ -60,8 +60,9 @@ impl Scheduler {
 
     /// One sweep: how many entries it removed.
     async fn sweep(&self, retention: Duration) -> usize {
-        let cut = chrono::Utc::now() - chrono::Duration::from_std(retention).unwrap_or(chrono::Duration::MAX);
-        let cut = u64::try_from(cut.timestamp_millis()).unwrap_or(0);
+        // A retention past the clock's range: nothing is old enough.
+        let cut = chrono::Duration::from_std(retention).ok().and_then(|r| chrono::Utc::now().checked_sub_signed(r));
+        let cut = cut.and_then(|t| u64::try_from(t.timestamp_millis()).ok()).unwrap_or(0);
         let (work, logs) = (self.data_dir.join("work"), self.data_dir.join("logs"));
         let listed = tokio::task::spawn_blocking(move || (older_than(&work, cut), older_than(&logs, cut)));
         let Ok((work, logs)) = listed.await else { return 0 };
