@@ -184,7 +184,10 @@ mod tests {
             state,
             attempts: 1,
             output,
-            ..StepRun::pending(seq, name, "p")
+            seq,
+            name: name.into(),
+            plugin: "p".into(),
+            ..StepRun::default()
         };
         let a = c.merge_output("a", json!({"n": 1}), limits).unwrap();
         let b = c.merge_output("b", json!([2]), limits).unwrap();

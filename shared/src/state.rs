@@ -35,11 +35,12 @@ pub enum TaskState {
 }
 
 /// The state of one step of one instance (a row of the step ledger).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord, Default)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum StepState {
     /// Not started yet. Moves to RUNNING when the executor reaches it, or to
     /// SKIPPED when the instance ends before reaching it.
+    #[default]
     Pending,
     /// Executing. Moves to SUCCESS or FAILED when the plugin returns, times
     /// out, is cancelled, or the agent restarts under it.

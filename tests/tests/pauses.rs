@@ -92,13 +92,23 @@ async fn a_pause_until_ends_by_itself_and_a_schedule_firing_during_it_creates_it
     let until = (Utc::now() + chrono::Duration::seconds(6)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let out = agent.cli(&["pause", "--all", "--until", &until, "--reason", "change freeze"]);
     assert!(out.status.success() && text(&out).contains("it resumes by itself at"), "{}", text(&out));
+    // In force from here (a fire in the same second may have come first).
+    let paused = Utc::now();
     let until: DateTime<Utc> = until.parse().unwrap();
     let (c, mut events) = agent.watch().await;
     // The first instance the schedule creates during the pause…
     let first = loop {
         let (_, listed) = agent.cli_json(&["ls", "--task", "tick"]);
-        let mut ids: Vec<String> =
-            listed.as_array().unwrap().iter().filter_map(|i| i["id"].as_str().map(str::to_string)).collect();
+        let during = |i: &&serde_json::Value| {
+            i["created_at"].as_str().and_then(|t| t.parse::<DateTime<Utc>>().ok()) > Some(paused)
+        };
+        let mut ids: Vec<String> = listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(during)
+            .filter_map(|i| i["id"].as_str().map(str::to_string))
+            .collect();
         ids.sort();
         if let Some(id) = ids.first() {
             break id.clone();

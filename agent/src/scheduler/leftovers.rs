@@ -16,8 +16,8 @@
 use super::Scheduler;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The longest time between two sweeps.
@@ -26,13 +26,6 @@ const EVERY: Duration = Duration::from_secs(60);
 const PER_PASS: usize = 10_000;
 /// Ids asked of the store in one read.
 const ASK: usize = 500;
-
-/// When the last sweep began, and whether one runs.
-#[derive(Default)]
-pub(crate) struct Sweeps {
-    last: Mutex<Option<Instant>>,
-    running: AtomicBool,
-}
 
 impl Scheduler {
     /// Starts a sweep beside the loop when one is due and none runs.

@@ -70,8 +70,16 @@ pub struct Scheduler {
     pub(super) uncapable: Mutex<std::collections::BTreeSet<crate::store::capable::Passed>>,
     /// What makes a sub-runbook's child instance (set once the triggers exist).
     pub children: std::sync::OnceLock<Arc<dyn crate::handles::Children>>,
-    /// The sweep of the files instances that have left leave behind.
-    pub(super) sweeps: super::leftovers::Sweeps,
+    /// The sweep of the files instances that have left leave behind
+    /// (`leftovers.rs`).
+    pub(super) sweeps: Sweeps,
+}
+
+/// When the last sweep of leftover files began, and whether one runs.
+#[derive(Default)]
+pub(super) struct Sweeps {
+    pub(super) last: Mutex<Option<Instant>>,
+    pub(super) running: AtomicBool,
 }
 
 /// An item this agent runs for another agent's step.

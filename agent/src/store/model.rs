@@ -52,8 +52,12 @@ impl NewInstance {
     /// yet made whole: see `rows::compose`).
     pub fn as_made(&self, at: DateTime<Utc>) -> Instance {
         use apollo_shared::protocol::StepRun;
-        let steps =
-            self.steps.iter().enumerate().map(|(seq, (name, plugin))| StepRun::pending(seq as u32, name, plugin));
+        let steps = self.steps.iter().enumerate().map(|(seq, (name, plugin))| StepRun {
+            seq: seq as u32,
+            name: name.clone(),
+            plugin: plugin.clone(),
+            ..StepRun::default()
+        });
         Instance {
             id: self.id.clone(),
             task: self.task.clone(),

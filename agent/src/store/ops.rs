@@ -7,7 +7,6 @@ use super::{operator, write};
 use super::{Result, Store};
 use apollo_shared::protocol::{AlertKind, EventData, Raised, StepMoved, Topic};
 use apollo_shared::state::{StepState, TaskState};
-use chrono::Utc;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::time::Duration;
@@ -111,7 +110,7 @@ impl Store {
         let turn = claim.is_some();
         let first = owned_start(&then);
         let job = move |c: &dyn super::db::Db| {
-            let at = Utc::now();
+            let at = chrono::Utc::now();
             let (id, created) = write::create(c, &n, &actor, at)?;
             // New work wakes the other agents with this very commit (not
             // a notification of its own after it): the fastest pickup.
@@ -120,12 +119,10 @@ impl Store {
                     EventData::InstanceCreated { id: id.clone(), task: n.task.clone(), state: TaskState::Pending };
                 super::listen::notify(c, &agent, &[super::listen::note(Topic::Tasks, &created)])?;
             }
+            // SQLite's claim hands it on as made (PostgreSQL's returns the rows it moves).
+            let made = (claim.is_some() && created && !c.driver().shared()).then(|| n.as_made(at));
             let claimed = match (&claim, created) {
-                (Some(t), true) => {
-                    // SQLite's: PostgreSQL's claim returns the rows it moves.
-                    let made = (!c.driver().shared()).then(|| n.as_made(at));
-                    leases::claim(c, &agent, 1, t.lease.as_secs_f64(), &t.policy, made.as_ref())?
-                }
+                (Some(t), true) => leases::claim(c, &agent, 1, t.lease.as_secs_f64(), &t.policy, made.as_ref())?,
                 _ => Vec::new(),
             };
             // Its step as the claim read it: not read again for the start.

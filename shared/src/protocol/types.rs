@@ -221,8 +221,8 @@ impl Instance {
     }
 }
 
-/// One row of the step ledger.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One row of the step ledger (by default: PENDING, never run).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
 pub struct StepRun {
     pub seq: u32,
     pub name: String,
@@ -251,30 +251,6 @@ pub struct StepRun {
     /// A fan-out step's items, counted (`tasks.get` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub items: Option<super::ItemCounts>,
-}
-
-impl StepRun {
-    /// Step `seq` as an instance is made with it: PENDING, never run.
-    pub fn pending(seq: u32, name: &str, plugin: &str) -> StepRun {
-        StepRun {
-            seq,
-            name: name.to_string(),
-            plugin: plugin.to_string(),
-            plugin_version: None,
-            state: StepState::Pending,
-            attempts: 0,
-            failures: 0,
-            params: None,
-            output: None,
-            error: None,
-            started_at: None,
-            finished_at: None,
-            earlier: Vec::new(),
-            passed: false,
-            timeout: None,
-            items: None,
-        }
-    }
 }
 
 /// A learned timeout as an attempt ran under it: seconds, and how it was
