@@ -316,12 +316,12 @@ impl Store {
     /// `scheduler::leftovers`).
     pub async fn kept(&self, ids: Vec<String>) -> Result<Kept> {
         self.read(move |c| {
-            let marks = (1..=ids.len()).map(|i| format!("?{i}")).collect::<Vec<_>>().join(", ");
-            let values: Vec<super::value::V> = ids.iter().map(super::value::V::from).collect();
             let mut kept = Kept::default();
             if ids.is_empty() {
                 return Ok(kept);
             }
+            let marks = (1..=ids.len()).map(|i| format!("?{i}")).collect::<Vec<_>>().join(", ");
+            let values: Vec<super::value::V> = ids.iter().map(super::value::V::from).collect();
             kept.hot = c
                 .column(&format!("SELECT id FROM task_instances WHERE id IN ({marks})"), &values)?
                 .into_iter()

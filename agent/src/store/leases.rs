@@ -384,11 +384,11 @@ fn moved(m: &Claimed, from: TaskState, agent: &str, now: chrono::DateTime<Utc>, 
     let mut i = m.clone();
     i.state = TaskState::Running;
     i.attempt += u32::from(from == TaskState::Retrying);
-    let at = super::rows::parse_ts(Some(ts(now)));
-    i.started_at = i.started_at.or(at);
+    let at = super::model::as_kept(now);
+    i.started_at = i.started_at.or(Some(at));
     i.next_run_at = None;
     i.lease_owner = Some(agent.to_string());
-    i.lease_expires_at = at.map(|t| t + chrono::Duration::microseconds((lease_secs * 1e6) as i64));
+    i.lease_expires_at = Some(at + chrono::Duration::microseconds((lease_secs * 1e6) as i64));
     i.finished_at = None;
     i.waiting = None;
     super::rows::compose(&mut i);

@@ -47,7 +47,7 @@ impl NewInstance {
         (!self.pins.is_empty()).then(|| serde_json::to_string(&self.pins).unwrap_or_default())
     }
 
-    /// The instance as `write::create_at` stores it at `at`, with its
+    /// The instance as `write::create` stores it at `at`, with its
     /// steps, as reading it back would give it (the context as kept, not
     /// yet made whole: see `rows::compose`).
     pub fn as_made(&self, at: DateTime<Utc>) -> Instance {
@@ -70,7 +70,7 @@ impl NewInstance {
             trigger: self.trigger.clone(),
             dedup_key: self.dedup_key.clone(),
             params: Value::Object(self.params.clone()),
-            created_at: DateTime::from_timestamp_micros(at.timestamp_micros()).unwrap_or(at),
+            created_at: as_kept(at),
             started_at: None,
             finished_at: None,
             next_run_at: None,
@@ -86,6 +86,12 @@ impl NewInstance {
             transitions: None,
         }
     }
+}
+
+/// A time as the store keeps it, to the microsecond (what reading
+/// `rows::ts`'s text back gives).
+pub fn as_kept(t: DateTime<Utc>) -> DateTime<Utc> {
+    DateTime::from_timestamp_micros(t.timestamp_micros()).unwrap_or(t)
 }
 
 /// What follows a failure that ended an attempt.
