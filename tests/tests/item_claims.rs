@@ -50,15 +50,24 @@ fn succeeded(schema: &PgSchema, id: &str) -> BTreeSet<String> {
 /// Agents of these names on the schema, each with `config` and the task
 /// `fleet` of `yaml`.
 fn start(schema: &PgSchema, names: &[&str], config: &str, yaml: &str) -> Vec<Agent> {
+    start_with(schema, names, config, yaml, "")
+}
+
+/// `start`, with these fail points armed (`FAILPOINTS`; empty: none).
+fn start_with(schema: &PgSchema, names: &[&str], config: &str, yaml: &str, failpoints: &str) -> Vec<Agent> {
     names
         .iter()
         .map(|name| {
-            Agent::builder()
+            let agent = Agent::builder()
                 .config(&format!("{}agent:\n  name: {name}\n{config}", schema.config()))
                 // Steps see a few of the agent's variables: this one says which agent ran it.
                 .env("LOGNAME", name)
-                .task("fleet.yaml", yaml)
-                .start()
+                .task("fleet.yaml", yaml);
+            match failpoints {
+                "" => agent,
+                armed => agent.env("FAILPOINTS", armed),
+            }
+            .start()
         })
         .collect()
 }
@@ -247,6 +256,68 @@ async fn on_postgresql_a_cancel_stops_the_items_other_agents_run_and_an_items_lo
             );
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
+    }
+    drop(agents);
+}
+
+#[tokio::test]
+async fn on_postgresql_an_item_that_ends_while_its_step_is_taken_over_counts_and_the_step_ends() {
+    let schema = PgSchema::new("item_takeover");
+    let shared = tempfile::tempdir().unwrap();
+    let witness = shared.path().join("witness");
+    let labels: Vec<String> = (0..40).map(|i| format!("i{i:02}")).collect();
+    let task = format!(
+        "task: fleet\nsteps:\n  - name: each\n    plugin: shell\n    retry: 0\n    foreach: [{}]\n    max_parallel: 4\n    \
+         params:\n      command: echo \"start $APOLLO_IDEMPOTENCY_KEY $LOGNAME $(date +%s%N)\" >> {w}; sleep 0.5\n",
+        labels.join(", "),
+        w = witness.display()
+    );
+    // A new life of the step waits 0.8 s before it locks the offer — the
+    // agent taking over claims more items of the old life as a helper
+    // meanwhile — and stays open 0.8 s once it has read what runs: those
+    // items (0.5 s each) end meanwhile, and their ends wait for it. (The
+    // agent's writer waits with it: the lease is long enough to be renewed
+    // after both.)
+    let failpoints = "items.open_round.before_lock=sleep(800);items.open_round.locked=sleep(800)";
+    let config = "scheduler:\n  concurrency: 2\n  lease: 4s\n";
+    let mut agents = start_with(&schema, &["a", "b"], config, &task, failpoints);
+    let c = agents[0].client().await;
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    let id = trigger(&c, "fleet", serde_json::json!({})).await;
+    let running =
+        wait_until(&c, &mut events, &id, "items running on both agents", |_| holding(&schema, &id).len() == 2).await;
+    let holder = name_of(running.lease_owner.as_deref().unwrap_or_default()).to_string();
+    let (dies, lives) = if holder == "a" { (0, 1) } else { (1, 0) };
+    drop(c);
+    let c = agents[lives].client().await;
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    agents[dies].kill9();
+    let end = tokio::time::timeout(
+        std::time::Duration::from_secs(40),
+        wait_until(&c, &mut events, &id, "the fan-out's end after the takeover", ended),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        let offer = schema.sql("SELECT round, running, done FROM item_offers");
+        let items =
+            schema.sql(&format!("SELECT label, state, holder, round FROM step_items WHERE instance_id = '{id}'"));
+        panic!("the fan-out did not end after the takeover: offer (round, running, done) {offer:?}; items {items:?}")
+    });
+    assert_eq!(end.state, apollo_shared::state::TaskState::Success, "{end:?}");
+    assert_eq!(end.steps.as_ref().unwrap()[0].items.as_ref().map(|n| n.ok), Some(40));
+    // The takeover's new life did wait for items of the helper's to end.
+    let took = schema.sql(&format!(
+        "SELECT COUNT(*) FROM step_items WHERE instance_id = '{id}' AND holder LIKE 'agent:{}:%' AND round = 1",
+        ["a", "b"][lives]
+    ));
+    assert_ne!(took[0][0].as_deref(), Some("0"), "the agent that took over ran items of the first life");
+    // None of them was interrupted as left over and run again beside itself.
+    let survivor = ["a", "b"][lives];
+    for (key, runs) in starts(&witness) {
+        let here = runs.iter().filter(|r| r.agent == survivor).count();
+        assert!(here <= 1, "item {key} ran {here} times on {survivor}, which never stopped: {runs:?}");
     }
     drop(agents);
 }

@@ -9,7 +9,7 @@
 //! Its log is kept where it ran (the item's `holder` says where).
 
 use super::calls::watchdog;
-use super::state::{noted, Helping};
+use super::state::{noted, Held, Helping, InHand};
 use super::Scheduler;
 use crate::logs::StepLog;
 use crate::plugins::{Call, CallContext, PluginError, Registration};
@@ -28,10 +28,12 @@ use tokio_util::sync::CancellationToken;
 /// Numbers the helpers.
 static HELPERS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// An item's call as its claim rendered it, and its context.
+/// An item's call as its claim rendered it, and its context; the item is
+/// in hand as long as this lives.
 pub(super) struct Rendered {
     call: Result<ItemCall, PluginError>,
     over: Value,
+    held: Held,
 }
 
 /// An item claimed, its call rendered in the claim.
@@ -66,25 +68,27 @@ impl Runner {
     }
 
     /// What the claim's write calls to make the claimed item's call and the
-    /// params recorded with it (its secrets masked).
-    pub fn render(&self) -> impl Fn(&Value) -> (Option<String>, Rendered) + Send + Sync + 'static {
+    /// params recorded with it (its secrets masked); it puts the item in
+    /// `hand`, before the claim commits.
+    fn render(&self, hand: InHand) -> impl Fn(u32, &Value) -> (Option<String>, Rendered) + Send + Sync + 'static {
         let (d, base, secrets, masker, name) =
             (self.d.clone(), self.base.clone(), self.secrets.clone(), self.masker.clone(), self.name.clone());
-        move |item| {
+        let (id, seq) = (self.id.clone(), self.seq);
+        move |index, item| {
             let over = Self::over(&base, &name, item);
             let call = crate::steps::item_call(&d, &over, &secrets);
             let recorded = match &call {
                 Ok((p, _)) => masker.value(&Value::Object(p.clone())).to_string(),
                 Err(_) => "null".to_string(),
             };
-            (Some(recorded), Rendered { call, over })
+            (Some(recorded), Rendered { call, over, held: hand.take(&id, seq, index) })
         }
     }
 
     /// Claims up to `most` items for this agent in one write (none: none
     /// to take now).
     pub async fn claim(&self, s: &Scheduler, most: usize) -> Result<Vec<Claimed>, StoreError> {
-        s.store.item_claim(&self.id, self.seq, most, self.render()).await
+        s.store.item_claim(&self.id, self.seq, most, self.render(s.in_hand.clone())).await
     }
 
     /// Runs a claimed item: its call, its end, recorded. `Some` (index,
@@ -99,7 +103,8 @@ impl Runner {
             _ => log.line(&heading),
         }
         log.mask(self.masker.clone());
-        let Rendered { call, over } = it.call;
+        // In hand until its end is written.
+        let Rendered { call, over, held: _held } = it.call;
         let result = async {
             let (params, env) = call?;
             crate::steps::validate_item(&self.reg, &params).await?;
@@ -139,22 +144,6 @@ impl Runner {
 }
 
 impl Scheduler {
-    /// The items of instance `id`'s step `seq` this agent runs as a
-    /// helper, once no claim of one is under way (its item would be known
-    /// to the store and not yet here).
-    pub(super) async fn helping_items(&self, id: &str, seq: u32) -> Vec<u32> {
-        loop {
-            {
-                let helping = self.helping.lock().expect("helping");
-                let mine = || helping.iter().filter(|h| h.id == id && h.seq == seq);
-                if !mine().any(|h| h.claiming) {
-                    return mine().filter_map(|h| h.index).collect();
-                }
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
-        }
-    }
-
     /// Fills free slots with items other agents' fan-out steps offer
     /// (shared stores only): a helper per slot, each claiming and running
     /// items of one offer until it has none left to give.
@@ -172,12 +161,10 @@ impl Scheduler {
             for _ in 0..(o.room as usize).min(left) {
                 let token = CancellationToken::new();
                 let key = HELPERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let entry =
-                    Helping { key, id: o.id.clone(), seq: o.seq, index: None, claiming: false, token: token.clone() };
-                self.helping.lock().expect("helping").push(entry);
+                self.helping.lock().expect("helping").push(Helping { key, token: token.clone() });
                 let (me, o) = (self.clone(), o.clone());
                 self.tracker.spawn(async move {
-                    let ran = me.help_with(&o, key, token).await;
+                    let ran = me.help_with(&o, token).await;
                     me.helping.lock().expect("helping").retain(|h| h.key != key);
                     match ran {
                         // A slot freed after work: the loop looks for more.
@@ -232,7 +219,7 @@ impl Scheduler {
     /// A helper: claims and runs the offer's items one after another until
     /// none is left to it; stops them when the instance stops running.
     /// How many items it ran.
-    async fn help_with(self: &Arc<Self>, o: &Open, key: u64, token: CancellationToken) -> Result<u32, StoreError> {
+    async fn help_with(self: &Arc<Self>, o: &Open, token: CancellationToken) -> Result<u32, StoreError> {
         let Some(runner) = self.runner_for(o, token.clone()).await? else { return Ok(0) };
         let mut events = self.store.bus().subscribe();
         let id = o.id.clone();
@@ -264,13 +251,8 @@ impl Scheduler {
         let result = async {
             let mut ran = 0;
             while !self.is_shutting_down() && !token.is_cancelled() {
-                self.note_helping(key, None, true);
-                let claimed = runner.claim(self, 1).await.map(|mut c| c.pop());
-                let index = claimed.as_ref().ok().and_then(|c| c.as_ref().map(|c| c.index));
-                self.note_helping(key, index, false);
-                let Some(it) = claimed? else { break };
+                let Some(it) = runner.claim(self, 1).await?.pop() else { break };
                 let done = runner.run(self, it).await;
-                self.note_helping(key, None, false);
                 ran += 1;
                 match done {
                     Ok(_) => {}
@@ -285,11 +267,5 @@ impl Scheduler {
         ended.cancel();
         let _ = watch.await;
         result
-    }
-
-    fn note_helping(&self, key: u64, index: Option<u32>, claiming: bool) {
-        if let Some(h) = self.helping.lock().expect("helping").iter_mut().find(|h| h.key == key) {
-            (h.index, h.claiming) = (index, claiming);
-        }
     }
 }

@@ -47,6 +47,8 @@ pub struct Scheduler {
     pub(super) active: Mutex<HashMap<String, Arc<Active>>>,
     /// Items this agent runs for other agents' fan-out steps.
     pub(super) helping: Mutex<Vec<Helping>>,
+    /// Every item running here, the step's own agent's and its helpers'.
+    pub(super) in_hand: InHand,
     pub(super) slots: Slots,
     pub(super) tracker: TaskTracker,
     pub(super) shutdown: CancellationToken,
@@ -82,16 +84,52 @@ pub(super) struct Sweeps {
     pub(super) running: AtomicBool,
 }
 
-/// An item this agent runs for another agent's step.
+/// A helper: it runs items of another agent's step, one after another.
 pub(super) struct Helping {
     /// Tells the helpers apart.
     pub key: u64,
-    pub id: String,
-    pub seq: u32,
-    /// The item it runs; `claiming` while its claim is under way.
-    pub index: Option<u32>,
-    pub claiming: bool,
     pub token: CancellationToken,
+}
+
+/// The items running on this agent (instance, step, index), whoever runs
+/// them here. An item is put in hand by the write that claims it, before
+/// that write commits, and leaves the hand when its run ends (or is
+/// dropped): a new life of the step, whose write waits for the claims
+/// under way, keeps exactly the items that still run here.
+#[derive(Clone, Default)]
+pub(crate) struct InHand(Arc<Mutex<HashMap<ItemAt, u32>>>);
+
+/// An item's place: its instance, step and index.
+type ItemAt = (String, u32, u32);
+
+/// An item held in hand until this is dropped.
+pub(crate) struct Held {
+    hand: InHand,
+    key: ItemAt,
+}
+
+impl InHand {
+    pub(crate) fn take(&self, id: &str, seq: u32, index: u32) -> Held {
+        let key = (id.to_string(), seq, index);
+        *self.0.lock().expect("in hand").entry(key.clone()).or_default() += 1;
+        Held { hand: self.clone(), key }
+    }
+
+    pub(crate) fn has(&self, id: &str, seq: u32, index: u32) -> bool {
+        self.0.lock().expect("in hand").contains_key(&(id.to_string(), seq, index))
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let mut hand = self.hand.0.lock().expect("in hand");
+        if let Some(n) = hand.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                hand.remove(&self.key);
+            }
+        }
+    }
 }
 
 /// One [`Repeats`] for each store call the loop makes every turn.
@@ -211,6 +249,7 @@ impl Scheduler {
             pause_ends: Arc::default(),
             active: Mutex::new(HashMap::new()),
             helping: Mutex::new(Vec::new()),
+            in_hand: InHand::default(),
             slots: Slots::new(),
             tracker: TaskTracker::new(),
             shutdown,

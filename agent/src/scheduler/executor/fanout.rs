@@ -91,10 +91,13 @@ async fn batches(s: &Arc<Scheduler>, st: Step<'_>) -> Result<Result<Option<Value
     };
     // A life of the step: what an earlier one left RUNNING runs again
     // (but items a live agent still runs), each item is tried once.
-    let done = items.iter().filter_map(|i| i.done).max().map_or(0, |d| d + 1);
-    let keep = s.helping_items(st.id, st.seq).await;
+    // Items of the step still running here (as a helper) are not interrupted.
+    let keep = {
+        let (hand, id, seq) = (s.in_hand.clone(), st.id.to_string(), st.seq);
+        move |index| hand.has(&id, seq, index)
+    };
     let interrupted;
-    (plan.round, interrupted) = s.store.items_round(st.id, st.seq, plan, done, keep).await?;
+    (plan.round, interrupted) = s.store.items_round(st.id, st.seq, plan, keep).await?;
     if !first && interrupted > 0 {
         items = s.store.items(st.id, st.seq).await?;
     }

@@ -79,73 +79,108 @@ fn live_agents(c: &dyn Db, but: &str) -> Result<Vec<String>> {
 /// round, so they are offered again; the offer's count and cursor follow.
 fn interrupt(c: &dyn Db, id: &str, seq: u32, items: &[(u32, Option<String>)], round: u32) -> Result<u32> {
     let now = ts(Utc::now());
+    let mut n = 0;
     for (idx, holder) in items {
         let idx = *idx;
         let why = match holder {
             Some(h) => format!("interrupted: {h} stopped while this item ran; it runs again"),
             None => "interrupted: the step was cut off while this item ran; it runs again".to_string(),
         };
-        c.execute(
+        n += c.execute(
             "UPDATE step_items SET state = 'FAILED', round = ?4, error = ?5, finished_at = ?6, history = history || ?7 \
              WHERE instance_id = ?1 AND seq = ?2 AND idx = ?3 AND state = 'RUNNING'",
             p![id, seq, idx, round.saturating_sub(1), why.as_str(), now.as_str(), line(StepState::Running, StepState::Failed, &why)],
-        )?;
+        )? as u32;
     }
     if let Some(low) = items.iter().map(|(i, _)| *i).min() {
         c.execute(
             "UPDATE item_offers SET running = CASE WHEN running > ?3 THEN running - ?3 ELSE 0 END, \
              next = CASE WHEN next > ?4 THEN ?4 ELSE next END WHERE instance_id = ?1 AND seq = ?2",
-            p![id, seq, items.len() as u32, low],
+            p![id, seq, n, low],
         )?;
     }
-    Ok(items.len() as u32)
+    Ok(n)
 }
 
-/// The RUNNING items of a step, with their holders.
+/// Locks the step's offer (PostgreSQL; SQLite's writer is alone anyway)
+/// and returns its round, `None` when none is open. Whatever writes the
+/// offer's counts takes this lock first — a claim, an item's end, an
+/// interruption, a new life of the step — so they take turns, and one
+/// never counts from what another is changing.
+fn lock_offer(c: &dyn Db, id: &str, seq: u32) -> Result<Option<u32>> {
+    let sql = format!(
+        "SELECT round FROM item_offers WHERE instance_id = ?1 AND seq = ?2{}",
+        c.driver().locking("item_offers")
+    );
+    c.value(&sql, p![id, seq])
+}
+
+/// The RUNNING items of a step, with their holders, locked: an end
+/// already under way is waited for (and its item is then not RUNNING),
+/// one not yet begun waits for this write.
 fn running(c: &dyn Db, id: &str, seq: u32) -> Result<Vec<(u32, Option<String>)>> {
-    c.query(
-        "SELECT idx, holder FROM step_items WHERE instance_id = ?1 AND seq = ?2 AND state = 'RUNNING'",
-        p![id, seq],
-    )?
-    .iter()
-    .map(|r| Ok((r.get(0)?, r.get(1)?)))
-    .collect()
+    let sql = format!(
+        "SELECT idx, holder FROM step_items WHERE instance_id = ?1 AND seq = ?2 AND state = 'RUNNING'{}",
+        c.driver().locking("step_items")
+    );
+    c.query(&sql, p![id, seq])?.iter().map(|r| Ok((r.get(0)?, r.get(1)?))).collect()
 }
 
 /// Opens a life of the step for the agent that holds its instance, the
 /// one after the last any item was tried in; returns its number and how
 /// many items it interrupted. Items
-/// left RUNNING by an earlier life — its own (but those in `keep`, which it
-/// runs for the instance as a helper) or those of an agent no longer
+/// left RUNNING by an earlier life — its own (but those `keep` says still
+/// run here, as its helpers' do) or those of an agent no longer
 /// answering — are interrupted; those a live agent runs go on and count
-/// against the step's parallel. Nothing is offered yet.
+/// against the step's parallel. Nothing is offered yet. `keep` is asked
+/// once the offer is locked: a claim of this agent's that committed before
+/// has put its item in hand, one that has not waits for this write.
+///
+/// An earlier life's offer is changed in place, not deleted and made anew:
+/// a helper's end waiting on its lock then counts itself out of the new
+/// life's offer (on PostgreSQL an update that waited on a deleted row
+/// changes nothing, and the item would count as running for ever).
 pub fn open_round(
     c: &dyn Db,
     id: &str,
     seq: u32,
     mut plan: FanoutPlan,
-    done: u32,
-    keep: &[u32],
+    keep: &dyn Fn(u32) -> bool,
     actor: &str,
 ) -> Result<(u32, u32)> {
     held(c, id, seq, actor)?;
+    // Tests hold a new life back here (`sleep(ms)`) while items are
+    // claimed, and once it has locked the offer while items end.
+    fail::fail_point!("items.open_round.before_lock");
+    let open = lock_offer(c, id, seq)?.is_some();
+    let running = running(c, id, seq)?;
+    fail::fail_point!("items.open_round.locked");
     let last: Option<u32> =
         c.value("SELECT MAX(round) FROM step_items WHERE instance_id = ?1 AND seq = ?2", p![id, seq])?;
     plan.round = last.unwrap_or(0) + 1;
     let live = live_agents(c, actor)?;
-    let (gone, going): (Vec<_>, Vec<_>) = running(c, id, seq)?.into_iter().partition(|(idx, holder)| match holder {
-        Some(h) if h == actor => !keep.contains(idx),
+    let (gone, going): (Vec<_>, Vec<_>) = running.into_iter().partition(|(idx, holder)| match holder {
+        Some(h) if h == actor => !keep(*idx),
         Some(h) => !live.contains(h),
         None => true,
     });
-    c.execute("DELETE FROM item_offers WHERE instance_id = ?1 AND seq = ?2", p![id, seq])?;
+    // The order items ended in goes on from the last that ended.
+    let done: u32 = c
+        .value("SELECT COALESCE(MAX(done) + 1, 0) FROM step_items WHERE instance_id = ?1 AND seq = ?2", p![id, seq])?
+        .unwrap_or(0);
     let gone: Vec<(u32, Option<String>)> = gone.into_iter().map(|(i, h)| (i, h.filter(|h| h != actor))).collect();
     let n = interrupt(c, id, seq, &gone, plan.round)?;
-    c.execute(
-        "INSERT INTO item_offers (instance_id, seq, batch, round, first, last, next, parallel, budget, running, failed, done) \
-         VALUES (?1, ?2, 0, ?3, 1, 0, 1, 0, ?4, ?5, 0, ?6)",
-        p![id, seq, plan.round, plan.budget, going.len() as u32, done],
-    )?;
+    let sql = match open {
+        true => {
+            "UPDATE item_offers SET batch = 0, round = ?3, first = 1, last = 0, next = 1, parallel = 0, budget = ?4, \
+             running = ?5, failed = 0, done = ?6 WHERE instance_id = ?1 AND seq = ?2"
+        }
+        false => {
+            "INSERT INTO item_offers (instance_id, seq, batch, round, first, last, next, parallel, budget, running, \
+             failed, done) VALUES (?1, ?2, 0, ?3, 1, 0, 1, 0, ?4, ?5, 0, ?6)"
+        }
+    };
+    c.execute(sql, p![id, seq, plan.round, plan.budget, going.len() as u32, done])?;
     if n > 0 {
         let what = format!("{n} item(s) an earlier life of the step left RUNNING were interrupted; they run again");
         history(c, id, Some(seq), Some("RUNNING"), "RUNNING", &what, actor)?;
@@ -178,7 +213,7 @@ pub fn claim<R>(
     id: &str,
     seq: u32,
     actor: &str,
-    render: impl Fn(&Value) -> (Option<String>, R),
+    render: impl Fn(u32, &Value) -> (Option<String>, R),
 ) -> Result<Option<ClaimedItem<R>>> {
     let sql = format!(
         "SELECT o.round, o.next, o.last, o.parallel, o.budget, o.running, o.failed, i.state, s.state \
@@ -207,7 +242,7 @@ pub fn claim<R>(
     let from: StepState = r.get::<String>(4)?.parse().map_err(StoreError::Invalid)?;
     check_step(from, StepState::Running)?;
     let value: Value = serde_json::from_str(&value).unwrap_or(Value::Null);
-    let (params, call) = render(&value);
+    let (params, call) = render(index, &value);
     let why = format!("started by {actor}");
     c.execute(
         "UPDATE step_items SET state = 'RUNNING', holder = ?4, round = ?5, attempts = attempts + 1, params = ?6, \
@@ -232,11 +267,14 @@ pub fn end(c: &dyn Db, id: &str, seq: u32, (idx, round): (u32, u32), how: &ItemE
         ItemEnd::Failed { error } => (StepState::Failed, None, Some(*error), apollo_shared::text::one_line(error, 200)),
     };
     let failed = u32::from(to == StepState::Failed);
-    c.execute(
-        "UPDATE item_offers SET running = CASE WHEN running > 0 THEN running - 1 ELSE 0 END, failed = failed + ?3, \
-         done = done + 1 WHERE instance_id = ?1 AND seq = ?2",
-        p![id, seq, failed],
-    )?;
+    let count_out = || {
+        c.execute(
+            "UPDATE item_offers SET running = CASE WHEN running > 0 THEN running - 1 ELSE 0 END, failed = failed + ?3, \
+             done = done + 1 WHERE instance_id = ?1 AND seq = ?2",
+            p![id, seq, failed],
+        )
+    };
+    let counted = count_out()?;
     // Its place: the offer's count before this end (or, no offer open,
     // after every item that ended).
     let n = c.execute(
@@ -252,12 +290,19 @@ pub fn end(c: &dyn Db, id: &str, seq: u32, (idx, round): (u32, u32), how: &ItemE
              offered again)"
         )));
     }
+    // No offer was open when this end began, and a new life of the step
+    // that opened one meanwhile (its write held the item) counts the item
+    // as running: it is counted out now.
+    if counted == 0 {
+        count_out()?;
+    }
     Ok(())
 }
 
 /// Interrupts the items of the step whose holders stopped answering
 /// (shared stores; the agent that runs the step asks while it waits).
 pub fn interrupt_dead(c: &dyn Db, id: &str, seq: u32, actor: &str) -> Result<u32> {
+    let Some(round) = lock_offer(c, id, seq)? else { return Ok(0) };
     let mut live = live_agents(c, actor)?;
     live.push(actor.to_string());
     let dead: Vec<(u32, Option<String>)> =
@@ -265,14 +310,6 @@ pub fn interrupt_dead(c: &dyn Db, id: &str, seq: u32, actor: &str) -> Result<u32
     if dead.is_empty() {
         return Ok(0);
     }
-    let round: Option<u32> = c.value(
-        &format!(
-            "SELECT round FROM item_offers WHERE instance_id = ?1 AND seq = ?2{}",
-            c.driver().locking("item_offers")
-        ),
-        p![id, seq],
-    )?;
-    let Some(round) = round else { return Ok(0) };
     interrupt(c, id, seq, &dead, round)
 }
 

@@ -24,11 +24,10 @@ impl Store {
         id: &str,
         seq: u32,
         p: FanoutPlan,
-        done: u32,
-        keep: Vec<u32>,
+        keep: impl Fn(u32) -> bool + Send + 'static,
     ) -> Result<(u32, u32)> {
         let (i, a) = (id.to_string(), self.agent().to_string());
-        self.write(move |c| claims::open_round(c, &i, seq, p, done, &keep, &a)).await
+        self.write(move |c| claims::open_round(c, &i, seq, p, &keep, &a)).await
     }
 
     /// Offers a batch to every agent that can run its items (the others
@@ -51,7 +50,7 @@ impl Store {
         id: &str,
         seq: u32,
         most: usize,
-        render: impl Fn(&Value) -> (Option<String>, R) + Send + Sync + 'static,
+        render: impl Fn(u32, &Value) -> (Option<String>, R) + Send + Sync + 'static,
     ) -> Result<Vec<ClaimedItem<R>>> {
         let (i, a) = (id.to_string(), self.agent().to_string());
         self.write(move |c| {
