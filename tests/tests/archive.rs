@@ -112,8 +112,21 @@ async fn until_gone(path: &std::path::Path, what: &str) {
 
 #[tokio::test]
 async fn an_instances_work_directory_ends_with_it_and_its_logs_with_its_archived_copy() {
+    files_end_with_their_instance("").await;
+}
+
+#[tokio::test]
+async fn on_postgresql_an_instances_work_directory_and_logs_end_with_it_too() {
+    let schema = PgSchema::new("archive_files");
+    files_end_with_their_instance(&schema.config()).await;
+}
+
+/// An instance's work directory goes once it is archived, its logs once
+/// the archive lets it go; a hot instance keeps its own (`store`: the
+/// agent's store configuration, empty for SQLite).
+async fn files_end_with_their_instance(store: &str) {
     let agent = Agent::builder()
-        .config("scheduler:\n  retention: 1s\n  archive_retention: 1h\n  lease: 3s\n")
+        .config(&format!("{store}scheduler:\n  retention: 1s\n  archive_retention: 1h\n  lease: 3s\n"))
         .task(
             "files.yaml",
             "task: files\nsteps:\n  - plugin: shell\n    params: {command: 'echo kept > made.txt; echo said'}\n",
