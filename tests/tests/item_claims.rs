@@ -47,6 +47,21 @@ fn succeeded(schema: &PgSchema, id: &str) -> BTreeSet<String> {
     rows.into_iter().filter_map(|r| r[0].clone()).collect()
 }
 
+/// The task `fleet`: one step of `items` items (`i000`…, their labels
+/// returned too), `parallel` at once, each writing its start to the
+/// witness (its key, its agent, the time) and then sleeping `secs`.
+fn fleet(witness: &std::path::Path, items: usize, parallel: u32, secs: &str) -> (Vec<String>, String) {
+    let labels: Vec<String> = (0..items).map(|i| format!("i{i:03}")).collect();
+    let task = format!(
+        "task: fleet\nsteps:\n  - name: each\n    plugin: shell\n    retry: 0\n    foreach: [{}]\n    \
+         max_parallel: {parallel}\n    params:\n      command: echo \"start $APOLLO_IDEMPOTENCY_KEY $LOGNAME \
+         $(date +%s%N)\" >> {w}; sleep {secs}\n",
+        labels.join(", "),
+        w = witness.display()
+    );
+    (labels, task)
+}
+
 /// Agents of these names on the schema, each with `config` and the task
 /// `fleet` of `yaml`.
 fn start(schema: &PgSchema, names: &[&str], config: &str, yaml: &str) -> Vec<Agent> {
@@ -77,13 +92,7 @@ async fn on_postgresql_every_agent_claims_items_of_one_fan_out_and_none_runs_twi
     let schema = PgSchema::new("item_claims");
     let shared = tempfile::tempdir().unwrap();
     let witness = shared.path().join("witness");
-    let labels: Vec<String> = (0..100).map(|i| format!("i{i:03}")).collect();
-    let task = format!(
-        "task: fleet\nsteps:\n  - name: each\n    plugin: shell\n    retry: 0\n    foreach: [{}]\n    max_parallel: 8\n    \
-         params:\n      command: echo \"start $APOLLO_IDEMPOTENCY_KEY $LOGNAME $(date +%s%N)\" >> {w}; sleep 0.3\n",
-        labels.join(", "),
-        w = witness.display()
-    );
+    let (labels, task) = fleet(&witness, 100, 8, "0.3");
     let names = ["a", "b", "c"];
     let mut agents = start(&schema, &names, "scheduler:\n  concurrency: 4\n  lease: 2s\n", &task);
     let c = agents[0].client().await;
@@ -265,13 +274,7 @@ async fn on_postgresql_an_item_that_ends_while_its_step_is_taken_over_counts_and
     let schema = PgSchema::new("item_takeover");
     let shared = tempfile::tempdir().unwrap();
     let witness = shared.path().join("witness");
-    let labels: Vec<String> = (0..40).map(|i| format!("i{i:02}")).collect();
-    let task = format!(
-        "task: fleet\nsteps:\n  - name: each\n    plugin: shell\n    retry: 0\n    foreach: [{}]\n    max_parallel: 4\n    \
-         params:\n      command: echo \"start $APOLLO_IDEMPOTENCY_KEY $LOGNAME $(date +%s%N)\" >> {w}; sleep 0.5\n",
-        labels.join(", "),
-        w = witness.display()
-    );
+    let task = fleet(&witness, 40, 4, "0.5").1;
     // A new life of the step waits 0.8 s before it locks the offer — the
     // agent taking over claims more items of the old life as a helper
     // meanwhile — and stays open 0.8 s once it has read what runs: those
