@@ -39,6 +39,7 @@ mod newuser;
 mod package;
 mod panics;
 mod pauses;
+mod pg_links;
 mod policy;
 mod postgres;
 mod reaper;
