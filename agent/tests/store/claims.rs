@@ -100,8 +100,7 @@ pub(super) async fn a_retry_is_claimed_as_the_next_attempt_with_its_lease(db: Te
     let store = db.open();
     store.put_def("h1", "t", "t.yaml", "task: t").await.unwrap();
     store.create(new("R1", "t", "q", 50, None, None), "test").await.unwrap();
-    store.claim(1, lease(), QueuePolicy::default()).await.unwrap();
-    store.step_start("R1", 0, "1.0.0", &json!({})).await.unwrap();
+    claim_and_start(&store, "R1").await;
     let past = chrono::Utc::now() - chrono::Duration::seconds(1);
     let retry: apollo_agent::store::Decide = Box::new(move |_| (FailurePlan::Retry(past), "retry".into()));
     store.fail_step("R1", 0, "boom", true, retry).await.unwrap();

@@ -190,6 +190,12 @@ fn new(id: &str, task: &str, queue: &str, priority: u8, max_active: Option<u32>,
     }
 }
 
+/// Claims the one instance waiting, `id`, and starts its first step.
+async fn claim_and_start(store: &Store, id: &str) {
+    store.claim(1, lease(), QueuePolicy::default()).await.unwrap();
+    store.step_start(id, 0, "1.0.0", &json!({})).await.unwrap();
+}
+
 fn lease() -> std::time::Duration {
     std::time::Duration::from_secs(30)
 }

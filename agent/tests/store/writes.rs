@@ -56,8 +56,7 @@ pub(super) async fn recovery_takes_running_instances_and_marks_interrupted_steps
         let store = db.open();
         store.put_def("h1", "t", "t.yaml", "task: t").await.unwrap();
         store.create(new("R1", "t", "q", 50, None, None), "test").await.unwrap();
-        store.claim(1, lease(), QueuePolicy::default()).await.unwrap();
-        store.step_start("R1", 0, "1.0.0", &json!({})).await.unwrap();
+        claim_and_start(&store, "R1").await;
         store.close();
     }
     // A new store on the same database, as after a crash.
@@ -125,8 +124,7 @@ pub(super) async fn transitions_the_table_forbids_are_refused(db: TestDb) {
     let e = store.step_start("T1", 0, "1.0.0", &json!({})).await.unwrap_err();
     assert!(e.to_string().contains("is PENDING"), "{e}");
     assert!(matches!(store.finish_rolled_back("T1").await, Err(StoreError::Illegal(_))));
-    store.claim(1, lease(), QueuePolicy::default()).await.unwrap();
-    store.step_start("T1", 0, "1.0.0", &json!({})).await.unwrap();
+    claim_and_start(&store, "T1").await;
     store.step_success("T1", 0, &json!({"n": 1}).to_string(), Then::Nothing).await.unwrap();
     store.finish_success("T1").await.unwrap();
     // SUCCESS is final.
@@ -146,8 +144,7 @@ pub(super) async fn a_steps_success_starts_the_next_step_or_ends_the_instance_in
     let mut two = new("S1", "t", "q", 50, None, None);
     two.steps.push(("b".into(), "sleep".into()));
     store.create(two, "test").await.unwrap();
-    store.claim(1, lease(), QueuePolicy::default()).await.unwrap();
-    store.step_start("S1", 0, "1.0.0", &json!({})).await.unwrap();
+    claim_and_start(&store, "S1").await;
     let start = Then::Start { seq: 1, version: "1.0.0", params: &json!({"p": 1}) };
     let followed = store.step_success("S1", 0, &json!({"n": 1}).to_string(), start).await.unwrap();
     assert_eq!(followed, Followed::Started(1));
@@ -178,8 +175,7 @@ pub(super) async fn a_steps_success_starts_the_next_step_or_ends_the_instance_in
 
     // The last step's SUCCESS ends the instance in the same write.
     store.create(new("S2", "t", "q", 50, None, None), "test").await.unwrap();
-    store.claim(1, lease(), QueuePolicy::default()).await.unwrap();
-    store.step_start("S2", 0, "1.0.0", &json!({})).await.unwrap();
+    claim_and_start(&store, "S2").await;
     let followed = store.step_success("S2", 0, &json!({}).to_string(), Then::Finish).await.unwrap();
     assert_eq!(followed, Followed::Finished);
     let inst = store.get("S2").await.unwrap();
