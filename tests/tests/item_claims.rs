@@ -324,3 +324,46 @@ async fn on_postgresql_an_item_that_ends_while_its_step_is_taken_over_counts_and
     }
     drop(agents);
 }
+
+#[tokio::test]
+async fn on_postgresql_an_item_that_ends_as_a_restarted_holder_opens_the_step_again_counts() {
+    let schema = PgSchema::new("item_reopen");
+    let shared = tempfile::tempdir().unwrap();
+    let witness = shared.path().join("witness");
+    // Odd items take 6 s, even ones 1 s: when the holder has stopped, the
+    // helper has an item begun since, with time left.
+    let task = fleet(&witness, 16, 4, "$((1 + 5 * $(expr ${APOLLO_IDEMPOTENCY_KEY##*:i} % 2)))").1;
+    let config = "scheduler:\n  concurrency: 2\n  lease: 10s\n";
+    let mut agents = start(&schema, &["a", "b"], config, &task);
+    let c = agents[0].client().await;
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    let id = trigger(&c, "fleet", serde_json::json!({})).await;
+    let running =
+        wait_until(&c, &mut events, &id, "items running on both agents", |_| holding(&schema, &id).len() == 2).await;
+    let holder = name_of(running.lease_owner.as_deref().unwrap_or_default()).to_string();
+    let (restarts, helps) = if holder == "a" { (0, 1) } else { (1, 0) };
+    drop(c);
+    let c = agents[helps].client().await;
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    // The holder stops (its own items finish; its offer is withdrawn) while
+    // the helper's items run on; started again, it opens the step again and
+    // holds that write 3.5 s once it has read what runs: the helper's
+    // items end meanwhile, with no offer open when their ends began.
+    assert_eq!(agents[restarts].stop().code(), Some(0));
+    assert_eq!(holding(&schema, &id), BTreeSet::from([["a", "b"][helps].to_string()]), "the helper runs items on");
+    agents[restarts].spawn_with(&[("FAILPOINTS", "items.open_round.locked=sleep(3500)")]);
+    let end = tokio::time::timeout(
+        std::time::Duration::from_secs(45),
+        wait_until(&c, &mut events, &id, "the fan-out's end after the restart", ended),
+    )
+    .await
+    .unwrap_or_else(|_| {
+        let offer = schema.sql("SELECT round, running, done FROM item_offers");
+        panic!("the fan-out did not end after the restart: offer (round, running, done) {offer:?}")
+    });
+    assert_eq!(end.state, apollo_shared::state::TaskState::Success, "{end:?}");
+    assert_eq!(end.steps.as_ref().unwrap()[0].items.as_ref().map(|n| n.ok), Some(16));
+    drop(agents);
+}
