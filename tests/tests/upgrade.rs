@@ -41,6 +41,11 @@ fn a_store_written_by_the_previous_release_migrates_with_every_instance_step_and
     let status = agent.run_until_exit(&env, std::time::Duration::from_secs(30));
     assert!(!status.success(), "the migration was cut off: {}", agent.log());
     assert!(agent.log().contains("crashing at fail point schema.after_history_batch"), "{}", agent.log());
+    // So is the history's move to fewer bytes (schema 26), on the next start.
+    let env = [("FAILPOINTS", "schema.compact_batch=return(5);schema.after_compact_batch=return")];
+    let status = agent.run_until_exit(&env, std::time::Duration::from_secs(30));
+    assert!(!status.success(), "the second migration was cut off: {}", agent.log());
+    assert!(agent.log().contains("crashing at fail point schema.after_compact_batch"), "{}", agent.log());
     agent.spawn();
     let old: Vec<Value> =
         serde_json::from_str(&std::fs::read_to_string(fixture.join("instances.json")).unwrap()).unwrap();

@@ -5,6 +5,8 @@
 use rusqlite::Connection;
 
 mod clustered;
+mod compact;
+pub(super) use compact::{reason_code, state_code};
 mod statements;
 use statements::*;
 
@@ -198,26 +200,9 @@ const CODE_MIGRATIONS: &[fn(&mut Connection, usize) -> anyhow::Result<()>] = &[
     item_claims,
     // 25: the index no read used.
     no_runnable_index,
+    // 26: history rows in fewer bytes.
+    compact::history_in_fewer_bytes,
 ];
-
-/// Claims read runnable rows by task: the index by priority alone only cost writes.
-fn no_runnable_index(conn: &mut Connection, version: usize) -> anyhow::Result<()> {
-    in_one_transaction(conn, version, NO_RUNNABLE_INDEX)
-}
-
-fn item_claims(conn: &mut Connection, version: usize) -> anyhow::Result<()> {
-    // The offers are read and moved by key only: kept by it.
-    let sql = ITEM_CLAIMS.replace("PRIMARY KEY (instance_id, seq));", "PRIMARY KEY (instance_id, seq)) WITHOUT ROWID;");
-    in_one_transaction(conn, version, &sql)
-}
-
-/// A code migration that is SQL alone: run and recorded in one commit.
-fn in_one_transaction(conn: &mut Connection, version: usize, sql: &str) -> anyhow::Result<()> {
-    let tx = conn.transaction()?;
-    tx.execute_batch(sql)?;
-    tx.pragma_update(None, "user_version", version as i64)?;
-    Ok(tx.commit()?)
-}
 
 /// The newest SQLite schema this build knows.
 pub const VERSION: usize = MIGRATIONS.len() + CODE_MIGRATIONS.len();

@@ -260,14 +260,37 @@ async fn on_sqlite_an_instances_history_stays_in_order_across_a_restart_with_the
     let ahead = chrono::Utc::now().timestamp_micros() + 3_600_000_000;
     let c = rusqlite::Connection::open(db.dir.path().join("apollo.db")).unwrap();
     c.execute(
-        "INSERT INTO transitions (instance_id, id, step_seq, from_state, to_state, reason, actor, at) \
-         VALUES ('K1', ?1, NULL, 'PENDING', 'PENDING', 'written an hour ahead', 'agent:test', ?1)",
+        "INSERT INTO transitions (instance_id, id, step_seq, from_code, to_code, reason_code, actor, at_lag) \
+         VALUES ('K1', ?1, NULL, 'PENDING', 'PENDING', 'written an hour ahead', 'agent:test', 0)",
         [ahead],
     )
     .unwrap();
     drop(c);
     let store = db.open();
     store.claim(1, lease(), QueuePolicy::default()).await.unwrap();
+    // The claim's row keeps its states and reason as codes, and its time as
+    // how far it lies behind its number: here an hour, as the number went
+    // on above the row written ahead (schema 26). The row written above
+    // keeps its text.
+    let c = rusqlite::Connection::open(db.dir.path().join("apollo.db")).unwrap();
+    let sql = "SELECT typeof(to_code), typeof(reason_code), to_state, at_lag, at FROM transitions \
+               WHERE instance_id = 'K1' ORDER BY id";
+    let kept: Vec<(String, String, String, i64, i64)> = c
+        .prepare(sql)
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let [.., ahead_row, claimed] = &kept[..] else { panic!("{kept:?}") };
+    assert_eq!(
+        (ahead_row.0.as_str(), ahead_row.1.as_str(), ahead_row.2.as_str(), ahead_row.3),
+        ("text", "text", "PENDING", 0)
+    );
+    assert_eq!((claimed.0.as_str(), claimed.1.as_str(), claimed.2.as_str()), ("integer", "integer", "RUNNING"));
+    assert!(claimed.3 > 3_590_000_000, "{kept:?}");
+    assert!((claimed.4 - chrono::Utc::now().timestamp_micros()).abs() < 60_000_000, "{kept:?}");
+    drop(c);
     let inst = store.get("K1").await.unwrap();
     let reasons: Vec<String> = inst.transitions.unwrap().into_iter().map(|t| t.reason).collect();
     assert_eq!(

@@ -97,7 +97,7 @@ pub(super) async fn the_history_is_append_only(db: TestDb) {
             }
         }
     };
-    for sql in ["UPDATE transitions SET reason = 'rewritten'", "DELETE FROM transitions"] {
+    for sql in ["UPDATE transitions SET actor = 'rewritten'", "DELETE FROM transitions"] {
         let e = refused(sql);
         assert!(e.contains("append-only"), "{sql}: {e}");
     }

@@ -1,4 +1,7 @@
-//! The migrations both backends run, word for word.
+//! The migrations both backends run, word for word, and SQLite's code
+//! migrations that are SQL alone.
+
+use rusqlite::Connection;
 
 /// Canary rollouts of plugin versions (both backends; their starts and ends
 /// are audited as history rows whose instance is the rollout's id), and the
@@ -140,3 +143,22 @@ pub(super) const ITEM_CLAIMS: &str = "ALTER TABLE step_items ADD COLUMN holder T
 
 /// 25: the runnable rows by priority alone: claims read them by task.
 pub(super) const NO_RUNNABLE_INDEX: &str = "DROP INDEX IF EXISTS task_instances_runnable;";
+
+/// Claims read runnable rows by task: the index by priority alone only cost writes.
+pub(super) fn no_runnable_index(conn: &mut Connection, version: usize) -> anyhow::Result<()> {
+    in_one_transaction(conn, version, NO_RUNNABLE_INDEX)
+}
+
+pub(super) fn item_claims(conn: &mut Connection, version: usize) -> anyhow::Result<()> {
+    // The offers are read and moved by key only: kept by it.
+    let sql = ITEM_CLAIMS.replace("PRIMARY KEY (instance_id, seq));", "PRIMARY KEY (instance_id, seq)) WITHOUT ROWID;");
+    in_one_transaction(conn, version, &sql)
+}
+
+/// A code migration that is SQL alone: run and recorded in one commit.
+fn in_one_transaction(conn: &mut Connection, version: usize, sql: &str) -> anyhow::Result<()> {
+    let tx = conn.transaction()?;
+    tx.execute_batch(sql)?;
+    tx.pragma_update(None, "user_version", version as i64)?;
+    Ok(tx.commit()?)
+}

@@ -7,6 +7,7 @@ use crate::store::history::{not_held, parse_state, read_step_row, read_task_stat
 use crate::store::leases::CANDIDATE_COLS;
 use crate::store::model::{After, Hist, StepRow, Success};
 use crate::store::rows::{parse_ts, ts};
+use crate::store::schema::{reason_code, state_code};
 use crate::store::value::{p, Row, V};
 use crate::store::{Result, StoreError};
 use apollo_shared::state::{check_step, StepState, TaskState};
@@ -192,7 +193,8 @@ impl Driver for Sqlite {
     /// `(instance_id, id)`: no index beside it), each numbered from the
     /// clock in microseconds — in time order across instances, for the
     /// audit — and never below a number given before (see
-    /// [`raise_history_floor`]); the time is stored as microseconds too.
+    /// [`raise_history_floor`]); the time is kept as how far it lies behind
+    /// the number, the states and common reasons as codes (schema 26).
     fn history(&self, c: &dyn Db, rows: &[Hist]) -> Result<()> {
         static SQL: std::sync::LazyLock<[String; 2]> = std::sync::LazyLock::new(|| {
             let row = |k: usize| {
@@ -200,7 +202,7 @@ impl Driver for Sqlite {
                 format!("(?1, ?2 + {k}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{})", b + 1, b + 2, b + 3, b + 4, b + 5, b + 6)
             };
             let head =
-                "INSERT INTO transitions (instance_id, id, step_seq, from_state, to_state, reason, actor, at) VALUES ";
+                "INSERT INTO transitions (instance_id, id, step_seq, from_code, to_code, reason_code, actor, at_lag) VALUES ";
             [format!("{head}{}", row(0)), format!("{head}{}, {}", row(0), row(1))]
         });
         let now = Utc::now().timestamp_micros();
@@ -211,15 +213,16 @@ impl Driver for Sqlite {
                 self.history(c, &chunk[1..])?;
                 continue;
             }
-            let mut params = vec![V::from(chunk[0].id), V::Int(history_ids(chunk.len() as i64, now))];
-            for h in chunk {
+            let first = history_ids(chunk.len() as i64, now);
+            let mut params = vec![V::from(chunk[0].id), V::Int(first)];
+            for (k, h) in chunk.iter().enumerate() {
                 params.extend([
                     V::from(h.step),
-                    V::from(h.from),
-                    V::from(h.to),
-                    V::from(crate::store::rows::reason(h.reason)),
+                    h.from.map_or(V::Null, state_code),
+                    state_code(h.to),
+                    reason_code(&crate::store::rows::reason(h.reason)),
                     V::from(h.actor),
-                    V::Int(now),
+                    V::Int(first + k as i64 - now),
                 ]);
             }
             c.execute(&SQL[chunk.len() - 1], &params)?;
