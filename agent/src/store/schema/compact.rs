@@ -19,7 +19,8 @@ use rusqlite::{params, Connection, OptionalExtension};
 const STATES: [&str; 7] = ["PENDING", "RUNNING", "SUCCESS", "FAILED", "RETRYING", "ROLLED_BACK", "SKIPPED"];
 
 /// The reasons nearly every instance's rows give, by code (same rule).
-const REASONS: [&str; 6] = ["succeeded", "attempt 1", "claimed", "all steps succeeded", "attempt 2", "attempt 3"];
+const REASONS: [&str; 7] =
+    ["succeeded", "attempt 1", "claimed", "all steps succeeded", "created by manual", "attempt 2", "attempt 3"];
 
 /// Rows copied per transaction.
 const BATCH: i64 = 20_000;
