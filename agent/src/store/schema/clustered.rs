@@ -26,11 +26,14 @@ const NEW_TABLE: &str = "CREATE TABLE IF NOT EXISTS transitions_by_instance (
 CREATE TABLE IF NOT EXISTS migration_cursor (name TEXT PRIMARY KEY, last INTEGER NOT NULL) WITHOUT ROWID;";
 
 /// The swap: the old table and its index go, the new one takes the name,
-/// the operators' index and the append-only guards as the old one had them.
+/// with [`GUARDS`].
 const SWAP: &str = "DROP TABLE transitions;
 ALTER TABLE transitions_by_instance RENAME TO transitions;
-DROP TABLE migration_cursor;
-CREATE INDEX transitions_operator ON transitions(id)
+DROP TABLE migration_cursor;";
+
+/// The history's operators' index and append-only guards, made again on
+/// each rebuilt table as the old one had them.
+pub(super) const GUARDS: &str = "CREATE INDEX transitions_operator ON transitions(id)
     WHERE substr(actor, 1, 6) <> 'agent:' AND actor <> 'scheduler';
 CREATE TRIGGER transitions_append_only_update BEFORE UPDATE ON transitions
     BEGIN SELECT RAISE(ABORT, 'transitions are append-only'); END;
@@ -55,6 +58,7 @@ pub(super) fn history_by_instance(conn: &mut Connection, version: usize) -> anyh
         let (n, high) = copy_after(&tx, last, batch)?;
         if n == 0 {
             tx.execute_batch(SWAP)?;
+            tx.execute_batch(GUARDS)?;
             tx.pragma_update(None, "user_version", version as i64)?;
             tx.commit()?;
             return Ok(());

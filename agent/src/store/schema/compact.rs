@@ -75,17 +75,10 @@ fn new_table() -> String {
     )
 }
 
-/// The swap: the old table goes, the new one takes the name, the
-/// operators' index and the append-only guards as the old one had them.
+/// The swap: the old table goes, the new one takes the name, with the
+/// history's guards (`clustered::GUARDS`).
 const SWAP: &str = "DROP TABLE transitions;
-ALTER TABLE transitions_compact RENAME TO transitions;
-CREATE INDEX transitions_operator ON transitions(id)
-    WHERE substr(actor, 1, 6) <> 'agent:' AND actor <> 'scheduler';
-CREATE TRIGGER transitions_append_only_update BEFORE UPDATE ON transitions
-    BEGIN SELECT RAISE(ABORT, 'transitions are append-only'); END;
-CREATE TRIGGER transitions_append_only_delete BEFORE DELETE ON transitions
-    WHEN NOT EXISTS (SELECT 1 FROM archive WHERE id = OLD.instance_id)
-    BEGIN SELECT RAISE(ABORT, 'transitions are append-only'); END;";
+ALTER TABLE transitions_compact RENAME TO transitions;";
 
 pub(super) fn history_in_fewer_bytes(conn: &mut Connection, version: usize) -> anyhow::Result<()> {
     conn.execute_batch(&new_table())?;
@@ -116,6 +109,7 @@ pub(super) fn history_in_fewer_bytes(conn: &mut Connection, version: usize) -> a
         let n = tx.execute(&copy, params![instance, id, batch])?;
         if n == 0 {
             tx.execute_batch(SWAP)?;
+            tx.execute_batch(super::clustered::GUARDS)?;
             tx.pragma_update(None, "user_version", version as i64)?;
             tx.commit()?;
             return Ok(());
