@@ -269,6 +269,19 @@ async fn on_postgresql_a_cancel_stops_the_items_other_agents_run_and_an_items_lo
     drop(agents);
 }
 
+/// Triggers `fleet` through agent a (of a and b) and waits until items run
+/// on both: the instance, and the index of the agent that holds it.
+async fn until_items_run_on_both(agents: &[Agent], schema: &PgSchema) -> (String, usize) {
+    let c = agents[0].client().await;
+    c.subscribe(&[Topic::Tasks]).await.unwrap();
+    let mut events = c.take_events().unwrap();
+    let id = trigger(&c, "fleet", serde_json::json!({})).await;
+    let running =
+        wait_until(&c, &mut events, &id, "items running on both agents", |_| holding(schema, &id).len() == 2).await;
+    let held = usize::from(name_of(running.lease_owner.as_deref().unwrap_or_default()) != "a");
+    (id, held)
+}
+
 #[tokio::test]
 async fn on_postgresql_an_item_that_ends_while_its_step_is_taken_over_counts_and_the_step_ends() {
     let schema = PgSchema::new("item_takeover");
@@ -284,15 +297,8 @@ async fn on_postgresql_an_item_that_ends_while_its_step_is_taken_over_counts_and
     let failpoints = "items.open_round.before_lock=sleep(800);items.open_round.locked=sleep(800)";
     let config = "scheduler:\n  concurrency: 2\n  lease: 4s\n";
     let mut agents = start_with(&schema, &["a", "b"], config, &task, failpoints);
-    let c = agents[0].client().await;
-    c.subscribe(&[Topic::Tasks]).await.unwrap();
-    let mut events = c.take_events().unwrap();
-    let id = trigger(&c, "fleet", serde_json::json!({})).await;
-    let running =
-        wait_until(&c, &mut events, &id, "items running on both agents", |_| holding(&schema, &id).len() == 2).await;
-    let holder = name_of(running.lease_owner.as_deref().unwrap_or_default()).to_string();
-    let (dies, lives) = if holder == "a" { (0, 1) } else { (1, 0) };
-    drop(c);
+    let (id, held) = until_items_run_on_both(&agents, &schema).await;
+    let (dies, lives) = (held, 1 - held);
     let c = agents[lives].client().await;
     c.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap();
@@ -335,15 +341,8 @@ async fn on_postgresql_an_item_that_ends_as_a_restarted_holder_opens_the_step_ag
     let task = fleet(&witness, 16, 4, "$((1 + 5 * $(expr ${APOLLO_IDEMPOTENCY_KEY##*:i} % 2)))").1;
     let config = "scheduler:\n  concurrency: 2\n  lease: 10s\n";
     let mut agents = start(&schema, &["a", "b"], config, &task);
-    let c = agents[0].client().await;
-    c.subscribe(&[Topic::Tasks]).await.unwrap();
-    let mut events = c.take_events().unwrap();
-    let id = trigger(&c, "fleet", serde_json::json!({})).await;
-    let running =
-        wait_until(&c, &mut events, &id, "items running on both agents", |_| holding(&schema, &id).len() == 2).await;
-    let holder = name_of(running.lease_owner.as_deref().unwrap_or_default()).to_string();
-    let (restarts, helps) = if holder == "a" { (0, 1) } else { (1, 0) };
-    drop(c);
+    let (id, held) = until_items_run_on_both(&agents, &schema).await;
+    let (restarts, helps) = (held, 1 - held);
     let c = agents[helps].client().await;
     c.subscribe(&[Topic::Tasks]).await.unwrap();
     let mut events = c.take_events().unwrap();
