@@ -244,7 +244,6 @@ async fn run_step(
 ) -> Result<Outcome, StoreError> {
     let d = &def.steps[step.seq as usize];
     let Started { attempt, prepared, masker: mask, given } = now;
-    let version = prepared.as_ref().map(|(r, _, _)| r.version().to_string()).unwrap_or_default();
     let span = tracing::info_span!("step", step = %d.name, seq = step.seq, attempt);
     let log = StepLog::new(StepLog::path_for(&s.data_dir, id, step.seq), s.config().logging.step_log_bytes);
     // A first attempt that writes nothing leaves no log (a file per silent
@@ -292,7 +291,7 @@ async fn run_step(
                 let timeout = applied.timeout;
                 tracing::info!(
                     plugin = %reg.name,
-                    version = %version,
+                    version = %reg.version(),
                     timeout_secs = timeout.as_secs_f64(),
                     timeout = %applied.basis,
                     "step started"

@@ -12,7 +12,7 @@ use crate::store::value::{p, Row, V};
 use crate::store::{Result, StoreError};
 use apollo_shared::state::{check_step, StepState, TaskState};
 use chrono::Utc;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 pub struct Sqlite;
 
@@ -128,15 +128,20 @@ impl Driver for Sqlite {
         if state != TaskState::Running.as_str() || owner.as_deref() != Some(actor) {
             return Err(not_held(id, &state, owner.as_deref(), actor));
         }
-        let mut steps = HashMap::new();
+        // At most two steps: the one that succeeded and the one to start.
+        let mut steps = Vec::with_capacity(2);
         for r in &rows {
             if let Some(s) = r.get::<Option<u32>>(2)?.filter(|&s| s == seq || i64::from(s) == next) {
                 let st: String = r.get(3)?;
-                steps.insert(s, (st.parse::<StepState>().map_err(StoreError::Invalid)?, r.get::<u32>(4)?));
+                steps.push((s, st.parse::<StepState>().map_err(StoreError::Invalid)?, r.get::<u32>(4)?));
             }
         }
         let step = |s: u32| {
-            steps.get(&s).copied().ok_or_else(|| StoreError::NotFound(format!("no step {s} in instance {id}")))
+            steps
+                .iter()
+                .find(|t| t.0 == s)
+                .map(|&(_, state, attempts)| (state, attempts))
+                .ok_or_else(|| StoreError::NotFound(format!("no step {s} in instance {id}")))
         };
         let (from, _) = step(seq)?;
         check_step(from, StepState::Success)?;
