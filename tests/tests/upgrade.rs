@@ -63,7 +63,18 @@ fn a_store_written_by_the_previous_release_migrates_with_every_instance_step_and
     let listed = hot.as_array().unwrap().len() + archived.as_array().unwrap().len();
     assert_eq!(listed, old.len(), "every instance listed, hot or archived");
     assert_eq!(archived.as_array().unwrap().len(), 2, "{archived:#}");
+    // The counts per state (schema 27 keeps only the ended states' by
+    // trigger) are those of the instances listed.
+    let counted = |hot: &Value| {
+        let (_, st) = agent.cli_json(&["status"]);
+        for state in ["PENDING", "RUNNING", "SUCCESS", "FAILED", "RETRYING", "ROLLED_BACK"] {
+            let listed = hot.as_array().unwrap().iter().filter(|i| i["state"] == state).count() as u64;
+            assert_eq!(st["counts"][state].as_u64(), Some(listed), "{state}: {st:#}");
+        }
+    };
+    counted(&hot);
     // And the migrated store goes on working.
     let (code, inst) = agent.cli_json(&["run", "ok", "--wait"]);
     assert_eq!(code, 0, "{inst:#}");
+    counted(&agent.cli_json(&["ls", "--limit", "100"]).1);
 }

@@ -122,6 +122,15 @@ pub trait Driver: Sync {
     /// holds it) when it does not.
     fn held_step(&self, c: &dyn Db, id: &str, seq: u32, agent: &str) -> Result<StepRow>;
 
+    /// How a single-row UPDATE of an instance begins: SQLite's `UPDATE OR
+    /// FAIL` writes no statement journal (the pages a statement changes,
+    /// copied first so the statement alone can be undone): the writer
+    /// undoes a failed write with its whole transaction or its savepoint
+    /// (`writer::run_batch`), never the statement alone.
+    fn update_row(&self) -> &'static str {
+        "UPDATE"
+    }
+
     /// Whether archived documents are kept compressed (`docs::keep`): a
     /// column of bytes (SQLite's), not text.
     fn compresses_documents(&self) -> bool {

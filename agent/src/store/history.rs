@@ -51,14 +51,15 @@ pub(super) fn apply_task(
     check_task(from, to)?;
     let mut params = vec![V::from(id), V::from(to.as_str()), V::from(ts(Utc::now()))];
     params.extend_from_slice(also.1);
-    if also.0.is_empty() {
-        c.execute("UPDATE task_instances SET state = ?2, updated_at = ?3 WHERE id = ?1", &params)?;
-    } else {
-        c.execute(
-            &format!("UPDATE task_instances SET state = ?2, updated_at = ?3, {} WHERE id = ?1", also.0),
-            &params,
-        )?;
-    }
+    let update = c.driver().update_row();
+    c.execute(
+        &format!(
+            "{update} task_instances SET state = ?2, updated_at = ?3{}{} WHERE id = ?1",
+            if also.0.is_empty() { "" } else { ", " },
+            also.0
+        ),
+        &params,
+    )?;
     history(c, id, None, Some(from.as_str()), to.as_str(), reason, actor)?;
     Ok(from)
 }

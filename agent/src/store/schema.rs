@@ -202,6 +202,8 @@ const CODE_MIGRATIONS: &[fn(&mut Connection, usize) -> anyhow::Result<()>] = &[
     no_runnable_index,
     // 26: history rows in fewer bytes.
     compact::history_in_fewer_bytes,
+    // 27: counts kept by triggers for the ended states only.
+    ended_counts,
 ];
 
 /// The newest SQLite schema this build knows.

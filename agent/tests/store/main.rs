@@ -131,7 +131,60 @@ conformance!(
     a_claim_takes_all_of_an_instances_locks_or_none_and_an_end_releases_them,
     a_lock_is_kept_through_a_backoff_and_waited_for_after_a_manual_retry,
     every_listing_shape_reads_an_index_and_none_scans,
+    the_counts_follow_every_move_and_the_archive,
 );
+
+/// `agent.status`'s counts per state equal the instances in each, through
+/// every kind of move (create, claim, success, a stop, a retry's backoff, a
+/// rollback) and the archive taking the ended ones away — on SQLite the
+/// ended states are kept by triggers and the live ones counted when read
+/// (schema 27), so both halves are checked.
+async fn the_counts_follow_every_move_and_the_archive(db: TestDb) {
+    let store = db.open();
+    store.put_def("h1", "t", "t.yaml", "task: t").await.unwrap();
+    let ids = ["C0", "C1", "C2", "C3", "C4", "C5"];
+    for id in ids {
+        store.create(new(id, "t", "q", 50, None, None), "test").await.unwrap();
+    }
+    store.claim(5, lease(), QueuePolicy::default()).await.unwrap();
+    let mut by_state: HashMap<TaskState, Vec<String>> = HashMap::new();
+    for i in store.list(apollo_agent::store::ListFilter { limit: 10, ..Default::default() }).await.unwrap() {
+        by_state.entry(i.state).or_default().push(i.id);
+    }
+    let running = by_state[&TaskState::Running].clone();
+    assert_eq!(running.len(), 5);
+    store.step_start(&running[0], 0, "1.0.0", &json!({})).await.unwrap();
+    store.step_success(&running[0], 0, "{}", Then::Finish).await.unwrap();
+    store.fail(&running[1], "stop", FailurePlan::Stop, "test").await.unwrap();
+    let later = chrono::Utc::now() + chrono::Duration::hours(1);
+    store.fail(&running[2], "again", FailurePlan::Retry(later), "test").await.unwrap();
+    store.fail(&running[3], "undo", FailurePlan::Rollback, "test").await.unwrap();
+    store.finish_rolled_back(&running[3]).await.unwrap();
+    counted(
+        &store,
+        [("PENDING", 1), ("RUNNING", 1), ("SUCCESS", 1), ("FAILED", 1), ("RETRYING", 1), ("ROLLED_BACK", 1)],
+    )
+    .await;
+    // The ended ones (SUCCESS, ROLLED_BACK, the stopped FAILED) leave.
+    let moved = store.archive(chrono::Utc::now() + chrono::Duration::seconds(1), 100).await.unwrap();
+    assert_eq!(moved, 3);
+    counted(
+        &store,
+        [("PENDING", 1), ("RUNNING", 1), ("SUCCESS", 0), ("FAILED", 0), ("RETRYING", 1), ("ROLLED_BACK", 0)],
+    )
+    .await;
+    store.close();
+}
+
+/// The store's counts per state are `want`, and so are its instances listed.
+async fn counted(store: &Store, want: [(&str, u64); 6]) {
+    let counts = store.counts().await.unwrap();
+    let listed = store.list(apollo_agent::store::ListFilter { limit: 100, ..Default::default() }).await.unwrap();
+    for (state, n) in want {
+        let seen = listed.iter().filter(|i| i.state.as_str() == state).count() as u64;
+        assert_eq!((state, counts[state], seen), (state, n, n), "{counts:?}");
+    }
+}
 
 /// Every combination of the listing's filters, hot and archived: the
 /// backend's plan reads an index for each and scans no table (nor sorts

@@ -162,3 +162,32 @@ fn in_one_transaction(conn: &mut Connection, version: usize, sql: &str) -> anyho
     tx.pragma_update(None, "user_version", version as i64)?;
     Ok(tx.commit()?)
 }
+
+/// 27: the counts the triggers keep are of the ended states only (SUCCESS,
+/// ROLLED_BACK: those that grow with the store's age); the live ones
+/// (PENDING, RUNNING, FAILED, RETRYING) are counted on the state index when
+/// read (`Driver::state_counts`), so a claim or a retry's move writes no
+/// count. A SQLite store's instances are created PENDING, always
+/// (`write::create`; promotion copies into PostgreSQL, never into SQLite):
+/// no trigger on insert, so a create's statement needs no statement
+/// journal. The update's trigger fires only when an ended state is on
+/// either side of the change, the delete's when an ended row goes.
+pub(super) const ENDED_COUNTS: &str = "DROP TRIGGER state_counts_insert; \
+    DROP TRIGGER state_counts_update; \
+    DROP TRIGGER state_counts_delete; \
+    DELETE FROM state_counts WHERE state NOT IN ('SUCCESS', 'ROLLED_BACK'); \
+    CREATE TRIGGER state_counts_update AFTER UPDATE OF state ON task_instances \
+        WHEN OLD.state <> NEW.state \
+            AND (OLD.state IN ('SUCCESS', 'ROLLED_BACK') OR NEW.state IN ('SUCCESS', 'ROLLED_BACK')) \
+        BEGIN \
+            UPDATE state_counts SET n = n - 1 WHERE state = OLD.state; \
+            UPDATE state_counts SET n = n + 1 WHERE state = NEW.state; \
+        END; \
+    CREATE TRIGGER state_counts_delete AFTER DELETE ON task_instances \
+        WHEN OLD.state IN ('SUCCESS', 'ROLLED_BACK') \
+        BEGIN UPDATE state_counts SET n = n - 1 WHERE state = OLD.state; END;";
+
+/// A move of a live instance writes no count: see [`ENDED_COUNTS`].
+pub(super) fn ended_counts(conn: &mut Connection, version: usize) -> anyhow::Result<()> {
+    in_one_transaction(conn, version, ENDED_COUNTS)
+}

@@ -68,6 +68,10 @@ impl Driver for Sqlite {
         true
     }
 
+    fn update_row(&self) -> &'static str {
+        "UPDATE OR FAIL"
+    }
+
     fn task_state(&self, c: &dyn Db, id: &str) -> Result<TaskState> {
         read_task_state(c, "SELECT state FROM task_instances WHERE id = ?1", id)
     }
@@ -173,7 +177,7 @@ impl Driver for Sqlite {
             }
             Some((None, ..)) => {
                 c.execute(
-                    "UPDATE task_instances SET updated_at = ?2, state = 'SUCCESS', finished_at = ?2, error = NULL, \
+                    "UPDATE OR FAIL task_instances SET updated_at = ?2, state = 'SUCCESS', finished_at = ?2, error = NULL, \
                      lease_owner = NULL, lease_expires_at = NULL WHERE id = ?1",
                     p![id, now.as_str()],
                 )?;
@@ -207,7 +211,7 @@ impl Driver for Sqlite {
                 format!("(?1, ?2 + {k}, ?{}, ?{}, ?{}, ?{}, ?{}, ?{})", b + 1, b + 2, b + 3, b + 4, b + 5, b + 6)
             };
             let head =
-                "INSERT INTO transitions (instance_id, id, step_seq, from_code, to_code, reason_code, actor, at_lag) VALUES ";
+                "INSERT OR FAIL INTO transitions (instance_id, id, step_seq, from_code, to_code, reason_code, actor, at_lag) VALUES ";
             [format!("{head}{}", row(0)), format!("{head}{}, {}", row(0), row(1))]
         });
         let now = Utc::now().timestamp_micros();
@@ -289,9 +293,19 @@ impl Driver for Sqlite {
         c.column(OLDEST_ENDED, p![cutoff, max])
     }
 
-    /// Triggers keep the counts in place.
+    /// The ended states' counts as the triggers keep them; the live
+    /// states' counted on the state index (the instances in flight, not
+    /// the store's history: see schema 27).
     fn state_counts(&self, c: &dyn Db) -> Result<Vec<(String, u64)>> {
-        c.query("SELECT state, n FROM state_counts", &[])?.iter().map(|r| Ok((r.get(0)?, r.get(1)?))).collect()
+        c.query(
+            "SELECT state, n FROM state_counts UNION ALL \
+             SELECT state, COUNT(*) FROM task_instances INDEXED BY task_instances_state \
+             WHERE state IN ('PENDING', 'RUNNING', 'FAILED', 'RETRYING') GROUP BY state",
+            &[],
+        )?
+        .iter()
+        .map(|r| Ok((r.get(0)?, r.get(1)?)))
+        .collect()
     }
 }
 
