@@ -235,7 +235,7 @@ pub fn parse(bytes: &[u8]) -> Result<(Value, Option<Request>), (Value, RpcError)
         (Value::Null, RpcError::new(code::PARSE_ERROR, format!("parse error: {e} (expected one JSON object per line)")))
     })?;
     let invalid = |id: Value, m: String| Err((id, RpcError::new(code::INVALID_REQUEST, m)));
-    let obj = match v {
+    let mut obj = match v {
         Value::Object(o) => o,
         Value::Array(_) => {
             return invalid(Value::Null, "batch requests are not supported; send one object per line".into())
@@ -257,14 +257,20 @@ pub fn parse(bytes: &[u8]) -> Result<(Value, Option<Request>), (Value, RpcError)
     if obj.get("jsonrpc") != Some(&json!("2.0")) {
         return invalid(id, "jsonrpc must be \"2.0\"".into());
     }
-    let Some(Value::String(_)) = obj.get("method") else {
+    let Some(Value::String(method)) = obj.remove("method") else {
         return invalid(id, "method must be a string, e.g. \"tasks.list\"".into());
     };
-    if !matches!(obj.get("params"), None | Some(Value::Object(_)) | Some(Value::Null)) {
-        return Err((id, RpcError::new(code::INVALID_PARAMS, "params must be an object of named parameters")));
-    }
-    let req: Request = serde_json::from_value(Value::Object(obj))
-        .map_err(|e| (id.clone(), RpcError::new(code::INVALID_REQUEST, e.to_string())))?;
+    // The request is taken apart as checked, not deserialized again (its
+    // params would be copied once more): `null` params are none, as serde
+    // reads them.
+    let params = match obj.remove("params") {
+        None | Some(Value::Null) => None,
+        Some(p @ Value::Object(_)) => Some(p),
+        Some(_) => {
+            return Err((id, RpcError::new(code::INVALID_PARAMS, "params must be an object of named parameters")))
+        }
+    };
+    let req = Request { jsonrpc: "2.0".into(), id: (!id.is_null()).then(|| id.clone()), method, params };
     Ok((id, Some(req)))
 }
 
@@ -322,4 +328,27 @@ fn subscribe(
 
 fn notification(ev: &Event) -> String {
     to_line(&json!({ "jsonrpc": "2.0", "method": "event", "params": ev }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request taken apart by `parse` is the one serde reads from the
+    /// same frame: ids absent, null, strings and numbers; params absent,
+    /// null and objects; fields it does not know.
+    #[test]
+    fn a_parsed_request_is_the_one_serde_reads() {
+        let frames = [
+            r#"{"jsonrpc":"2.0","id":1,"method":"tasks.list"}"#,
+            r#"{"jsonrpc":"2.0","id":"a","method":"tasks.run","params":{"task":"t","params":{"n":[1,null]}}}"#,
+            r#"{"jsonrpc":"2.0","id":null,"method":"agent.status","params":null}"#,
+            r#"{"jsonrpc":"2.0","method":"agent.status","params":{},"extra":true}"#,
+        ];
+        for frame in frames {
+            let (_, req) = parse(frame.as_bytes()).unwrap_or_else(|e| panic!("{frame}: {:?}", e.1));
+            let read: Request = serde_json::from_str(frame).unwrap();
+            assert_eq!(req, Some(read), "{frame}");
+        }
+    }
 }
