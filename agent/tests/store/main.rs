@@ -142,16 +142,12 @@ conformance!(
 async fn the_counts_follow_every_move_and_the_archive(db: TestDb) {
     let store = db.open();
     store.put_def("h1", "t", "t.yaml", "task: t").await.unwrap();
-    let ids = ["C0", "C1", "C2", "C3", "C4", "C5"];
-    for id in ids {
+    for id in ["C0", "C1", "C2", "C3", "C4", "C5"] {
         store.create(new(id, "t", "q", 50, None, None), "test").await.unwrap();
     }
     store.claim(5, lease(), QueuePolicy::default()).await.unwrap();
-    let mut by_state: HashMap<TaskState, Vec<String>> = HashMap::new();
-    for i in store.list(apollo_agent::store::ListFilter { limit: 10, ..Default::default() }).await.unwrap() {
-        by_state.entry(i.state).or_default().push(i.id);
-    }
-    let running = by_state[&TaskState::Running].clone();
+    let listed = store.list(apollo_agent::store::ListFilter { limit: 10, ..Default::default() }).await.unwrap();
+    let running: Vec<String> = listed.into_iter().filter(|i| i.state == TaskState::Running).map(|i| i.id).collect();
     assert_eq!(running.len(), 5);
     store.step_start(&running[0], 0, "1.0.0", &json!({})).await.unwrap();
     store.step_success(&running[0], 0, "{}", Then::Finish).await.unwrap();
