@@ -78,7 +78,8 @@ async fn a_timeline_lists_each_attempt_and_the_operators_retry_in_order_in_every
     let out = agent.cli(&["timeline", "01ZZZZZZZZZZZZZZZZZZZZZZZZ"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no instance 01ZZZZZZZZZZZZZZZZZZZZZZZZ (not among"));
-    let typo = format!("{}X", &id[..25]);
+    // One character changed (never to the one it was: a ULID ends in X one time in 32).
+    let typo = format!("{}{}", &id[..25], if id.ends_with('X') { 'Y' } else { 'X' });
     let out = agent.cli(&["timeline", &typo]);
     let said = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(said.contains(&format!("no instance {typo} (did you mean {id}?)")), "{said}");
