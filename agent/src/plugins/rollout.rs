@@ -59,8 +59,11 @@ pub fn rules(latest: &BTreeMap<String, Rollout>, pins: Option<&Pins>) -> BTreeMa
         let rule = match r.state {
             RolloutState::Running => match pins.and_then(|p| p.get(plugin)).filter(|p| p.rollout == r.id) {
                 Some(pin) if pin.new => Rule { run: new, agents: r.agents.clone(), avoid: None },
-                Some(_) => Rule { run: base, agents: Vec::new(), avoid: Some(new) },
-                None => continue,
+                // The old arm, and an instance without an arm of this
+                // rollout (created before it started, or by an agent that
+                // had learned of its end while this one has not yet): only
+                // the new arm runs the new version.
+                _ => Rule { run: base, agents: Vec::new(), avoid: Some(new) },
             },
             RolloutState::Promoted => Rule { run: new, agents: Vec::new(), avoid: None },
             RolloutState::Aborted => Rule { run: base, agents: Vec::new(), avoid: Some(new) },
@@ -152,5 +155,39 @@ mod tests {
         // the aborted one while another will do.
         assert_eq!(choose(&versions, Some(&req(">=2")), Some(&rule("1.0.0", &[], Some("3.0.0"))), "a"), Ok(1));
         assert_eq!(choose(&versions, Some(&req("^3")), Some(&rule("1.0.0", &[], Some("3.0.0"))), "a"), Ok(2));
+    }
+
+    /// Under a running rollout only the new arm runs the new version: an
+    /// instance without an arm of it runs the base, as the old arm does.
+    #[test]
+    fn an_instance_without_an_arm_of_a_running_rollout_runs_its_base() {
+        use apollo_shared::protocol::Pin;
+        let rollout = Rollout {
+            id: "r1".into(),
+            plugin: "ver".into(),
+            version: "3.0.0".into(),
+            base: "2.0.0".into(),
+            share_pct: 50.0,
+            agents: vec!["c".into()],
+            state: RolloutState::Running,
+            started_at: String::new(),
+            started_by: String::new(),
+            reason: String::new(),
+            ended_at: None,
+            ended_by: None,
+            end_reason: None,
+            abort_margin_pct: 20.0,
+            min_runs: 4,
+            new: None,
+            old: None,
+        };
+        let latest = BTreeMap::from([("ver".to_string(), rollout)]);
+        let pin =
+            |new: bool| Pins::from([("ver".to_string(), Pin { rollout: "r1".into(), version: String::new(), new })]);
+        let base = Rule { run: v("2.0.0"), agents: Vec::new(), avoid: Some(v("3.0.0")) };
+        assert_eq!(rules(&latest, None).get("ver"), Some(&base));
+        assert_eq!(rules(&latest, Some(&pin(false))).get("ver"), Some(&base));
+        let new = Rule { run: v("3.0.0"), agents: vec!["c".into()], avoid: None };
+        assert_eq!(rules(&latest, Some(&pin(true))).get("ver"), Some(&new));
     }
 }
