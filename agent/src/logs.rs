@@ -5,7 +5,8 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use tokio::sync::Notify;
 
 pub struct StepLog {
@@ -13,8 +14,9 @@ pub struct StepLog {
     cap: u64,
     state: Mutex<LogState>,
     /// Wakes whoever follows this log (`steps.logs` with `wait_ms`) when a
-    /// line is written.
-    grew: Arc<Notify>,
+    /// line is written: taken at the first line, so a silent attempt looks
+    /// up no notifier (see [`StepLog::drop`]).
+    grew: OnceLock<Arc<Notify>>,
 }
 
 #[derive(Default)]
@@ -34,8 +36,29 @@ struct LogState {
 /// strongly by writers and waiters, so an entry lives while either does.
 static GROWTH: Mutex<Option<HashMap<PathBuf, Weak<Notify>>>> = Mutex::new(None);
 
+/// How many callers follow a log at this moment (see [`follow`]).
+static FOLLOWERS: AtomicUsize = AtomicUsize::new(0);
+
+/// A follower of a log: its notifier, which fires when the log grows and
+/// when the attempt writing it ends.
+pub struct Follow {
+    pub grew: Arc<Notify>,
+}
+
+/// Follows the log at `path` until the [`Follow`] is dropped.
+pub fn follow(path: &Path) -> Follow {
+    FOLLOWERS.fetch_add(1, Ordering::SeqCst);
+    Follow { grew: growth(path) }
+}
+
+impl Drop for Follow {
+    fn drop(&mut self) {
+        FOLLOWERS.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// The notifier that fires when the log at `path` grows.
-pub fn growth(path: &Path) -> Arc<Notify> {
+fn growth(path: &Path) -> Arc<Notify> {
     let mut map = GROWTH.lock().expect("log growth");
     let map = map.get_or_insert_with(HashMap::new);
     if let Some(n) = map.get(path).and_then(Weak::upgrade) {
@@ -52,8 +75,7 @@ pub fn growth(path: &Path) -> Arc<Notify> {
 
 impl StepLog {
     pub fn new(path: PathBuf, cap: u64) -> StepLog {
-        let grew = growth(&path);
-        StepLog { path, cap, state: Mutex::new(LogState::default()), grew }
+        StepLog { path, cap, state: Mutex::new(LogState::default()), grew: OnceLock::new() }
     }
 
     /// The line that opens this attempt's part of the log
@@ -107,7 +129,7 @@ impl StepLog {
             self.write(&mut st, &masked);
         }
         drop(st);
-        self.grew.notify_waiters();
+        self.grew.get_or_init(|| growth(&self.path)).notify_waiters();
     }
 
     fn write(&self, st: &mut LogState, text: &str) {
@@ -151,9 +173,21 @@ impl StepLog {
 
 impl Drop for StepLog {
     /// The attempt has ended (its log is dropped after its outcome is
-    /// committed): whoever follows the log looks at the step again.
+    /// committed): whoever follows the log looks at the step again. A
+    /// silent attempt's log looks its notifier up only while someone
+    /// follows a log; a follower that comes later reads the step's state
+    /// after it listens, and finds the end committed.
     fn drop(&mut self) {
-        self.grew.notify_waiters();
+        let grew = match self.grew.get() {
+            Some(n) => Some(n.clone()),
+            None if FOLLOWERS.load(Ordering::SeqCst) > 0 => {
+                GROWTH.lock().expect("log growth").as_ref().and_then(|m| m.get(&self.path)).and_then(Weak::upgrade)
+            }
+            None => None,
+        };
+        if let Some(n) = grew {
+            n.notify_waiters();
+        }
     }
 }
 
@@ -205,12 +239,27 @@ mod tests {
     async fn a_follower_is_woken_when_the_log_grows() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("i/0.log");
-        let grew = growth(&path);
-        let woken = grew.notified();
+        let f = follow(&path);
+        let woken = f.grew.notified();
         tokio::pin!(woken);
         woken.as_mut().enable();
         StepLog::new(path.clone(), 1024).line("hello");
         tokio::time::timeout(std::time::Duration::from_secs(5), woken).await.expect("woken by the line");
-        assert!(Arc::ptr_eq(&grew, &growth(&path)), "one notifier per log");
+        assert!(Arc::ptr_eq(&f.grew, &growth(&path)), "one notifier per log");
+    }
+
+    /// A silent attempt takes no notifier, yet its end wakes a follower.
+    #[tokio::test]
+    async fn a_follower_is_woken_when_a_silent_attempt_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("i/0.log");
+        let log = StepLog::new(path.clone(), 1024);
+        assert!(log.grew.get().is_none(), "no notifier before a line");
+        let f = follow(&path);
+        let woken = f.grew.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        drop(log);
+        tokio::time::timeout(std::time::Duration::from_secs(5), woken).await.expect("woken by the end");
     }
 }

@@ -46,7 +46,7 @@ pub struct Started {
 pub fn ready(plugins: &Registry, def: &TaskDef, seq: u32, ctx: &Context) -> Ready {
     let d = &def.steps[seq as usize];
     let reg = registration(plugins, def, seq);
-    let version = reg.as_ref().map(|r| r.version().to_string()).unwrap_or_default();
+    let version = reg.as_ref().map(|r| r.version_text().to_string()).unwrap_or_default();
     let mut masker = Masker::default();
     let fanout = d.foreach.is_some();
     let rendered = reg.and_then(|r| {

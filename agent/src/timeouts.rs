@@ -80,9 +80,9 @@ pub async fn applied(store: &Store, conf: &AutoTimeout, task: &str, step: &StepD
     if !is_auto(step, reg) {
         return fixed(step, reg);
     }
-    let version = reg.version().to_string();
+    let version = reg.version_text();
     let what = format!("step {} of {task} ({} {version})", step.name, reg.name);
-    match store.step_runs_of(task, &step.name, &reg.name, &version, conf.runs).await {
+    match store.step_runs_of(task, &step.name, &reg.name, version, conf.runs).await {
         Ok(runs) => learned(&runs, fixed(step, reg), &what, conf),
         Err(e) => unread(e, fixed(step, reg)),
     }
@@ -91,8 +91,8 @@ pub async fn applied(store: &Store, conf: &AutoTimeout, task: &str, step: &StepD
 /// What `timeout: auto` learns from the plugin version's runs in every
 /// step (`apollo plugins`' figure) for a step whose fixed timeout is `fixed`.
 pub async fn auto(store: &Store, conf: &AutoTimeout, fixed: Applied, reg: &Registration) -> Applied {
-    let version = reg.version().to_string();
-    match store.plugin_runs(&reg.name, &version, conf.runs, None).await {
+    let version = reg.version_text();
+    match store.plugin_runs(&reg.name, version, conf.runs, None).await {
         Ok(runs) => learned(&runs, fixed, &format!("{} {version}", reg.name), conf),
         Err(e) => unread(e, fixed),
     }

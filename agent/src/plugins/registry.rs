@@ -25,18 +25,45 @@ pub struct Registration {
     /// What runs: the executable's SHA-256, or `builtin:<agent version>`
     /// (published with the heartbeat, so agents' builds can be told apart).
     pub digest: String,
+    /// The plugin's version as text, formatted once (each step's row keeps it).
+    version_text: String,
 }
 
 impl Registration {
+    fn new(
+        name: String,
+        class: Option<BuiltinClass>,
+        command: Option<PathBuf>,
+        plugin: Arc<dyn Plugin>,
+    ) -> Registration {
+        let version_text = plugin.version().to_string();
+        Registration {
+            name,
+            class,
+            command,
+            timeout: Duration::ZERO,
+            auto_timeout: false,
+            retry: 0,
+            plugin,
+            digest: String::new(),
+            version_text,
+        }
+    }
+
     pub fn version(&self) -> semver::Version {
         self.plugin.version()
+    }
+
+    /// [`Registration::version`] as text.
+    pub fn version_text(&self) -> &str {
+        &self.version_text
     }
 
     /// As the heartbeat publishes it.
     pub fn cap(&self) -> apollo_shared::protocol::PluginCap {
         apollo_shared::protocol::PluginCap {
             name: self.name.clone(),
-            version: self.version().to_string(),
+            version: self.version_text.clone(),
             digest: self.digest.clone(),
         }
     }
@@ -128,14 +155,10 @@ impl Registry {
             let (name, plugin) = builtin(class, &[], storage);
             let (timeout, retry) = defaults(name);
             let reg = Registration {
-                name: name.into(),
-                class: Some(class),
-                command: None,
                 timeout,
-                auto_timeout: false,
                 retry,
-                plugin,
                 digest: builtin_digest(),
+                ..Registration::new(name.into(), Some(class), None, plugin)
             };
             r.add(reg, true);
         }
@@ -144,14 +167,11 @@ impl Registry {
             let (plain, plugin) = builtin(class, &p.env, storage);
             let (timeout, retry) = defaults(plain);
             let reg = Registration {
-                name: p.name.clone(),
-                class: Some(class),
-                command: None,
                 timeout: fixed(p.timeout).unwrap_or(timeout),
                 auto_timeout: p.timeout == Some(TimeoutConf::Auto),
                 retry: p.retry.unwrap_or(retry),
-                plugin,
                 digest: builtin_digest(),
+                ..Registration::new(p.name.clone(), Some(class), None, plugin)
             };
             r.add(reg, true);
         }
@@ -279,14 +299,11 @@ pub async fn load(config: &crate::config::Config) -> Registry {
                 named.push(name.clone());
                 let digest = file_digest(&path);
                 let reg = Registration {
-                    name: name.clone(),
-                    class: None,
-                    command: Some(path),
                     timeout: fixed(timeout).unwrap_or(config.scheduler.default_timeout),
                     auto_timeout: timeout == Some(TimeoutConf::Auto),
                     retry: retry.unwrap_or(1),
-                    plugin: Arc::new(plugin),
                     digest,
+                    ..Registration::new(name.clone(), None, Some(path), Arc::new(plugin))
                 };
                 tracing::info!(plugin = %name, version = %reg.version(), "external plugin registered");
                 registry.add(reg, replace);

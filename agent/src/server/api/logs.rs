@@ -57,8 +57,8 @@ impl Api {
         // between the read and the wait is not missed. The log's notifier
         // fires for each line and when the attempt ends; nothing else wakes
         // this call.
-        let grew = crate::logs::growth(&path);
-        let woken = grew.notified();
+        let follow = crate::logs::follow(&path);
+        let woken = follow.grew.notified();
         tokio::pin!(woken);
         woken.as_mut().enable();
         let (text, next_offset, eof) = read()?;
