@@ -8,7 +8,7 @@ use super::history::history;
 use super::locks::lock_holders;
 use super::model::{Also, ClaimMove, Claimed, ClaimsMade, StepStart};
 use super::rows::{ts, INSTANCE_COLS};
-use super::value::p;
+use super::value::{p, V};
 use super::write::{move_task_from, step_fail, task_state};
 use super::Result;
 use apollo_shared::protocol::LockHolder;
@@ -16,7 +16,10 @@ use apollo_shared::state::TaskState;
 use chrono::Utc;
 use std::collections::HashMap;
 
+mod queues;
 mod recovery;
+pub use queues::CANDIDATE_COLS;
+use queues::{ordered_head, running_counts, Candidate, Running};
 pub use recovery::{recover, renew_leases, shift_times, Recover};
 
 /// On PostgreSQL, claims and takeovers of every agent on the schema take
@@ -28,47 +31,6 @@ pub use recovery::{recover, renew_leases, shift_times, Recover};
 pub(super) fn take_turn(conn: &mut dyn Conn) -> Result<()> {
     let driver = conn.db().driver();
     driver.take_turn(conn)
-}
-
-/// A runnable instance as a claim weighs it (the columns of
-/// [`CANDIDATE_COLS`], in order), with the whole row and its step 0 when
-/// the claim read them (see [`claim_noting`]).
-struct Candidate {
-    priority: i64,
-    id: String,
-    task: String,
-    queue: String,
-    max_active: Option<u32>,
-    state: String,
-    def_hash: String,
-    pins: Option<String>,
-    /// The locks it takes (JSON).
-    locks: Option<String>,
-    /// Why it waits, as last recorded.
-    waiting: Option<String>,
-    whole: Option<Box<Claimed>>,
-}
-
-/// What a claim reads of each runnable row, in [`Candidate`]'s order; the
-/// drivers' head queries select these first.
-pub const CANDIDATE_COLS: &str = "priority, id, task, queue, max_active, state, def_hash, pins, locks, waiting";
-
-impl Candidate {
-    fn read(r: &super::value::Row, whole: Option<Box<Claimed>>) -> Result<Candidate> {
-        Ok(Candidate {
-            priority: r.get(0)?,
-            id: r.get(1)?,
-            task: r.get(2)?,
-            queue: r.get(3)?,
-            max_active: r.get(4)?,
-            state: r.get(5)?,
-            def_hash: r.get(6)?,
-            pins: r.get(7)?,
-            locks: r.get(8)?,
-            waiting: r.get(9)?,
-            whole,
-        })
-    }
 }
 
 /// A claim's first steps made ready before the instances move (see
@@ -312,11 +274,23 @@ pub fn claim_noting(
         }
         chosen.push((id, state.parse::<TaskState>().map_err(super::StoreError::Invalid)?, whole));
     }
-    let also = "attempt = attempt + ?4, started_at = COALESCE(started_at, ?5), next_run_at = NULL, \
-                lease_owner = ?6, lease_expires_at = apollo_now_plus(?7), finished_at = NULL, waiting = NULL, approval = NULL";
+    // The lease ends by the database's clock, on SQLite this process's: bound
+    // there (a function in a move that fires a trigger costs a statement journal).
+    macro_rules! claim_move {
+        () => {
+            "attempt = attempt + ?4, started_at = COALESCE(started_at, ?5), next_run_at = NULL, \
+        lease_owner = ?6, finished_at = NULL, waiting = NULL, approval = NULL, lease_expires_at = "
+        };
+    }
+    let (also, lease) = match c.driver().shared() {
+        true => (concat!(claim_move!(), "apollo_now_plus(?7)"), V::from(lease_secs)),
+        false => {
+            (concat!(claim_move!(), "?7"), V::from(ts(now + chrono::Duration::microseconds((lease_secs * 1e6) as i64))))
+        }
+    };
     let terms = |from: TaskState| {
         let reason = if from == TaskState::Retrying { "claimed for retry" } else { "claimed" };
-        (reason, p![from == TaskState::Retrying, ts(now), agent, lease_secs].to_vec())
+        (reason, vec![V::from(from == TaskState::Retrying), V::from(ts(now)), V::from(agent), lease.clone()])
     };
     let mut claimed = Vec::with_capacity(chosen.len());
     // The driver moves what it can in one round trip (PostgreSQL: all of
@@ -393,48 +367,6 @@ fn moved(m: &Claimed, from: TaskState, agent: &str, now: chrono::DateTime<Utc>, 
     i.waiting = None;
     super::rows::compose(&mut i);
     i
-}
-
-/// Instances under way per queue and per task.
-type Running = (HashMap<String, u32>, HashMap<String, u32>);
-
-/// Instances under way (RUNNING, or FAILED with a rollback pending) per
-/// queue and per task, read once per claim when first needed.
-fn running_counts<'a>(c: &dyn Db, running: &'a mut Option<Running>) -> Result<&'a mut Running> {
-    if running.is_none() {
-        let (mut per_queue, mut per_task): Running = Default::default();
-        for r in c.query(
-            // Two indexed lookups rather than an OR that scans the table.
-            "SELECT queue, task, COUNT(*) FROM task_instances WHERE state = 'RUNNING' GROUP BY queue, task \
-             UNION ALL \
-             SELECT queue, task, COUNT(*) FROM task_instances INDEXED BY task_instances_rolling_back \
-             WHERE rollback_pending = 1 GROUP BY queue, task",
-            &[],
-        )? {
-            let count: u32 = r.get(2)?;
-            *per_queue.entry(r.get(0)?).or_default() += count;
-            *per_task.entry(r.get(1)?).or_default() += count;
-        }
-        *running = Some((per_queue, per_task));
-    }
-    Ok(running.as_mut().expect("read above"))
-}
-
-/// The oldest instance of `task` in `queue` still to run (PENDING or
-/// RETRYING), when it may start now.
-fn ordered_head(c: &dyn Db, task: &str, queue: &str) -> Result<Option<Candidate>> {
-    let head = c.query_opt(
-        "SELECT priority, id, task, queue, max_active, state, def_hash, pins, locks, waiting, \
-         CASE WHEN next_run_at IS NULL OR next_run_at <= apollo_now() THEN 1 ELSE 0 END \
-         FROM task_instances INDEXED BY task_instances_runnable_task \
-         WHERE task = ?1 AND queue = ?2 AND state IN ('PENDING', 'RETRYING') ORDER BY id LIMIT 1",
-        p![task, queue],
-    )?;
-    let Some(r) = head else { return Ok(None) };
-    if !r.get::<bool>(10)? {
-        return Ok(None);
-    }
-    Ok(Some(Candidate::read(&r, None)?))
 }
 
 /// Records that instance `id` (in `state`) waits for a lock `holder`
