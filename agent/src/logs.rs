@@ -98,12 +98,12 @@ impl StepLog {
     }
 
     pub fn path_for(data_dir: &Path, instance: &str, seq: u32) -> PathBuf {
-        data_dir.join("logs").join(instance).join(format!("{seq}.log"))
+        log_path(data_dir, instance, format_args!("{seq}.log"))
     }
 
     /// A fan-out item's log: `<seq>.<index>.log` beside its step's.
     pub fn item_path(data_dir: &Path, instance: &str, seq: u32, index: u32) -> PathBuf {
-        data_dir.join("logs").join(instance).join(format!("{seq}.{index}.log"))
+        log_path(data_dir, instance, format_args!("{seq}.{index}.log"))
     }
 
     /// A line that heads the log if the step writes one: written before the
@@ -191,6 +191,21 @@ impl Drop for StepLog {
     }
 }
 
+/// `<data dir>/logs/<instance>/<file>`, written into one buffer (a step's
+/// start makes one: three `Path::join`s each copied the path again).
+fn log_path(data_dir: &Path, instance: &str, file: std::fmt::Arguments) -> PathBuf {
+    use std::fmt::Write as _;
+    let mut tail = String::with_capacity(instance.len() + 24);
+    let _ = write!(tail, "logs/{instance}/{file}");
+    let mut path = std::ffi::OsString::with_capacity(data_dir.as_os_str().len() + 1 + tail.len());
+    path.push(data_dir.as_os_str());
+    if !data_dir.as_os_str().is_empty() && !data_dir.as_os_str().as_encoded_bytes().ends_with(b"/") {
+        path.push("/");
+    }
+    path.push(tail);
+    PathBuf::from(path)
+}
+
 /// Reads a step log from `offset`, at most `max` bytes.
 pub fn read(path: &Path, offset: u64, max: usize) -> std::io::Result<(String, u64, bool)> {
     use std::io::{Read, Seek, SeekFrom};
@@ -246,6 +261,15 @@ mod tests {
         StepLog::new(path.clone(), 1024).line("hello");
         tokio::time::timeout(std::time::Duration::from_secs(5), woken).await.expect("woken by the line");
         assert!(Arc::ptr_eq(&f.grew, &growth(&path)), "one notifier per log");
+    }
+
+    #[test]
+    fn a_log_path_is_the_one_path_join_makes() {
+        for dir in ["/var/lib/apollo", "/var/lib/apollo/", "data", ""] {
+            let d = Path::new(dir);
+            assert_eq!(StepLog::path_for(d, "01ABC", 3), d.join("logs").join("01ABC").join("3.log"), "{dir:?}");
+            assert_eq!(StepLog::item_path(d, "01ABC", 3, 12), d.join("logs").join("01ABC").join("3.12.log"), "{dir:?}");
+        }
     }
 
     /// A silent attempt takes no notifier, yet its end wakes a follower.

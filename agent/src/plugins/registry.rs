@@ -203,6 +203,11 @@ impl Registry {
                 apollo_shared::text::closest(name, &names).map(|n| format!("did you mean {n:?}? ")).unwrap_or_default();
             return Err(format!("unknown plugin {name:?} ({near}registered: {})", names.join(", ")));
         };
+        let rule = self.rules.get(name);
+        // No requirement and no rollout's rule (most steps): the highest.
+        if let (None, None, Some(highest)) = (version, rule, list.last()) {
+            return Ok(highest);
+        }
         let req = match version {
             None => None,
             Some(req) => {
@@ -210,7 +215,6 @@ impl Registry {
             }
         };
         let versions: Vec<semver::Version> = list.iter().map(|r| r.version()).collect();
-        let rule = self.rules.get(name);
         match super::rollout::choose(&versions, req.as_ref(), rule, &self.me) {
             Ok(i) => Ok(&list[i]),
             Err(why) => {
