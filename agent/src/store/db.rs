@@ -131,6 +131,14 @@ pub trait Driver: Sync {
         "UPDATE"
     }
 
+    /// The condition that picks the history rows operators caused (not an
+    /// agent, not the schedule), as the operators' index has it; `t` is the
+    /// history table's name in the statement. SQLite's has no function in it
+    /// (schema 28).
+    fn operator_rows(&self, t: &str) -> String {
+        format!("substr({t}.actor, 1, 6) <> 'agent:' AND {t}.actor <> 'scheduler'")
+    }
+
     /// Whether archived documents are kept compressed (`docs::keep`): a
     /// column of bytes (SQLite's), not text.
     fn compresses_documents(&self) -> bool {

@@ -199,11 +199,14 @@ impl Store {
     pub async fn audit(&self, limit: u32) -> Result<Vec<AuditEntry>> {
         self.read(move |c| {
             c.query(
-                "SELECT t.at, t.actor, t.instance_id, COALESCE(i.task, a.task, r.plugin), t.step_seq, t.from_state, t.to_state, \
-                 t.reason FROM transitions t INDEXED BY transitions_operator \
-                 LEFT JOIN task_instances i ON i.id = t.instance_id LEFT JOIN archive a ON a.id = t.instance_id \
-                 LEFT JOIN rollouts r ON r.id = t.instance_id \
-                 WHERE substr(t.actor, 1, 6) <> 'agent:' AND t.actor <> 'scheduler' ORDER BY t.id DESC LIMIT ?1",
+                &format!(
+                    "SELECT t.at, t.actor, t.instance_id, COALESCE(i.task, a.task, r.plugin), t.step_seq, t.from_state, \
+                     t.to_state, t.reason FROM transitions t INDEXED BY transitions_operator \
+                     LEFT JOIN task_instances i ON i.id = t.instance_id LEFT JOIN archive a ON a.id = t.instance_id \
+                     LEFT JOIN rollouts r ON r.id = t.instance_id \
+                     WHERE {} ORDER BY t.id DESC LIMIT ?1",
+                    c.driver().operator_rows("t")
+                ),
                 p![limit],
             )?
             .iter()

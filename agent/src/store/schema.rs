@@ -204,6 +204,8 @@ const CODE_MIGRATIONS: &[fn(&mut Connection, usize) -> anyhow::Result<()>] = &[
     compact::history_in_fewer_bytes,
     // 27: counts kept by triggers for the ended states only.
     ended_counts,
+    // 28: the operators' index without a function in its condition.
+    operators_without_function,
 ];
 
 /// The newest SQLite schema this build knows.

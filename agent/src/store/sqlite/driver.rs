@@ -30,7 +30,7 @@ pub fn raise_history_floor(c: &dyn Db) -> Result<()> {
            SELECT (SELECT MAX(t.id) FROM transitions t WHERE t.instance_id = i.id) AS m FROM task_instances i \
            INDEXED BY task_instances_state WHERE i.state IN ('PENDING', 'RUNNING', 'RETRYING', 'FAILED') \
            UNION ALL SELECT MAX(id) FROM transitions INDEXED BY transitions_operator \
-           WHERE substr(actor, 1, 6) <> 'agent:' AND actor <> 'scheduler')",
+           WHERE (actor < 'agent:' OR actor >= 'agent;') AND actor <> 'scheduler')",
         &[],
     )?;
     LAST.fetch_max(top.flatten().unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
@@ -70,6 +70,10 @@ impl Driver for Sqlite {
 
     fn update_row(&self) -> &'static str {
         "UPDATE OR FAIL"
+    }
+
+    fn operator_rows(&self, t: &str) -> String {
+        format!("({t}.actor < 'agent:' OR {t}.actor >= 'agent;') AND {t}.actor <> 'scheduler'")
     }
 
     fn task_state(&self, c: &dyn Db, id: &str) -> Result<TaskState> {
