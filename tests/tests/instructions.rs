@@ -70,9 +70,14 @@ const GATED: &str =
 /// statement journal for an instance's single-row moves), three runs:
 /// noop 690,127 · 697,858 · 695,344; a lock and a pause 1,466,722 ·
 /// 1,447,047 · 1,458,689 (an approval 1,517,394 · 1,558,161 · 1,570,320:
-/// its ceiling kept). Issue 36's goal is 600,000 for noop: these hold the
-/// line until the work gets there, and are lowered with it.
-const CEILING_NOOP: f64 = 733_000.0;
+/// its ceiling kept). Lowered again the same day with SQLite's schema 28
+/// (no function in the claim's move or the operators' index; a silent
+/// step's log takes no notifier), three runs: noop 662,819 · 667,135 ·
+/// 666,244 (a lock and a pause 1,471,638 · 1,452,165 · 1,428,326, an
+/// approval 1,428,804 · 1,530,431 · 1,435,318: their ceilings kept).
+/// Issue 36's goal is 600,000 for noop: these hold the line until the work
+/// gets there, and are lowered with it.
+const CEILING_NOOP: f64 = 701_000.0;
 const CEILING_RAILS: f64 = 1_541_000.0;
 const CEILING_APPROVAL: f64 = 1_860_000.0;
 /// One more item of a fan-out step (sleep 0, `max_parallel: 4`: its start
