@@ -352,8 +352,8 @@ pub fn claim_noting(
 }
 
 /// An instance as the claim's move (`also` above) leaves it, from the
-/// instance as it stood: what reading it back would give, but the lease's
-/// end, which the store's clock sets a few microseconds apart.
+/// instance as it stood: what reading it back would give (on PostgreSQL
+/// but the lease's end, which the server's clock sets a little apart).
 fn moved(m: &Claimed, from: TaskState, agent: &str, now: chrono::DateTime<Utc>, lease_secs: f64) -> Claimed {
     let mut i = m.clone();
     i.state = TaskState::Running;

@@ -26,11 +26,13 @@ static LAST: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0)
 /// instance, not a scan of the history.
 pub fn raise_history_floor(c: &dyn Db) -> Result<()> {
     let top: Option<Option<i64>> = c.value(
-        "SELECT MAX(m) FROM (\
-           SELECT (SELECT MAX(t.id) FROM transitions t WHERE t.instance_id = i.id) AS m FROM task_instances i \
-           INDEXED BY task_instances_state WHERE i.state IN ('PENDING', 'RUNNING', 'RETRYING', 'FAILED') \
-           UNION ALL SELECT MAX(id) FROM transitions INDEXED BY transitions_operator \
-           WHERE (actor < 'agent:' OR actor >= 'agent;') AND actor <> 'scheduler')",
+        &format!(
+            "SELECT MAX(m) FROM (\
+               SELECT (SELECT MAX(t.id) FROM transitions t WHERE t.instance_id = i.id) AS m FROM task_instances i \
+               INDEXED BY task_instances_state WHERE i.state IN ('PENDING', 'RUNNING', 'RETRYING', 'FAILED') \
+               UNION ALL SELECT MAX(o.id) FROM transitions o INDEXED BY transitions_operator WHERE {})",
+            Sqlite.operator_rows("o")
+        ),
         &[],
     )?;
     LAST.fetch_max(top.flatten().unwrap_or(0), std::sync::atomic::Ordering::Relaxed);
