@@ -129,11 +129,14 @@ impl Proxy {
         let (u, o) = (up.clone(), open.clone());
         std::thread::spawn(move || {
             for client in listener.incoming().flatten() {
+                // Checked and registered under the lock `cut` takes: a
+                // connection accepted while the proxy is cut never outlives
+                // the cut.
+                let mut open = o.lock().unwrap();
                 if !u.load(Ordering::SeqCst) {
                     continue; // refused: dropped at once
                 }
                 let Ok(server) = std::net::TcpStream::connect(to) else { continue };
-                let mut open = o.lock().unwrap();
                 open.push(client.try_clone().unwrap());
                 open.push(server.try_clone().unwrap());
                 for (mut from, mut into) in
@@ -150,8 +153,9 @@ impl Proxy {
     }
 
     pub fn cut(&self) {
+        let mut open = self.open.lock().unwrap();
         self.up.store(false, std::sync::atomic::Ordering::SeqCst);
-        for s in self.open.lock().unwrap().drain(..) {
+        for s in open.drain(..) {
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
     }
