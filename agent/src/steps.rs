@@ -112,7 +112,7 @@ pub fn ready_first(plugins: &Plugins, catalog: &RwLock<Catalog>, i: &Claimed) ->
     if def.steps.is_empty() || starts_alone(&def, 0) {
         return None;
     }
-    let mut ctx: Context = serde_json::from_value(i.context.clone()).ok()?;
+    let mut ctx = Context::of(i);
     ctx.attempt = i.attempt;
     let r = ready(&plugins.view(i.pins.as_ref()), &def, 0, &ctx);
     let (version, params) = (r.version.clone(), r.params_json.to_string());

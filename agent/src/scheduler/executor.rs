@@ -89,7 +89,7 @@ async fn run_inner(
             return Ok(());
         }
     };
-    let mut ctx: Context = serde_json::from_value(inst.context.clone()).unwrap_or_default();
+    let mut ctx = Context::of(&inst);
     ctx.attempt = inst.attempt;
     let work_dir = PathBuf::from(&ctx.work_dir);
     let steps = inst.steps.clone().unwrap_or_default();

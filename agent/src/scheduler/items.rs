@@ -195,7 +195,7 @@ impl Scheduler {
             return Ok(None);
         };
         let Ok(secrets) = crate::secrets::resolve(&def) else { return Ok(None) };
-        let mut ctx: Context = serde_json::from_value(inst.context.clone()).unwrap_or_default();
+        let mut ctx = Context::of(&inst);
         ctx.attempt = inst.attempt;
         let work_dir = PathBuf::from(&ctx.work_dir);
         if reg.plugin.uses_work_dir() {

@@ -166,7 +166,6 @@ pub fn claim_noting(
                         Some(_) => vec![super::rows::step(&step0)?],
                         None => Vec::new(),
                     });
-                    super::rows::compose(&mut inst);
                     Some(Box::new(inst))
                 }
                 false => None,
@@ -331,7 +330,6 @@ pub fn claim_noting(
             Some((Some(row), steps)) => {
                 let mut inst = super::rows::instance(&super::value::Row(row.0[1..].to_vec()))?;
                 inst.steps = Some(steps.iter().map(super::rows::step).collect::<Result<_>>()?);
-                super::rows::compose(&mut inst);
                 claimed.push(inst);
             }
             // SQLite, or a move PostgreSQL's statement did not make: the
@@ -353,7 +351,8 @@ pub fn claim_noting(
 
 /// An instance as the claim's move (`also` above) leaves it, from the
 /// instance as it stood: what reading it back would give (on PostgreSQL
-/// but the lease's end, which the server's clock sets a little apart).
+/// but the lease's end, which the server's clock sets a little apart), its
+/// context as the store keeps it (see [`Claimed`]).
 fn moved(m: &Claimed, from: TaskState, agent: &str, now: chrono::DateTime<Utc>, lease_secs: f64) -> Claimed {
     let mut i = m.clone();
     i.state = TaskState::Running;
@@ -365,7 +364,6 @@ fn moved(m: &Claimed, from: TaskState, agent: &str, now: chrono::DateTime<Utc>, 
     i.lease_expires_at = Some(at + chrono::Duration::microseconds((lease_secs * 1e6) as i64));
     i.finished_at = None;
     i.waiting = None;
-    super::rows::compose(&mut i);
     i
 }
 

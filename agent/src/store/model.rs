@@ -109,6 +109,10 @@ pub enum FailurePlan {
 }
 
 /// An instance a claim or a recovery handed to this agent, with its steps.
+/// A claim leaves its context as the store keeps it (`Context::stored`,
+/// or the whole context an earlier release kept): the executor makes the
+/// whole one with `Context::of`, which reads either, and a claim does not
+/// build it as JSON only for that to be read back.
 pub type Claimed = Instance;
 
 /// What else a move changes in the same row, in the same statement: `SET`

@@ -135,7 +135,8 @@ pub(super) async fn a_create_claims_and_starts_its_first_step_in_one_write_when_
         Some(ClaimTerms { lease: lease(), policy: QueuePolicy { limits, ..Default::default() } })
     };
     // What the write hands on of the instance it made and claimed is what
-    // reading it back gives (SQLite makes it from what it wrote).
+    // reading it back gives (SQLite makes it from what it wrote), its
+    // context as kept: the whole one made of it is the one read back.
     let mut made = new("M1", "t", "elsewhere", 50, None, Some("m"));
     made.params = json!({"n": 2.5, "s": "x", "l": [1, null]}).as_object().unwrap().clone();
     made.context = json!({"work_root": "/w", "event": {"k": "v"}});
@@ -148,6 +149,9 @@ pub(super) async fn a_create_claims_and_starts_its_first_step_in_one_write_when_
     let (a, b) = (claimed.lease_expires_at.unwrap(), read.lease_expires_at.unwrap());
     assert!((a - b).num_milliseconds().abs() < 1000, "lease ends {a} and {b}");
     read.lease_expires_at = claimed.lease_expires_at;
+    assert_eq!(claimed.context, json!({"work_root": "/w", "event": {"k": "v"}}));
+    assert_eq!(Context::of(&claimed).to_value(), read.context);
+    read.context = claimed.context.clone();
     assert_eq!(claimed, read);
 
     let params = json!({"p": 1});

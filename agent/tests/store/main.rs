@@ -11,6 +11,7 @@ use apollo_agent::store::{
     postgres::Target, ClaimTerms, FailurePlan, Followed, Location, NewInstance, QueuePolicy, Recover, Store,
     StoreError, Then,
 };
+use apollo_shared::context::Context;
 use apollo_shared::protocol::AlertKind;
 use apollo_shared::state::{StepState, TaskState};
 use serde_json::{json, Map};
