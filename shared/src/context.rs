@@ -103,25 +103,49 @@ impl Context {
     /// the output as the JSON text that is stored (its size, and the whole
     /// context's serialized, are the limits' measure).
     pub fn merge_output(&mut self, step: &str, output: Value, limits: Limits) -> Result<String, String> {
+        let mut size = None;
+        self.merge_output_sized(step, output, limits, &mut size)
+    }
+
+    /// As [`Context::merge_output`], for a caller that merges output after
+    /// output into one context: `size` holds the context's [`Context::size`]
+    /// once known (`None` at first, then kept up to date here), so each
+    /// merge adds its entry's length instead of serializing the whole
+    /// context again. The context must not change in between but through
+    /// this call (debug builds check it).
+    pub fn merge_output_sized(
+        &mut self,
+        step: &str,
+        output: Value,
+        limits: Limits,
+        size: &mut Option<usize>,
+    ) -> Result<String, String> {
         let text = output.to_string();
-        let size = text.len();
-        if size > limits.step_output_bytes {
+        if text.len() > limits.step_output_bytes {
             return Err(format!(
-                "output of step {step:?} is {size} bytes, over the {} byte limit for one step's output: \
+                "output of step {step:?} is {} bytes, over the {} byte limit for one step's output: \
                  store it in a file and return its path and checksum instead",
+                text.len(),
                 limits.step_output_bytes
             ));
         }
-        self.steps.insert(step.to_string(), output);
-        let total = self.size();
+        let before = *size.get_or_insert_with(|| self.size());
+        debug_assert_eq!(before, self.size(), "the context changed outside merge_output_sized");
+        // An entry of `steps` is `"name":value`, after a comma unless first.
+        let entry = |value_len: usize| serde_json::to_string(step).map_or(0, |k| k.len()) + 1 + value_len;
+        let total = match self.steps.get(step) {
+            Some(old) => before - entry(old.to_string().len()) + entry(text.len()),
+            None => before + entry(text.len()) + usize::from(!self.steps.is_empty()),
+        };
         if total > limits.context_bytes {
-            self.steps.remove(step);
             return Err(format!(
                 "context would grow to {total} bytes with the output of step {step:?}, over the {} byte limit: \
                  store large data in a file and return its path and checksum instead",
                 limits.context_bytes
             ));
         }
+        self.steps.insert(step.to_string(), output);
+        *size = Some(total);
         Ok(text)
     }
 
@@ -147,6 +171,35 @@ impl Context {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// The size a merge keeps is the context's serialized length after
+    /// every merge: a first entry, later ones, an entry replaced by a
+    /// longer and a shorter value, names JSON escapes, and a refused merge
+    /// (which changes neither).
+    #[test]
+    fn a_merge_keeps_the_contexts_size_as_serializing_it_would() {
+        let mut c = Context { task: "t".into(), task_id: "T1".into(), ..Context::default() };
+        c.params.insert("n".into(), json!(1));
+        let limits = Limits { step_output_bytes: 1000, context_bytes: 400 };
+        let mut size = None;
+        let outputs = [
+            ("a", json!({"x": 1})),
+            ("b \"quoted\" é", json!("two\nlines")),
+            ("a", json!({"x": "longer than before"})),
+            ("c", json!(null)),
+            ("a", json!(0)),
+        ];
+        for (step, out) in outputs {
+            let text = c.merge_output_sized(step, out.clone(), limits, &mut size).unwrap();
+            assert_eq!(text, out.to_string());
+            assert_eq!(size, Some(c.size()), "after {step:?}");
+            assert_eq!(c.size(), serde_json::to_string(&c).unwrap().len());
+        }
+        let before = (c.clone(), size);
+        let e = c.merge_output_sized("d", json!("y".repeat(300)), limits, &mut size).unwrap_err();
+        assert!(e.contains("context would grow to"), "{e}");
+        assert_eq!((c, size), before);
+    }
 
     #[test]
     fn oversized_output_is_refused_with_advice() {

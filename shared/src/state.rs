@@ -330,6 +330,10 @@ macro_rules! text_form {
         impl FromStr for $t {
             type Err = String;
             fn from_str(s: &str) -> Result<Self, String> {
+                // The store's rows hold the names as written: no copy made.
+                if let Some(st) = Self::ALL.iter().copied().find(|st| st.as_str() == s) {
+                    return Ok(st);
+                }
                 let up = s.trim().to_ascii_uppercase().replace('-', "_");
                 Self::ALL.iter().copied().find(|st| st.as_str() == up).ok_or_else(|| {
                     let names: Vec<_> = Self::ALL.iter().map(|st| st.as_str()).collect();

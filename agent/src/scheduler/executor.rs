@@ -91,6 +91,8 @@ async fn run_inner(
     };
     let mut ctx = Context::of(&inst);
     ctx.attempt = inst.attempt;
+    // The context's length as JSON once measured, kept by each merge.
+    let mut ctx_size = None;
     let work_dir = PathBuf::from(&ctx.work_dir);
     let steps = inst.steps.clone().unwrap_or_default();
     // Adopted FAILED or SUCCESS: its rollback is under way.
@@ -200,7 +202,7 @@ async fn run_inner(
         };
         let next = todo.get(i + 1).map(|n| n.seq);
         let at = (inst.id.as_str(), inst.attempt, inst.pins.as_ref());
-        match run_step(s, at, &def, step, now, next, &mut ctx, &work_dir, active).await? {
+        match run_step(s, at, &def, step, now, next, (&mut ctx, &mut ctx_size), &work_dir, active).await? {
             Outcome::Done(next) => started = next,
             Outcome::Finished => {
                 succeeded(&inst.task);
@@ -238,7 +240,7 @@ async fn run_step(
     step: &StepRun,
     now: Started,
     next: Option<u32>,
-    ctx: &mut Context,
+    (ctx, ctx_size): (&mut Context, &mut Option<usize>),
     work_dir: &std::path::Path,
     active: &Active,
 ) -> Result<Outcome, StoreError> {
@@ -347,7 +349,8 @@ async fn run_step(
         true => result,
         false => result.map(|out| mask.value(&out)).map_err(|e| PluginError { message: mask.text(&e.message), ..e }),
     };
-    let result = result.and_then(|out| ctx.merge_output(&d.name, out, limits).map_err(PluginError::permanent));
+    let result =
+        result.and_then(|out| ctx.merge_output_sized(&d.name, out, limits, ctx_size).map_err(PluginError::permanent));
     // The tests make the executor itself panic here (`executor.after_step=panic(…)`).
     fail::fail_point!("executor.after_step");
     crate::crash_point!("executor.before_step_commit");
