@@ -101,19 +101,13 @@ impl Context {
 
     /// Merges a step's output, refusing it when it breaks a limit. Returns
     /// the output as the JSON text that is stored (its size, and the whole
-    /// context's serialized, are the limits' measure).
-    pub fn merge_output(&mut self, step: &str, output: Value, limits: Limits) -> Result<String, String> {
-        let mut size = None;
-        self.merge_output_sized(step, output, limits, &mut size)
-    }
-
-    /// As [`Context::merge_output`], for a caller that merges output after
-    /// output into one context: `size` holds the context's [`Context::size`]
-    /// once known (`None` at first, then kept up to date here), so each
-    /// merge adds its entry's length instead of serializing the whole
-    /// context again. The context must not change in between but through
-    /// this call (debug builds check it).
-    pub fn merge_output_sized(
+    /// context's serialized, are the limits' measure). `size` holds the
+    /// context's [`Context::size`] once known (`None` at first, then kept
+    /// up to date here): a caller that merges output after output into one
+    /// context keeps it, and each merge adds its entry's length instead of
+    /// serializing the whole context again. The context must not change in
+    /// between but through this call (debug builds check it).
+    pub fn merge_output(
         &mut self,
         step: &str,
         output: Value,
@@ -130,7 +124,7 @@ impl Context {
             ));
         }
         let before = *size.get_or_insert_with(|| self.size());
-        debug_assert_eq!(before, self.size(), "the context changed outside merge_output_sized");
+        debug_assert_eq!(before, self.size(), "the context changed outside merge_output");
         // An entry of `steps` is `"name":value`, after a comma unless first.
         let entry = |value_len: usize| serde_json::to_string(step).map_or(0, |k| k.len()) + 1 + value_len;
         let total = match self.steps.get(step) {
@@ -190,13 +184,13 @@ mod tests {
             ("a", json!(0)),
         ];
         for (step, out) in outputs {
-            let text = c.merge_output_sized(step, out.clone(), limits, &mut size).unwrap();
+            let text = c.merge_output(step, out.clone(), limits, &mut size).unwrap();
             assert_eq!(text, out.to_string());
             assert_eq!(size, Some(c.size()), "after {step:?}");
             assert_eq!(c.size(), serde_json::to_string(&c).unwrap().len());
         }
         let before = (c.clone(), size);
-        let e = c.merge_output_sized("d", json!("y".repeat(300)), limits, &mut size).unwrap_err();
+        let e = c.merge_output("d", json!("y".repeat(300)), limits, &mut size).unwrap_err();
         assert!(e.contains("context would grow to"), "{e}");
         assert_eq!((c, size), before);
     }
@@ -205,10 +199,10 @@ mod tests {
     fn oversized_output_is_refused_with_advice() {
         let mut c = Context::default();
         let limits = Limits { step_output_bytes: 100, context_bytes: 1000 };
-        let e = c.merge_output("parse", json!("x".repeat(200)), limits).unwrap_err();
+        let e = c.merge_output("parse", json!("x".repeat(200)), limits, &mut None).unwrap_err();
         assert!(e.contains("store it in a file and return its path"), "{e}");
         assert!(c.steps.is_empty());
-        let output = c.merge_output("a", json!("x".repeat(90)), limits).unwrap();
+        let output = c.merge_output("a", json!("x".repeat(90)), limits, &mut None).unwrap();
         assert_eq!(c.steps["a"], json!("x".repeat(90)));
         assert_eq!(output, json!("x".repeat(90)).to_string());
         assert_eq!(c.size(), serde_json::to_string(&c).unwrap().len());
@@ -242,8 +236,8 @@ mod tests {
             plugin: "p".into(),
             ..StepRun::default()
         };
-        let a = c.merge_output("a", json!({"n": 1}), limits).unwrap();
-        let b = c.merge_output("b", json!([2]), limits).unwrap();
+        let a = c.merge_output("a", json!({"n": 1}), limits, &mut None).unwrap();
+        let b = c.merge_output("b", json!([2]), limits, &mut None).unwrap();
         let mut inst: Instance = serde_json::from_value(json!({
             "id": "01ID", "task": "t", "def_hash": "h", "state": "RUNNING", "attempt": 1, "trace_id": "tr",
             "priority": 50, "queue": "q", "trigger": "manual", "dedup_key": null, "params": {"x": 1},
@@ -273,8 +267,8 @@ mod tests {
     fn context_limit_is_enforced_and_leaves_the_context_as_it_was() {
         let mut c = Context::default();
         let limits = Limits { step_output_bytes: 600, context_bytes: 1000 };
-        c.merge_output("a", json!("x".repeat(500)), limits).unwrap();
-        let e = c.merge_output("b", json!("y".repeat(500)), limits).unwrap_err();
+        c.merge_output("a", json!("x".repeat(500)), limits, &mut None).unwrap();
+        let e = c.merge_output("b", json!("y".repeat(500)), limits, &mut None).unwrap_err();
         assert!(e.contains("context would grow"), "{e}");
         assert!(!c.steps.contains_key("b"));
     }

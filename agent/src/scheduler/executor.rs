@@ -350,7 +350,7 @@ async fn run_step(
         false => result.map(|out| mask.value(&out)).map_err(|e| PluginError { message: mask.text(&e.message), ..e }),
     };
     let result =
-        result.and_then(|out| ctx.merge_output_sized(&d.name, out, limits, ctx_size).map_err(PluginError::permanent));
+        result.and_then(|out| ctx.merge_output(&d.name, out, limits, ctx_size).map_err(PluginError::permanent));
     // The tests make the executor itself panic here (`executor.after_step=panic(…)`).
     fail::fail_point!("executor.after_step");
     crate::crash_point!("executor.before_step_commit");
